@@ -1,0 +1,71 @@
+// qlinear_matmul.h: the portable C++ core of QLinearMatMul (integer accumulation and the three requantization numerics).
+//
+// The Python front end (src/quantmatmul/qlinear.py) validates and normalizes every input into the
+// batched problem described below; nothing here checks its arguments. The math is derived once in
+// docs/quantization.md.
+#pragma once
+
+#include <cstdint>
+
+namespace qmm {
+
+// A read-only view of a parameter broadcast over the output [batch, M, N], with element strides that
+// may be 0 (a per-tensor scale has all three strides 0, a per-column one only stride_n != 0, ...).
+template <class T>
+struct View3 {
+  const T* data;
+  int64_t stride_batch, stride_m, stride_n;
+  T operator()(int64_t b, int64_t m, int64_t n) const {
+    return data[b * stride_batch + m * stride_m + n * stride_n];
+  }
+};
+
+// batch independent products out[i] = (a[a_index[i]] - a_zp) x (b[b_index[i]] - b_zp).
+// a is contiguous [Ba, M, K], b contiguous [Bb, K, N], both 8-bit (signedness given); the index
+// arrays implement numpy's batch broadcasting. a_zero_point is [Ba, M], b_zero_point is [Bb, N].
+struct QGemmProblem {
+  int64_t batch, M, N, K;
+  const void* a;
+  bool a_signed;
+  const int64_t* a_index;
+  const int32_t* a_zero_point;
+  const void* b;
+  bool b_signed;
+  const int64_t* b_index;
+  const int32_t* b_zero_point;
+};
+
+// The 8-bit integer output, contiguous [batch, M, N], and its (broadcast) zero point.
+struct QOutput {
+  void* data;
+  bool is_signed;
+  View3<int32_t> zero_point;
+};
+
+// numerics="onnxruntime": int32 (wrapping) accumulator -> float32, one float32 multiply by
+// multiplier = f32(f32(a_scale * b_scale) / y_scale), clamp, round half to even, + zero point.
+void qlinear_matmul_onnxruntime(const QGemmProblem& p, View3<float> multiplier, QOutput out);
+
+// numerics="onnx-reference": int32 (wrapping) accumulator; rint(f64(acc) * multiplier + zp) in float64,
+// where multiplier is a_scale * b_scale / y_scale evaluated in the scales' own dtype; then clip.
+void qlinear_matmul_onnx_reference(const QGemmProblem& p, View3<double> multiplier, QOutput out);
+
+// numerics="exact": 64-bit accumulator (never wraps) and round half to even of the exact rational
+// acc * a_scale * b_scale / y_scale, then + zero point and saturate.
+void qlinear_matmul_exact(const QGemmProblem& p, View3<float> a_scale, View3<float> b_scale,
+                          View3<float> y_scale, QOutput out);
+
+// Float path (float8 operands or output): out[i] = a[a_index[i]] @ b[b_index[i]] in float32, each
+// product rounded then added in order k = 0, 1, ..., K-1 starting from +0 (no fused multiply-add),
+// so the result is reproducible bit for bit. a is [Ba, M, K], b [Bb, K, N], out [batch, M, N].
+void matmul_f32_sequential(int64_t batch, int64_t M, int64_t N, int64_t K, const float* a,
+                           const int64_t* a_index, const float* b, const int64_t* b_index, float* out);
+
+// Exact integer matmul with a 128-bit accumulator, for the "exact" float8 path: a and b hold
+// integers below 2^35 in magnitude (float8 values scaled to integers), so each product fits 70 bits
+// and any realistic K fits 128. The sum is returned split as out_hi * 2^64 + out_lo.
+void matmul_i64_exact128(int64_t batch, int64_t M, int64_t N, int64_t K, const int64_t* a,
+                         const int64_t* a_index, const int64_t* b, const int64_t* b_index,
+                         int64_t* out_hi, uint64_t* out_lo);
+
+}  // namespace qmm

@@ -1,0 +1,35 @@
+"""_dtypes.py: the element types quantmatmul speaks (8-bit integers, ml_dtypes float8, scale floats) and their properties."""
+
+from __future__ import annotations
+
+import ml_dtypes
+import numpy as np
+
+INT8_TYPES = (np.dtype(np.int8), np.dtype(np.uint8))
+FLOAT8_TYPES = (
+    np.dtype(ml_dtypes.float8_e4m3fn),
+    np.dtype(ml_dtypes.float8_e4m3fnuz),
+    np.dtype(ml_dtypes.float8_e5m2),
+    np.dtype(ml_dtypes.float8_e5m2fnuz),
+)
+QUANT_TYPES = INT8_TYPES + FLOAT8_TYPES
+SCALE_TYPES = (np.dtype(np.float32), np.dtype(np.float16), np.dtype(ml_dtypes.bfloat16))
+
+
+def is_float8(dtype: np.dtype) -> bool:
+    return np.dtype(dtype) in FLOAT8_TYPES
+
+
+def names(dtypes) -> str:
+    """'int8, uint8 or float8_e4m3fn' for error messages."""
+    listed = [str(d) for d in dtypes]
+    return ", ".join(listed[:-1]) + " or " + listed[-1]
+
+
+def float8_max(dtype: np.dtype) -> float:
+    return float(ml_dtypes.finfo(dtype).max)
+
+
+def float8_scale_exponent(dtype: np.dtype) -> int:
+    """The e such that every finite value of this type (and every difference of two) is an integer times 2^-e."""
+    return -int(np.log2(float(ml_dtypes.finfo(dtype).smallest_subnormal)))

@@ -1,0 +1,358 @@
+"""qlinear.py: ONNX QLinearMatMul (opsets 10 and 21): validation, normalization and dispatch to the C++ core."""
+
+from __future__ import annotations
+
+import bisect
+from fractions import Fraction
+from math import prod
+
+import numpy as np
+
+from . import _core
+from ._dtypes import FLOAT8_TYPES, QUANT_TYPES, SCALE_TYPES, float8_max, float8_scale_exponent, is_float8, names
+
+__all__ = ["qlinear_matmul", "NUMERICS"]
+
+NUMERICS = ("onnxruntime", "onnx-reference", "exact")
+_FN = "qlinear_matmul"
+
+
+def qlinear_matmul(a, a_scale, a_zero_point, b, b_scale, b_zero_point, y_scale, y_zero_point, *,
+                   numerics: str = "onnxruntime") -> np.ndarray:
+    """Quantized matrix product, ONNX QLinearMatMul (opsets 10 and 21).
+
+    ``y = saturate(round(((a - a_zero_point) @ (b - b_zero_point)) * a_scale * b_scale / y_scale) + y_zero_point)``
+
+    Parameters
+    ----------
+    a, b : array of int8, uint8 or an ml_dtypes float8 type (float8_e4m3fn, float8_e4m3fnuz,
+        float8_e5m2, float8_e5m2fnuz); each independently. Shapes follow ``numpy.matmul``: 1-D
+        operands are promoted and the added axis dropped, batch dimensions broadcast.
+    a_scale, a_zero_point : per tensor (shape ``()`` or ``(1,)``) or per row of ``a`` (``(M,)`` for
+        2-D ``a``, or a shape broadcasting to ``a.shape[:-1] + (1,)`` such as ``(..., M, 1)``).
+    b_scale, b_zero_point : per tensor or per column of ``b`` (``(N,)``, ``(1, N)``, ``(..., 1, N)``).
+    y_scale, y_zero_point : per tensor or, as an extension, any shape that broadcasts to the output.
+        The output dtype is ``y_zero_point.dtype``.
+        Scales are float32, float16 or bfloat16 (one dtype for all three; a Python float is taken as
+        float32), finite and nonzero. A zero point has its scale's shape and its tensor's dtype.
+    numerics : {"onnxruntime", "onnx-reference", "exact"}
+        ``"onnxruntime"`` (default): bit-identical to ONNX Runtime's CPU kernel: wrapping int32
+        accumulation, multiplier ``f32(f32(a_scale * b_scale) / y_scale)``, one float32 product,
+        round half to even, saturate, add the zero point. ``"onnx-reference"``: bit-identical to
+        ``onnx.reference.ReferenceEvaluator`` (multiplier in the scales' own dtype, float64 product,
+        ``np.rint``). ``"exact"``: no intermediate rounding: 64-bit accumulation and round half to
+        even of the exact real value. See docs/quantization.md.
+
+    Float8 operands or a float8 output take the float path: each operand is dequantized to float32
+    as ``(q - zero_point) * scale``, multiplied with float32 accumulation in order of k (``"exact"``:
+    the exact sum and a single final rounding), then ``x / y_scale + y_zero_point`` is converted
+    to a float8 output with round-to-nearest-even and saturation (NaN stays NaN), or to an integer
+    output by the integer rule.
+
+    Examples
+    --------
+    >>> import numpy as np, quantmatmul
+    >>> a = np.array([[208, 236, 0, 238], [3, 214, 255, 29]], np.uint8)
+    >>> b = np.array([[152, 51, 244], [60, 26, 255], [0, 127, 246], [127, 254, 247]], np.uint8)
+    >>> s = lambda v: np.array([v], np.float32)
+    >>> z = lambda v: np.array([v], np.uint8)
+    >>> quantmatmul.qlinear_matmul(a, s(0.0066), z(113), b, s(0.00705), z(114), s(0.0107), z(118))
+    array([[168, 115, 255],
+           [  1,  66, 151]], dtype=uint8)
+    """
+    if numerics not in NUMERICS:
+        raise ValueError(f"{_FN}: numerics must be one of {', '.join(map(repr, NUMERICS))}, got {numerics!r}")
+    a = _quantized(a, "a")
+    b = _quantized(b, "b")
+    a_zero_point = _zero_point(a_zero_point, "a_zero_point", a.dtype, "a")
+    b_zero_point = _zero_point(b_zero_point, "b_zero_point", b.dtype, "b")
+    y_zero_point = _zero_point(y_zero_point, "y_zero_point", None, None)
+    a_scale, b_scale, y_scale = _scales(a_scale, b_scale, y_scale)
+    problem = _Problem(a, a_scale, a_zero_point, b, b_scale, b_zero_point, y_scale, y_zero_point)
+
+    if any(is_float8(t) for t in (a.dtype, b.dtype, y_zero_point.dtype)):
+        y = problem.float_path(numerics)
+    else:
+        y = problem.integer_path(numerics)
+    return y.reshape(problem.out_shape)
+
+
+# ---------------------------------------------------------------------------------------------------
+# Validation
+
+
+def _quantized(x, name: str) -> np.ndarray:
+    x = np.asarray(x)
+    if x.dtype not in QUANT_TYPES:
+        raise TypeError(f"{_FN}: {name} dtype {x.dtype} is not supported, expected {names(QUANT_TYPES)}")
+    if x.ndim == 0:
+        raise ValueError(f"{_FN}: {name} must have at least 1 dimension, got a 0-d array")
+    return x
+
+
+def _zero_point(x, name: str, dtype, tensor: str | None) -> np.ndarray:
+    if not isinstance(x, (np.ndarray, np.generic)):
+        raise TypeError(f"{_FN}: {name} must be a numpy array or scalar with a dtype "
+                        f"({names(QUANT_TYPES)}), got {type(x).__name__}")
+    x = np.asarray(x)
+    if tensor is None:
+        if x.dtype not in QUANT_TYPES:
+            raise TypeError(f"{_FN}: {name} dtype {x.dtype} is not supported, expected {names(QUANT_TYPES)} "
+                            f"(it selects the output type)")
+    elif x.dtype != dtype:
+        raise TypeError(f"{_FN}: {name} dtype {x.dtype} does not match {tensor} dtype {dtype}")
+    return x
+
+
+def _scales(*scales):
+    labels = ("a_scale", "b_scale", "y_scale")
+    arrays = []
+    for name, s in zip(labels, scales):
+        if isinstance(s, float):
+            s = np.float32(s)
+        s = np.asarray(s)
+        if s.dtype not in SCALE_TYPES:
+            raise TypeError(f"{_FN}: {name} dtype {s.dtype} is not supported, expected {names(SCALE_TYPES)}")
+        arrays.append(s)
+    dtypes = {s.dtype for s in arrays}
+    if len(dtypes) > 1:
+        raise TypeError(f"{_FN}: the three scales must share one dtype (ONNX type TS), got "
+                        + ", ".join(f"{n} {s.dtype}" for n, s in zip(labels, arrays)))
+    for name, s in zip(labels, arrays):
+        values = s.astype(np.float32)
+        if not np.all(np.isfinite(values)):
+            raise ValueError(f"{_FN}: {name} must be finite, got {s.ravel()[~np.isfinite(values.ravel())][0]}")
+        if np.any(values == 0):
+            raise ValueError(f"{_FN}: {name} must be nonzero")
+    return arrays
+
+
+def _check_pair(scale: np.ndarray, zero_point: np.ndarray, scale_name: str, zp_name: str):
+    if scale.shape != zero_point.shape:
+        raise ValueError(f"{_FN}: {zp_name} has shape {zero_point.shape}, expected its scale's shape "
+                         f"{scale.shape} ({scale_name})")
+
+
+def _fits(shape, target) -> bool:
+    """True if shape broadcasts to exactly target and has no more dimensions."""
+    if len(shape) > len(target):
+        return False
+    return all(s in (1, t) for s, t in zip(reversed(shape), reversed(target)))
+
+
+class _Problem:
+    """One validated call, normalized to the core's batched form [B, M, K] x [B, K, N] -> [B, M, N]."""
+
+    def __init__(self, a, a_scale, a_zero_point, b, b_scale, b_zero_point, y_scale, y_zero_point):
+        self.a_1d, self.b_1d = a.ndim == 1, b.ndim == 1
+        a2 = a[None, :] if self.a_1d else a
+        b2 = b[:, None] if self.b_1d else b
+        M, K = a2.shape[-2:]
+        K_b, N = b2.shape[-2:]
+        if K != K_b:
+            raise ValueError(f"{_FN}: inner dimensions differ: a has shape {a.shape} (K={K}) "
+                             f"and b has shape {b.shape} (K={K_b})")
+        try:
+            batch = np.broadcast_shapes(a2.shape[:-2], b2.shape[:-2])
+        except ValueError:
+            raise ValueError(f"{_FN}: batch dimensions of a {a.shape} and b {b.shape} do not broadcast") from None
+        self.M, self.N, self.K, self.batch = M, N, K, tuple(batch)
+        self.B = prod(self.batch)
+        self.out_shape = self.batch + (() if self.a_1d else (M,)) + (() if self.b_1d else (N,))
+        self.internal = self.batch + (M, N)
+        self.a, self.b = a2, b2
+
+        _check_pair(a_scale, a_zero_point, "a_scale", "a_zero_point")
+        _check_pair(b_scale, b_zero_point, "b_scale", "b_zero_point")
+        _check_pair(y_scale, y_zero_point, "y_scale", "y_zero_point")
+        self.a_params = [self._row_param(p) for p in (a_scale, a_zero_point)]
+        self.b_params = [self._column_param(p) for p in (b_scale, b_zero_point)]
+        self.y_params = [self._output_param(p, name) for p, name in ((y_scale, "y_scale"), (y_zero_point, "y_zero_point"))]
+        self.y_dtype = y_zero_point.dtype
+        self.scale_dtype = a_scale.dtype
+
+        # Batch broadcasting as index maps: output matrix i multiplies a[a_index[i]] by b[b_index[i]].
+        self.a_index = self._batch_index(a2.shape[:-2])
+        self.b_index = self._batch_index(b2.shape[:-2])
+
+    # Parameters are reshaped into the internal coordinates (..., M, N) of the output, without
+    # broadcasting them: a per-row parameter becomes (..., M, 1), a per-column one (..., 1, N).
+
+    def _row_param(self, p):
+        target = self.a.shape[:-1] + (1,)
+        if self.a.ndim == 2 and not self.a_1d and p.shape == (self.M,):
+            p = p.reshape(self.M, 1)
+        elif p.shape == (1,):
+            p = p.reshape(())
+        if not _fits(p.shape, target):
+            raise ValueError(f"{_FN}: a_scale/a_zero_point has shape {p.shape}, expected () or (1,) per tensor"
+                             + (f", ({self.M},) per row" if self.a.ndim == 2 and not self.a_1d else "")
+                             + f" or a shape broadcasting to {target} per row")
+        return p
+
+    def _column_param(self, p):
+        target = self.b.shape[:-2] + (1, self.N)
+        if p.shape == (1,):
+            p = p.reshape(())
+        if not _fits(p.shape, target):
+            raise ValueError(f"{_FN}: b_scale/b_zero_point has shape {p.shape}, expected () or (1,) per tensor "
+                             f"or ({self.N},) or a shape broadcasting to {target} per column")
+        return p
+
+    def _output_param(self, p, name):
+        if p.shape == (1,):
+            p = p.reshape(())
+        if not _fits(p.shape, self.out_shape):
+            raise ValueError(f"{_FN}: {name} has shape {p.shape}, expected () or (1,) per tensor, or a shape "
+                             f"that broadcasts to the output shape {self.out_shape}")
+        p = p.reshape((1,) * (len(self.out_shape) - p.ndim) + p.shape)
+        if self.b_1d:
+            p = p[..., None]
+        if self.a_1d:
+            p = np.expand_dims(p, -2)
+        return p
+
+    def _batch_index(self, own_batch):
+        own = np.arange(prod(own_batch), dtype=np.int64).reshape(own_batch)
+        return np.ascontiguousarray(np.broadcast_to(own, self.batch).reshape(-1))
+
+    def view3(self, p, dtype):
+        """A parameter broadcast over the output as a [B, M, N] view (zero strides where broadcast)."""
+        p = np.asarray(p, dtype=dtype)
+        return np.broadcast_to(p, self.internal).reshape(self.B, self.M, self.N)
+
+    def operand3(self, x, rows, cols):
+        return np.ascontiguousarray(x).reshape(-1, rows, cols)
+
+    # ---------------------------------------------------------------------------------------------
+    # Integer operands and output: the fused C++ kernels.
+
+    def integer_path(self, numerics):
+        a_scale, a_zp = self.a_params
+        b_scale, b_zp = self.b_params
+        y_scale, y_zp = self.y_params
+        a3 = self.operand3(self.a, self.M, self.K)
+        b3 = self.operand3(self.b, self.K, self.N)
+        a_zp2 = np.ascontiguousarray(np.broadcast_to(a_zp.astype(np.int32), self.a.shape[:-1] + (1,)).reshape(-1, self.M))
+        b_zp2 = np.ascontiguousarray(np.broadcast_to(b_zp.astype(np.int32), self.b.shape[:-2] + (1, self.N)).reshape(-1, self.N))
+        y = np.empty((self.B, self.M, self.N), self.y_dtype)
+        y_zp3 = self.view3(y_zp, np.int32)
+        common = (a3, a3.dtype == np.int8, self.a_index, a_zp2, b3, b3.dtype == np.int8, self.b_index, b_zp2)
+        if numerics == "onnxruntime":
+            f32 = [s.astype(np.float32) for s in (a_scale, b_scale, y_scale)]
+            multiplier = self._finite_multiplier((f32[0] * f32[1]) / f32[2], "float32")
+            _core.qlinear_matmul_onnxruntime(*common, self.view3(multiplier, np.float32), y, y.dtype == np.int8, y_zp3)
+        elif numerics == "onnx-reference":
+            multiplier = self._finite_multiplier((a_scale * b_scale) / y_scale, str(self.scale_dtype))
+            _core.qlinear_matmul_onnx_reference(*common, self.view3(multiplier, np.float64), y, y.dtype == np.int8, y_zp3)
+        else:
+            scales = [self.view3(s, np.float32) for s in (a_scale, b_scale, y_scale)]
+            _core.qlinear_matmul_exact(*common, *scales, y, y.dtype == np.int8, y_zp3)
+        return y
+
+    def _finite_multiplier(self, multiplier, precision):
+        if not np.all(np.isfinite(multiplier.astype(np.float32))):
+            raise ValueError(f"{_FN}: a_scale * b_scale / y_scale overflows {precision}; "
+                             "use numerics='exact' for such scales")
+        return multiplier
+
+    # ---------------------------------------------------------------------------------------------
+    # Float8 operands or output: dequantize, multiply, quantize.
+
+    def float_path(self, numerics):
+        if numerics == "exact":
+            return self._float_path_exact()
+        a_scale, a_zp = self.a_params
+        b_scale, b_zp = self.b_params
+        y_scale, y_zp = self.y_params
+        f32 = np.float32
+        da = (self.a.astype(f32) - a_zp.astype(f32)) * a_scale.astype(f32)
+        db = (self.b.astype(f32) - b_zp.astype(f32)) * b_scale.astype(f32)
+        x = np.empty((self.B, self.M, self.N), f32)
+        _core.matmul_f32_sequential(self.operand3(da, self.M, self.K), self.a_index,
+                                    self.operand3(db, self.K, self.N), self.b_index, x)
+        x = x.reshape(self.internal)
+        with np.errstate(over="ignore", invalid="ignore"):
+            v = x / y_scale.astype(f32)
+            if is_float8(self.y_dtype):
+                v = v + y_zp.astype(f32)
+                limit = f32(float8_max(self.y_dtype))
+                return np.clip(v, -limit, limit).astype(self.y_dtype)
+            return _integer_rule(np.rint(v), np.broadcast_to(y_zp, self.internal), self.y_dtype)
+
+    def _float_path_exact(self):
+        """Exact sum and one rounding: scales are constant along k, so
+        y = a_scale * b_scale * sum_k (a - a_zp)(b - b_zp) / y_scale + y_zp, where every difference
+        is an integer times 2^-e for the float8 type's e; the sum is exact in 128 bits (C++)."""
+        a_scale, a_zp = self.a_params
+        b_scale, b_zp = self.b_params
+        y_scale, y_zp = self.y_params
+        ea = float8_scale_exponent(self.a.dtype) if is_float8(self.a.dtype) else 0
+        eb = float8_scale_exponent(self.b.dtype) if is_float8(self.b.dtype) else 0
+        ia = self._integerized(self.a, a_zp, ea, "a")
+        ib = self._integerized(self.b, b_zp, eb, "b")
+        hi = np.empty((self.B, self.M, self.N), np.int64)
+        lo = np.empty((self.B, self.M, self.N), np.uint64)
+        _core.matmul_i64_exact128(self.operand3(ia, self.M, self.K), self.a_index,
+                                  self.operand3(ib, self.K, self.N), self.b_index, hi, lo)
+        total = hi.reshape(self.internal).astype(object) * (1 << 64) + lo.reshape(self.internal).astype(object)
+        scale = (np.broadcast_to(a_scale, self.internal).astype(np.float64).astype(object)
+                 * np.broadcast_to(b_scale, self.internal).astype(np.float64).astype(object))
+        ys = np.broadcast_to(y_scale, self.internal).astype(np.float64)
+        zp = np.broadcast_to(y_zp, self.internal)
+        denominator = 1 << (ea + eb)
+        out = np.empty(self.internal, self.y_dtype)
+        rounder = _Float8Rounder(self.y_dtype) if is_float8(self.y_dtype) else None
+        for idx in np.ndindex(*self.internal):
+            value = (Fraction(int(total[idx]), denominator) * Fraction(scale[idx])) / Fraction(float(ys[idx]))
+            if rounder is not None:
+                out[idx] = rounder(value + Fraction(float(zp[idx])))
+            else:
+                q = round(value) + int(zp[idx])
+                info = np.iinfo(self.y_dtype)
+                out[idx] = min(max(q, info.min), info.max)
+        return out
+
+    def _integerized(self, q, zp, e, name):
+        values = q.astype(np.float64) - zp.astype(np.float64)  # exact: float8 differences need <= 35 bits
+        if not np.all(np.isfinite(values)):
+            raise ValueError(f"{_FN}: numerics='exact' needs finite operands; {name} or {name}_zero_point "
+                             "holds NaN or infinity (use the default numerics)")
+        return np.ldexp(values, e).astype(np.int64)
+
+
+def _integer_rule(rounded, zp, dtype):
+    """Integer output of the float path: round half to even (already applied), + zero point, saturate; NaN -> zero point."""
+    info = np.iinfo(dtype)
+    rounded = np.where(np.isnan(rounded), 0.0, rounded)
+    return np.clip(rounded + zp.astype(np.float64), info.min, info.max).astype(dtype)
+
+
+class _Float8Rounder:
+    """Rounds an exact Fraction to a float8 type: nearest, ties to even, saturating to the largest finite value."""
+
+    def __init__(self, dtype):
+        codes = np.arange(256, dtype=np.uint8).view(dtype).astype(np.float64)
+        finite = np.isfinite(codes) & (codes >= 0) & ~np.signbit(codes)
+        order = np.argsort(codes[finite], kind="stable")
+        self.values = [Fraction(float(v)) for v in codes[finite][order]]
+        self.codes = np.arange(256)[finite][order]
+        self.dtype = dtype
+
+    def __call__(self, value: Fraction):
+        magnitude = abs(value)
+        i = bisect.bisect_left(self.values, magnitude)
+        if i >= len(self.values):
+            chosen = len(self.values) - 1  # saturate
+        elif self.values[i] == magnitude or i == 0:
+            chosen = i
+        else:
+            below, above = self.values[i - 1], self.values[i]
+            if magnitude - below < above - magnitude:
+                chosen = i - 1
+            elif magnitude - below > above - magnitude:
+                chosen = i
+            else:
+                chosen = i - 1 if self.codes[i - 1] % 2 == 0 else i
+        magnitude = float(self.values[chosen])
+        return np.array(-magnitude if value < 0 else magnitude).astype(self.dtype)

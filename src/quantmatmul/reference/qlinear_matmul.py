@@ -1,0 +1,83 @@
+"""reference/qlinear_matmul.py: plain numpy oracles of QLinearMatMul written straight from the spec (tests only, never the fast path).
+
+Each oracle takes parameters already shaped to broadcast against the promoted matrices the way
+numpy does (a per-row parameter as [..., M, 1], a per-column one as [..., 1, N], a y parameter
+against the output) and follows one documented numerics, step by step, with numpy arithmetic.
+"""
+
+from __future__ import annotations
+
+from fractions import Fraction
+
+import numpy as np
+
+
+def _int_accumulator(a, a_zp, b, b_zp, dtype):
+    A = a.astype(dtype) - np.asarray(a_zp).astype(dtype)
+    B = b.astype(dtype) - np.asarray(b_zp).astype(dtype)
+    if A.ndim == 1 or B.ndim == 1 or A.shape[-1] == 0:
+        return np.matmul(A, B)
+    # Sum over k in a plain loop so numpy's own int matmul choices cannot matter.
+    acc = np.zeros(np.broadcast_shapes(A.shape[:-1] + (1,), B.shape[:-2] + (1, B.shape[-1])), dtype)
+    for k in range(A.shape[-1]):
+        acc = acc + A[..., :, k : k + 1] * B[..., k : k + 1, :]
+    return acc
+
+
+def onnxruntime(a, a_scale, a_zp, b, b_scale, b_zp, y_scale, y_zp):
+    """ONNX Runtime's MLAS path: int32 wrapping sum, f32 multiplier (a*b)/y, f32 product, clamp, rint, + zp."""
+    with np.errstate(over="ignore"):
+        acc = _int_accumulator(a, a_zp, b, b_zp, np.int64)
+    acc32 = acc.astype(np.uint64).astype(np.uint32).astype(np.int32)  # wrap to int32
+    f32 = np.float32
+    multiplier = (np.asarray(a_scale).astype(f32) * np.asarray(b_scale).astype(f32)) / np.asarray(y_scale).astype(f32)
+    info = np.iinfo(np.asarray(y_zp).dtype)
+    zp = np.asarray(y_zp).astype(np.int32)
+    v = acc32.astype(f32) * multiplier
+    v = np.clip(v, (info.min - zp).astype(f32), (info.max - zp).astype(f32))
+    return (np.rint(v).astype(np.int32) + zp).astype(info.dtype)
+
+
+def onnx_reference(a, a_scale, a_zp, b, b_scale, b_zp, y_scale, y_zp):
+    """onnx.reference's QLinearMatMul: int32 matmul, multiplier in the scales' dtype, float64 product, rint, clip."""
+    acc = np.matmul(a.astype(np.int32) - np.asarray(a_zp).astype(np.int32),
+                    b.astype(np.int32) - np.asarray(b_zp).astype(np.int32))
+    d = acc * (np.asarray(a_scale) * np.asarray(b_scale) / np.asarray(y_scale)).astype(np.float64)
+    d = d + np.asarray(y_zp).astype(np.float64)
+    info = np.iinfo(np.asarray(y_zp).dtype)
+    return np.clip(np.rint(d), info.min, info.max).astype(info.dtype)
+
+
+def exact(a, a_scale, a_zp, b, b_scale, b_zp, y_scale, y_zp):
+    """The spec's formula in exact rational arithmetic: Python integers and fractions, round half to even."""
+    acc = _int_accumulator(a, a_zp, b, b_zp, object)
+    a_scale, b_scale, y_scale = (np.asarray(s).astype(np.float64) for s in (a_scale, b_scale, y_scale))
+    y_zp = np.asarray(y_zp)
+    info = np.iinfo(y_zp.dtype)
+    shape = np.broadcast_shapes(np.shape(acc), a_scale.shape, b_scale.shape, y_scale.shape, y_zp.shape)
+    acc, a_scale, b_scale, y_scale, zp = (np.broadcast_to(x, shape) for x in (acc, a_scale, b_scale, y_scale, y_zp))
+    out = np.empty(shape, info.dtype)
+    for idx in np.ndindex(*shape):
+        value = Fraction(int(acc[idx])) * Fraction(float(a_scale[idx])) * Fraction(float(b_scale[idx])) / Fraction(float(y_scale[idx]))
+        out[idx] = min(max(round(value) + int(zp[idx]), info.min), info.max)
+    return out
+
+
+def float8_path(a, a_scale, a_zp, b, b_scale, b_zp, y_scale, y_zp, float8_max=None):
+    """The float path: dequantize to float32, float32 products summed in order of k, x / y_scale (+ zp), convert."""
+    f32 = np.float32
+    da = (a.astype(f32) - np.asarray(a_zp).astype(f32)) * np.asarray(a_scale).astype(f32)
+    db = (b.astype(f32) - np.asarray(b_zp).astype(f32)) * np.asarray(b_scale).astype(f32)
+    x = np.zeros(np.broadcast_shapes(da.shape[:-1] + (1,), db.shape[:-2] + (1, db.shape[-1])), f32)
+    with np.errstate(over="ignore", invalid="ignore"):
+        for k in range(da.shape[-1]):
+            x = x + da[..., :, k : k + 1] * db[..., k : k + 1, :]
+        v = x / np.asarray(y_scale).astype(f32)
+        y_zp = np.asarray(y_zp)
+        if float8_max is not None:
+            v = v + y_zp.astype(f32)
+            return np.clip(v, -f32(float8_max), f32(float8_max)).astype(y_zp.dtype)
+        info = np.iinfo(y_zp.dtype)
+        r = np.rint(v)
+        r = np.where(np.isnan(r), 0, r)
+        return np.clip(r + y_zp.astype(np.float64), info.min, info.max).astype(y_zp.dtype)
