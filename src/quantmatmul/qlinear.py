@@ -108,7 +108,7 @@ def _scales(*scales):
     labels = ("a_scale", "b_scale", "y_scale")
     arrays = []
     for name, s in zip(labels, scales):
-        if isinstance(s, float):
+        if type(s) is float:
             s = np.float32(s)
         s = np.asarray(s)
         if s.dtype not in SCALE_TYPES:
@@ -222,7 +222,7 @@ class _Problem:
         return np.broadcast_to(p, self.internal).reshape(self.B, self.M, self.N)
 
     def operand3(self, x, rows, cols):
-        return np.ascontiguousarray(x).reshape(-1, rows, cols)
+        return np.ascontiguousarray(x).reshape(prod(x.shape[:-2]), rows, cols)
 
     # ---------------------------------------------------------------------------------------------
     # Integer operands and output: the fused C++ kernels.
@@ -233,24 +233,29 @@ class _Problem:
         y_scale, y_zp = self.y_params
         a3 = self.operand3(self.a, self.M, self.K)
         b3 = self.operand3(self.b, self.K, self.N)
-        a_zp2 = np.ascontiguousarray(np.broadcast_to(a_zp.astype(np.int32), self.a.shape[:-1] + (1,)).reshape(-1, self.M))
-        b_zp2 = np.ascontiguousarray(np.broadcast_to(b_zp.astype(np.int32), self.b.shape[:-2] + (1, self.N)).reshape(-1, self.N))
+        a_zp2 = np.broadcast_to(a_zp.astype(np.int32), self.a.shape[:-1] + (1,))
+        a_zp2 = np.ascontiguousarray(a_zp2.reshape(len(a3), self.M))
+        b_zp2 = np.broadcast_to(b_zp.astype(np.int32), self.b.shape[:-2] + (1, self.N))
+        b_zp2 = np.ascontiguousarray(b_zp2.reshape(len(b3), self.N))
         y = np.empty((self.B, self.M, self.N), self.y_dtype)
         y_zp3 = self.view3(y_zp, np.int32)
         common = (a3, a3.dtype == np.int8, self.a_index, a_zp2, b3, b3.dtype == np.int8, self.b_index, b_zp2)
         if numerics == "onnxruntime":
             f32 = [s.astype(np.float32) for s in (a_scale, b_scale, y_scale)]
-            multiplier = self._finite_multiplier((f32[0] * f32[1]) / f32[2], "float32")
+            multiplier = self._finite_multiplier(f32, "float32")
             _core.qlinear_matmul_onnxruntime(*common, self.view3(multiplier, np.float32), y, y.dtype == np.int8, y_zp3)
         elif numerics == "onnx-reference":
-            multiplier = self._finite_multiplier((a_scale * b_scale) / y_scale, str(self.scale_dtype))
+            multiplier = self._finite_multiplier((a_scale, b_scale, y_scale), str(self.scale_dtype))
             _core.qlinear_matmul_onnx_reference(*common, self.view3(multiplier, np.float64), y, y.dtype == np.int8, y_zp3)
         else:
             scales = [self.view3(s, np.float32) for s in (a_scale, b_scale, y_scale)]
             _core.qlinear_matmul_exact(*common, *scales, y, y.dtype == np.int8, y_zp3)
         return y
 
-    def _finite_multiplier(self, multiplier, precision):
+    def _finite_multiplier(self, scales, precision):
+        a_scale, b_scale, y_scale = scales
+        with np.errstate(over="ignore", under="ignore"):
+            multiplier = (a_scale * b_scale) / y_scale
         if not np.all(np.isfinite(multiplier.astype(np.float32))):
             raise ValueError(f"{_FN}: a_scale * b_scale / y_scale overflows {precision}; "
                              "use numerics='exact' for such scales")

@@ -66,6 +66,9 @@ def exact(a, a_scale, a_zp, b, b_scale, b_zp, y_scale, y_zp):
 def float8_path(a, a_scale, a_zp, b, b_scale, b_zp, y_scale, y_zp, float8_max=None):
     """The float path: dequantize to float32, float32 products summed in order of k, x / y_scale (+ zp), convert."""
     f32 = np.float32
+    out_shape = np.matmul(np.zeros(a.shape, np.int8), np.zeros(b.shape, np.int8)).shape
+    a = a.reshape(1, -1) if a.ndim == 1 else a
+    b = b.reshape(-1, 1) if b.ndim == 1 else b
     da = (a.astype(f32) - np.asarray(a_zp).astype(f32)) * np.asarray(a_scale).astype(f32)
     db = (b.astype(f32) - np.asarray(b_zp).astype(f32)) * np.asarray(b_scale).astype(f32)
     x = np.zeros(np.broadcast_shapes(da.shape[:-1] + (1,), db.shape[:-2] + (1, db.shape[-1])), f32)
@@ -76,8 +79,8 @@ def float8_path(a, a_scale, a_zp, b, b_scale, b_zp, y_scale, y_zp, float8_max=No
         y_zp = np.asarray(y_zp)
         if float8_max is not None:
             v = v + y_zp.astype(f32)
-            return np.clip(v, -f32(float8_max), f32(float8_max)).astype(y_zp.dtype)
+            return np.clip(v, -f32(float8_max), f32(float8_max)).astype(y_zp.dtype).reshape(out_shape)
         info = np.iinfo(y_zp.dtype)
         r = np.rint(v)
         r = np.where(np.isnan(r), 0, r)
-        return np.clip(r + y_zp.astype(np.float64), info.min, info.max).astype(y_zp.dtype)
+        return np.clip(r + y_zp.astype(np.float64), info.min, info.max).astype(y_zp.dtype).reshape(out_shape)
