@@ -11,7 +11,7 @@ import pytest
 import quantmatmul as qm
 from quantmatmul.reference import qlinear_matmul as oracle
 
-from peers import onnxruntime_u8s8_saturates, run_onnx_reference, run_onnxruntime
+from quantmatmul.peers import onnxruntime_u8s8_saturates, run_onnx_reference, run_onnxruntime
 
 u8, s8, f32, f16, bf16 = np.uint8, np.int8, np.float32, np.float16, ml_dtypes.bfloat16
 FLOAT8 = [ml_dtypes.float8_e4m3fn, ml_dtypes.float8_e4m3fnuz, ml_dtypes.float8_e5m2, ml_dtypes.float8_e5m2fnuz]

@@ -1,4 +1,7 @@
-"""peers.py: run QLinearMatMul in the peers (onnxruntime, onnx.reference) on the same inputs, for differential tests."""
+"""peers.py: run QLinearMatMul in the peers (onnxruntime, onnx.reference) on the same inputs, for tests, the demo and benchmarks.
+
+onnx and onnxruntime are optional (the "peers" and "test" extras); importing this module needs them.
+"""
 
 from __future__ import annotations
 
