@@ -103,10 +103,10 @@ def test_identical_to_onnxruntime(combo, scale_t):
 def test_identical_to_onnxruntime_many_small_random():
     """A broad sweep of small random problems; the ±1 tie flips between ORT and the reference live here."""
     rng = np.random.default_rng(7)
-    for trial in range(150):
+    for trial in range(1200):
         combo = ORT_COMBOS[trial % 3]
-        M, N = rng.integers(1, 9, 2)
-        K = int(rng.choice([1, 2, 3, 16, 64, 255, 256, 1000]))
+        M, N = rng.integers(1, 33, 2)
+        K = int(rng.choice([1, 2, 3, 16, 64, 255, 256, 1000, 1024, 4095]))
         args = random_case(rng, *combo, (M, K), (K, N), b_per_column=bool(trial % 2), reduce_range=_reduce_range(combo))
         assert_identical(qm.qlinear_matmul(*args), run_onnxruntime(*args), f"trial {trial}")
 
@@ -171,8 +171,6 @@ def test_empty_dimensions():
 def test_identical_to_onnx_reference(combo, scale_t):
     rng = np.random.default_rng(hash((combo, str(scale_t))) & 0xFFFF)
     for a_shape, b_shape in SHAPES:
-        if max(a_shape[-1], 1) > 1000:
-            continue  # the reference evaluator is slow on deep K; depth is covered by the ORT tests
         for trial in range(2):
             two_d = len(a_shape) == 2 and len(b_shape) == 2
             args = random_case(rng, *combo, a_shape, b_shape, scale_t=scale_t, a_per_row=two_d and trial == 0,
