@@ -9,7 +9,7 @@ from math import prod
 import numpy as np
 
 from . import _core
-from ._dtypes import FLOAT8_TYPES, QUANT_TYPES, SCALE_TYPES, float8_max, float8_scale_exponent, is_float8, names
+from ._dtypes import QUANT_TYPES, SCALE_TYPES, float8_max, float8_scale_exponent, is_float8, names
 
 __all__ = ["qlinear_matmul", "NUMERICS"]
 

@@ -45,6 +45,9 @@ import operator
 import ml_dtypes
 import numpy as np
 
+from ._dtypes import FLOAT8_TYPES as _FLOAT8_TYPES
+from ._dtypes import SCALE_TYPES as _SCALE_TYPES
+
 __all__ = ["quantize_linear", "dequantize_linear"]
 
 # Quantized integer types and their saturation ranges.
@@ -57,14 +60,9 @@ _INT_RANGES = {
     np.dtype(ml_dtypes.int4): (-8, 7),
 }
 
-_E4M3FN = np.dtype(ml_dtypes.float8_e4m3fn)
-_E4M3FNUZ = np.dtype(ml_dtypes.float8_e4m3fnuz)
-_E5M2 = np.dtype(ml_dtypes.float8_e5m2)
-_E5M2FNUZ = np.dtype(ml_dtypes.float8_e5m2fnuz)
-_FLOAT8_TYPES = (_E4M3FN, _E4M3FNUZ, _E5M2, _E5M2FNUZ)
+_E4M3FN, _E4M3FNUZ, _E5M2, _E5M2FNUZ = _FLOAT8_TYPES
 
 _QUANT_TYPES = tuple(_INT_RANGES) + _FLOAT8_TYPES
-_SCALE_TYPES = (np.dtype(np.float32), np.dtype(np.float16), np.dtype(ml_dtypes.bfloat16))
 _QUANTIZE_INPUT_TYPES = _SCALE_TYPES + (np.dtype(np.float64),)
 
 
