@@ -144,9 +144,8 @@ def _as_int8(x, name: str) -> np.ndarray:
 
 
 def _real_to_fraction(x, name: str) -> Fraction:
-    if isinstance(x, (bool, np.bool_)) or not isinstance(x, (numbers.Real, np.number)):
-        raise TypeError(f"{_PREFIX}{name} must hold real numbers, got {type(x).__name__}")
-    if isinstance(x, np.complexfloating):
+    """The exact value of a real number (int, float, Fraction, numpy scalar)."""
+    if isinstance(x, (bool, np.bool_, np.complexfloating)) or not isinstance(x, (numbers.Real, np.number)):
         raise TypeError(f"{_PREFIX}{name} must hold real numbers, got {type(x).__name__}")
     try:
         if isinstance(x, (numbers.Integral, np.integer)):
@@ -228,7 +227,7 @@ def _layout(a_shape: tuple, b_shape: tuple):
         if k != k_b:
             raise ValueError(
                 f"{_PREFIX}inner dimensions differ: a has shape {a_shape}, b has shape {b_shape} "
-                f"(Orion does not check this for 2-D inputs and silently reads the wrong rows of b)"
+                f"(for 2-D inputs Orion does not check this and silently reads the wrong rows of b)"
             )
         if a_rank == 1 and b_rank == 1:
             out = (1,)  # Orion returns a 1-element tensor, not a scalar
@@ -322,8 +321,8 @@ def qlinear_matmul(
 ) -> np.ndarray:
     """Orion's ``tensor.qlinear_matmul``, bit-identical to its Cairo implementation.
 
-    Reproduces ``gizatechxyz/orion`` (commit ``bac0b424``, the last before the
-    repository was archived) for the fixed-point types FP8x23, FP16x16,
+    Reproduces ``gizatechxyz/orion`` (commit ``bac0b424``, the head of the
+    archived repository) for the fixed-point types FP8x23, FP16x16,
     FP32x32 and FP64x64. Every step uses Orion's sign-magnitude fixed-point
     arithmetic, which truncates toward zero, so results differ from ONNX
     ``QLinearMatMul`` (which rounds once, half to even)::
@@ -356,9 +355,11 @@ def qlinear_matmul(
         for equal ranks; so a non-scalar parameter must have the rank of the
         tensor it applies to (a, b or the output) with each dimension 1 or
         equal to that tensor's: ``(M, 1)`` per row of a 2-D ``a``, ``(1, N)``
-        per column of a 2-D ``b``, the output shape for ``y_scale``. Anything
-        else raises ``ValueError`` (note that a 1-D parameter is NOT per-row:
-        it lies along the last axis).
+        per column of a 2-D ``b``, the output shape for ``y_scale``; a
+        single-element partner of a non-scalar parameter needs that rank too
+        (``[[0]]``, not ``0``). Anything else, including a parameter that
+        would enlarge the tensor by broadcasting, raises ``ValueError`` (note
+        that a 1-D parameter is NOT per-row: it lies along the last axis).
     fixed_point : {"FP16x16", "FP8x23", "FP32x32", "FP64x64"}, keyword-only
         Orion's number type ``T``: fractional bits 16, 23, 32, 64 and
         magnitude widths 32, 32, 64, 128 bits.
@@ -380,8 +381,8 @@ def qlinear_matmul(
         ``a`` or ``b`` is not int8; a parameter is not real (or not an
         integer with ``raw=True``).
     ValueError
-        A shape Orion would mishandle or panic on: inner dimensions differ
-        (Orion does not check 2-D inputs), ranks differ above rank 2, batch
+        A shape Orion would mishandle or panic on: inner dimensions or 1-D
+        lengths differ (Orion does not check 2-D inputs), ranks differ above rank 2, batch
         dimensions differ (Orion pairs matrices by flat index without
         checking), M or K is 0 above rank 2, a 0-d input; an unsupported
         parameter shape; a parameter out of range; an unknown
@@ -444,7 +445,8 @@ def qlinear_matmul(
     }
     ar = _Arith(fmt)
     placed = {}
-    for prefix, target, shape in (("a", "a", a.shape), ("b", "b", b.shape), ("y", "the output", out_shape)):
+    targets = (("a", "a", a.shape), ("b", "b", b.shape), ("y", "the output", out_shape))
+    for prefix, target, shape in targets:
         scale, zero_point = params[f"{prefix}_scale"], params[f"{prefix}_zero_point"]
         per_tensor = scale.size == 1 and zero_point.size == 1
         for name in (f"{prefix}_scale", f"{prefix}_zero_point"):
