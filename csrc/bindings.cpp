@@ -5,7 +5,14 @@
 #include <nanobind/nanobind.h>
 #include <nanobind/ndarray.h>
 
+#include <nanobind/stl/string.h>
+
+#include <cstdlib>
+
+#include "cpu_features.h"
+#include "qgemm.h"
 #include "qlinear_matmul.h"
+#include "thread_pool.h"
 
 namespace nb = nanobind;
 
@@ -21,18 +28,17 @@ qmm::View3<T> view3(const In& x) {
 }
 
 qmm::QGemmProblem problem(const In& a, bool a_signed, const In& a_index, const In& a_zp,
-                          const In& b, bool b_signed, const In& b_index, const In& b_zp) {
+                          const qmm::PackedB& b, const In& b_index, const In& b_zp) {
   qmm::QGemmProblem p;
   p.batch = static_cast<int64_t>(a_index.shape(0));
   p.M = static_cast<int64_t>(a.shape(1));
   p.K = static_cast<int64_t>(a.shape(2));
-  p.N = static_cast<int64_t>(b.shape(2));
+  p.N = b.N;
   p.a = a.data();
   p.a_signed = a_signed;
   p.a_index = static_cast<const int64_t*>(a_index.data());
   p.a_zero_point = static_cast<const int32_t*>(a_zp.data());
-  p.b = b.data();
-  p.b_signed = b_signed;
+  p.b = &b;
   p.b_index = static_cast<const int64_t*>(b_index.data());
   p.b_zero_point = static_cast<const int32_t*>(b_zp.data());
   return p;
@@ -47,11 +53,52 @@ qmm::QOutput output(Out& y, bool y_signed, const In& y_zp) {
 NB_MODULE(_core, m) {
   m.doc() = "quantmatmul's compiled core (private; use the quantmatmul package)";
 
+  nb::class_<qmm::PackedB>(m, "PackedB", "8-bit [K, N] matrices packed for the active kernels, with column sums")
+      .def_ro("count", &qmm::PackedB::count)
+      .def_ro("K", &qmm::PackedB::K)
+      .def_ro("N", &qmm::PackedB::N)
+      .def_ro("is_signed", &qmm::PackedB::is_signed)
+      .def_prop_ro("nbytes", &qmm::PackedB::bytes);
+
+  m.def("pack_b", [](const In& b, bool is_signed) {
+    const int64_t count = static_cast<int64_t>(b.shape(0)), K = static_cast<int64_t>(b.shape(1));
+    const int64_t N = static_cast<int64_t>(b.shape(2));
+    const void* data = b.data();
+    nb::gil_scoped_release release;
+    return qmm::pack_b_matrices(data, is_signed, count, K, N);
+  });
+
+  m.def("get_num_threads", &qmm::get_num_threads);
+  m.def("set_num_threads", &qmm::set_num_threads);
+  m.def("best_isa", [] { return std::string(qmm::isa_name(qmm::best_isa())); });
+  m.def("active_isa", [] { return std::string(qmm::isa_name(qmm::active_isa())); });
+  m.def("isa_supported", [](const std::string& name) {
+    qmm::Isa isa;
+    return qmm::parse_isa(name, &isa) && qmm::isa_supported(isa);
+  });
+  m.def("set_isa", [](const std::string& name) {
+    qmm::Isa isa;
+    return qmm::parse_isa(name, &isa) && qmm::set_isa(isa);
+  });
+  m.def("cpu_features", [] {
+    const qmm::CpuFeatures& f = qmm::cpu_features();
+    nb::dict d;
+    d["vendor"] = f.vendor;
+    d["brand"] = f.brand;
+    const std::pair<const char*, bool> flags[] = {
+        {"avx2", f.avx2}, {"fma", f.fma}, {"f16c", f.f16c}, {"avx512f", f.avx512f}, {"avx512bw", f.avx512bw},
+        {"avx512vl", f.avx512vl}, {"avx512_vnni", f.avx512vnni}, {"avx512_bf16", f.avx512bf16},
+        {"avx_vnni", f.avx_vnni}, {"amx_tile", f.amx_tile}, {"amx_int8", f.amx_int8}, {"amx_bf16", f.amx_bf16},
+        {"os_avx", f.os_avx}, {"os_avx512", f.os_avx512}, {"os_amx", f.os_amx}};
+    for (const auto& [name, value] : flags) d[name] = value;
+    return d;
+  });
+
   m.def("qlinear_matmul_onnxruntime",
-        [](const In& a, bool a_signed, const In& a_index, const In& a_zp, const In& b,
-           bool b_signed, const In& b_index, const In& b_zp, const In& multiplier, Out y,
+        [](const In& a, bool a_signed, const In& a_index, const In& a_zp, const qmm::PackedB& b,
+           const In& b_index, const In& b_zp, const In& multiplier, Out y,
            bool y_signed, const In& y_zp) {
-          const auto p = problem(a, a_signed, a_index, a_zp, b, b_signed, b_index, b_zp);
+          const auto p = problem(a, a_signed, a_index, a_zp, b, b_index, b_zp);
           const auto out = output(y, y_signed, y_zp);
           const auto mult = view3<float>(multiplier);
           nb::gil_scoped_release release;
@@ -59,10 +106,10 @@ NB_MODULE(_core, m) {
         });
 
   m.def("qlinear_matmul_onnx_reference",
-        [](const In& a, bool a_signed, const In& a_index, const In& a_zp, const In& b,
-           bool b_signed, const In& b_index, const In& b_zp, const In& multiplier, Out y,
+        [](const In& a, bool a_signed, const In& a_index, const In& a_zp, const qmm::PackedB& b,
+           const In& b_index, const In& b_zp, const In& multiplier, Out y,
            bool y_signed, const In& y_zp) {
-          const auto p = problem(a, a_signed, a_index, a_zp, b, b_signed, b_index, b_zp);
+          const auto p = problem(a, a_signed, a_index, a_zp, b, b_index, b_zp);
           const auto out = output(y, y_signed, y_zp);
           const auto mult = view3<double>(multiplier);
           nb::gil_scoped_release release;
@@ -70,10 +117,10 @@ NB_MODULE(_core, m) {
         });
 
   m.def("qlinear_matmul_exact",
-        [](const In& a, bool a_signed, const In& a_index, const In& a_zp, const In& b,
-           bool b_signed, const In& b_index, const In& b_zp, const In& a_scale,
+        [](const In& a, bool a_signed, const In& a_index, const In& a_zp, const qmm::PackedB& b,
+           const In& b_index, const In& b_zp, const In& a_scale,
            const In& b_scale, const In& y_scale, Out y, bool y_signed, const In& y_zp) {
-          const auto p = problem(a, a_signed, a_index, a_zp, b, b_signed, b_index, b_zp);
+          const auto p = problem(a, a_signed, a_index, a_zp, b, b_index, b_zp);
           const auto out = output(y, y_signed, y_zp);
           const auto sa = view3<float>(a_scale), sb = view3<float>(b_scale), sy = view3<float>(y_scale);
           nb::gil_scoped_release release;

@@ -1,105 +1,124 @@
-// qlinear_matmul.cpp: portable C++ QLinearMatMul: blocked exact integer accumulation plus the fused epilogues.
+// qlinear_matmul.cpp: the QLinearMatMul driver: packed-kernel tasks on the thread pool, exact accumulators, fused epilogues.
 #include "qlinear_matmul.h"
 
 #include <algorithm>
 #include <vector>
 
+#include "qgemm.h"
 #include "requantize.h"
+#include "thread_pool.h"
 
 namespace qmm {
+
+const int8_t* PackedB::matrix(int64_t i) const { return data.data() + i * packed_b_bytes(K, N); }
+
+PackedB pack_b_matrices(const void* b, bool is_signed, int64_t count, int64_t K, int64_t N) {
+  PackedB packed;
+  packed.count = count;
+  packed.K = K;
+  packed.N = N;
+  packed.is_signed = is_signed;
+  packed.data.resize(static_cast<size_t>(count * packed_b_bytes(K, N)));
+  packed.colsum.resize(static_cast<size_t>(count * N));
+  parallel_for(count, [&](int64_t i) {
+    pack_b(static_cast<const uint8_t*>(b) + i * K * N, is_signed, K, N, packed.data.data() + i * packed_b_bytes(K, N),
+           packed.colsum.data() + i * N);
+  });
+  return packed;
+}
+
 namespace {
 
-constexpr int64_t kRows = 4;          // rows of a per block: each row of b is reused 4 times
-constexpr int64_t kCols = 512;        // columns per block: 4 x 512 int32 accumulators stay in L1
-constexpr int64_t kDepth = 1 << 15;   // K chunk: 2^15 products of at most 255*255 fit in int32
+constexpr int64_t kBlockRows = 8 * kMr;          // rows of a per task
+constexpr int64_t kPairsPerChunk = 1 << 14;      // 2^14 pairs of products below 2^17: int32 cannot overflow
+constexpr int64_t kPanelBudgetBytes = 256 << 10;  // the B panels of one task stay in L2
 
-// Calls epilogue(batch, m, n0, count, acc) with the exact (64-bit) accumulators
-// acc[j] = sum_k (a[m,k] - a_zp[m]) * (b[k,n0+j] - b_zp[n0+j]) for every row m and column block.
+// Calls epilogue(batch, m, n0, cols, acc) with the exact (64-bit) accumulators
+// acc[j] = sum_k (a[m,k] - a_zp[m]) * (b[k,n0+j] - b_zp[n0+j]) for each row m of each block.
 //
+// Work is split into tasks of (matrix, block of rows, block of columns) run on the thread pool.
 // The zero points come out of the inner loop (docs/quantization.md, "Zero-point terms"):
 //   acc = sum a*b - b_zp * rowsum(a) - a_zp * colsum(b) + K * a_zp * b_zp.
-template <class TA, class TB, class Epilogue>
+template <class Epilogue>
 void accumulate(const QGemmProblem& p, Epilogue&& epilogue) {
-  const int64_t M = p.M, N = p.N, K = p.K;
-  const auto* a_all = static_cast<const TA*>(p.a);
-  const auto* b_all = static_cast<const TB*>(p.b);
-  std::vector<int32_t> acc32(kRows * kCols);
-  std::vector<int64_t> acc64(kRows * kCols);
-  std::vector<int64_t> colsum(N);
-  int64_t colsum_of = -1;  // which b matrix colsum holds
+  const QGemmKernels& kernels = active_kernels();
+  const int64_t M = p.M, N = p.N, K = p.K, pairs = k_pairs(K);
+  if (M == 0 || N == 0 || p.batch == 0) return;
+  const int64_t panels_total = n_panels(N);
+  const int64_t panel_bytes = pairs * 2 * kNr;
+  const int64_t panels_per_task = std::max<int64_t>(1, std::min(panels_total, kPanelBudgetBytes / std::max<int64_t>(panel_bytes, 1)));
+  const int64_t row_blocks = (M + kBlockRows - 1) / kBlockRows;
+  const int64_t col_blocks = (panels_total + panels_per_task - 1) / panels_per_task;
+  const bool chunked = pairs > kPairsPerChunk;
 
-  for (int64_t bt = 0; bt < p.batch; ++bt) {
+  parallel_for(p.batch * row_blocks * col_blocks, [&](int64_t task) {
+    const int64_t bt = task / (row_blocks * col_blocks);
+    const int64_t m0 = (task / col_blocks) % row_blocks * kBlockRows;
+    const int64_t panel0 = task % col_blocks * panels_per_task;
+    const int64_t rows = std::min(kBlockRows, M - m0);
+    const int64_t panels = std::min(panels_per_task, panels_total - panel0);
+    const int64_t n0 = panel0 * kNr, cols = std::min(panels * kNr, N - n0);
     const int64_t ia = p.a_index[bt], ib = p.b_index[bt];
-    const TA* a = a_all + ia * M * K;
-    const TB* b = b_all + ib * K * N;
-    const int32_t* a_zp = p.a_zero_point + ia * M;
-    const int32_t* b_zp = p.b_zero_point + ib * N;
-    if (colsum_of != ib) {
-      std::fill(colsum.begin(), colsum.end(), 0);
-      for (int64_t k = 0; k < K; ++k)
-        for (int64_t n = 0; n < N; ++n) colsum[n] += b[k * N + n];
-      colsum_of = ib;
+    const int64_t ldc = panels * kNr;
+
+    thread_local std::vector<int32_t> a_packed, c32;
+    thread_local std::vector<int64_t> c64;
+    a_packed.resize(static_cast<size_t>(packed_a_int32s(rows, K)));
+    c32.resize(static_cast<size_t>(rows * ldc));
+
+    const auto* a_bytes = static_cast<const uint8_t*>(p.a) + (ia * M + m0) * K;
+    pack_a(a_bytes, p.a_signed, rows, K, K, a_packed.data());
+    int64_t rowsum[kBlockRows];
+    for (int64_t r = 0; r < rows; ++r) {
+      int64_t sum = 0;
+      if (p.a_signed) for (int64_t k = 0; k < K; ++k) sum += reinterpret_cast<const int8_t*>(a_bytes)[r * K + k];
+      else for (int64_t k = 0; k < K; ++k) sum += a_bytes[r * K + k];
+      rowsum[r] = sum;
     }
-    for (int64_t m0 = 0; m0 < M; m0 += kRows) {
-      const int64_t rows = std::min(kRows, M - m0);
-      int64_t rowsum[kRows] = {};
-      for (int64_t r = 0; r < rows; ++r)
-        for (int64_t k = 0; k < K; ++k) rowsum[r] += a[(m0 + r) * K + k];
-      for (int64_t n0 = 0; n0 < N; n0 += kCols) {
-        const int64_t cols = std::min(kCols, N - n0);
-        std::fill(acc64.begin(), acc64.end(), 0);
-        for (int64_t k0 = 0; k0 < K; k0 += kDepth) {
-          const int64_t k1 = std::min(K, k0 + kDepth);
-          std::fill(acc32.begin(), acc32.end(), 0);
-          for (int64_t k = k0; k < k1; ++k) {
-            const TB* brow = b + k * N + n0;
-            for (int64_t r = 0; r < rows; ++r) {
-              const int32_t av = a[(m0 + r) * K + k];
-              int32_t* acc = acc32.data() + r * kCols;
-              for (int64_t j = 0; j < cols; ++j) acc[j] += av * static_cast<int32_t>(brow[j]);
-            }
-          }
-          for (int64_t i = 0; i < rows * kCols; ++i) acc64[i] += acc32[i];
-        }
-        for (int64_t r = 0; r < rows; ++r) {
-          const int64_t m = m0 + r, za = a_zp[m];
-          int64_t* acc = acc64.data() + r * kCols;
-          for (int64_t j = 0; j < cols; ++j) {
-            const int64_t zb = b_zp[n0 + j];
-            acc[j] += -zb * rowsum[r] - za * colsum[n0 + j] + K * za * zb;
-          }
-          epilogue(bt, m, n0, cols, acc);
+
+    const int8_t* b_panels = p.b->matrix(ib) + panel0 * panel_bytes;
+    if (chunked) c64.assign(static_cast<size_t>(rows * ldc), 0);
+    for (int64_t q0 = 0; q0 < std::max<int64_t>(pairs, 1); q0 += kPairsPerChunk) {
+      const int64_t q1 = std::min(pairs, q0 + kPairsPerChunk);
+      for (int64_t j = 0; j < panels; ++j) {
+        for (int64_t r0 = 0; r0 < rows; r0 += kMr) {
+          kernels.kernel(a_packed.data() + r0 * pairs, std::min(kMr, rows - r0), b_panels + j * panel_bytes, 1,
+                         pairs, q0, q1, p.b->is_signed, c32.data() + r0 * ldc + j * kNr, ldc);
         }
       }
+      if (chunked)
+        for (int64_t i = 0; i < rows * ldc; ++i) c64[i] += c32[i];
     }
-  }
+
+    const int32_t* colsum = p.b->colsum.data() + ib * N + n0;
+    const int32_t* b_zp = p.b_zero_point + ib * N + n0;
+    thread_local std::vector<int64_t> acc;
+    acc.resize(static_cast<size_t>(cols));
+    for (int64_t r = 0; r < rows; ++r) {
+      const int64_t za = p.a_zero_point[ia * M + m0 + r];
+      for (int64_t j = 0; j < cols; ++j) {
+        const int64_t raw = chunked ? c64[r * ldc + j] : c32[r * ldc + j];
+        const int64_t zb = b_zp[j];
+        acc[j] = raw - zb * rowsum[r] - za * colsum[j] + K * za * zb;
+      }
+      epilogue(bt, m0 + r, n0, cols, acc.data());
+    }
+  });
 }
 
-template <class Epilogue>
-void dispatch_signedness(const QGemmProblem& p, Epilogue&& epilogue) {
-  if (p.a_signed) {
-    if (p.b_signed) accumulate<int8_t, int8_t>(p, epilogue);
-    else accumulate<int8_t, uint8_t>(p, epilogue);
-  } else {
-    if (p.b_signed) accumulate<uint8_t, int8_t>(p, epilogue);
-    else accumulate<uint8_t, uint8_t>(p, epilogue);
-  }
-}
-
-// Runs the accumulation and writes requantize(acc, b, m, n) into the 8-bit output.
+// Runs the accumulation and writes requantize(acc, b, m, n, zp, qmin, qmax) into the 8-bit output.
 template <class Requantize>
 void run(const QGemmProblem& p, const QOutput& out, Requantize&& requantize) {
   const int32_t qmin = out.is_signed ? -128 : 0, qmax = out.is_signed ? 127 : 255;
   const int64_t M = p.M, N = p.N;
-  auto epilogue = [&](int64_t bt, int64_t m, int64_t n0, int64_t cols, const int64_t* acc) {
+  accumulate(p, [&](int64_t bt, int64_t m, int64_t n0, int64_t cols, const int64_t* acc) {
     const int64_t base = (bt * M + m) * N + n0;
     for (int64_t j = 0; j < cols; ++j) {
       const int32_t q = requantize(acc[j], bt, m, n0 + j, out.zero_point(bt, m, n0 + j), qmin, qmax);
       if (out.is_signed) static_cast<int8_t*>(out.data)[base + j] = static_cast<int8_t>(q);
       else static_cast<uint8_t*>(out.data)[base + j] = static_cast<uint8_t>(q);
     }
-  };
-  dispatch_signedness(p, epilogue);
+  });
 }
 
 // The int32 accumulator of numerics "onnxruntime" and "onnx-reference": the exact sum modulo 2^32,
@@ -108,11 +127,30 @@ inline int32_t wrap32(int64_t acc) {
   return static_cast<int32_t>(static_cast<uint32_t>(static_cast<uint64_t>(acc)));
 }
 
+// Values view(b, m, n0 .. n0+count) as a contiguous array: the view itself when it is contiguous
+// along n, else copied into buffer.
+template <class T>
+const T* row_of(const View3<T>& view, int64_t b, int64_t m, int64_t n0, int64_t count, std::vector<T>& buffer) {
+  if (view.stride_n == 1) return &view.data[b * view.stride_batch + m * view.stride_m + n0];
+  buffer.resize(static_cast<size_t>(count));
+  for (int64_t j = 0; j < count; ++j) buffer[j] = view(b, m, n0 + j);
+  return buffer.data();
+}
+
 }  // namespace
 
 void qlinear_matmul_onnxruntime(const QGemmProblem& p, View3<float> multiplier, QOutput out) {
-  run(p, out, [&](int64_t acc, int64_t b, int64_t m, int64_t n, int32_t zp, int32_t qmin, int32_t qmax) {
-    return requantize_onnxruntime(wrap32(acc), multiplier(b, m, n), zp, qmin, qmax);
+  const RequantizeRow requantize_row = active_kernels().requantize_onnxruntime;
+  const int64_t M = p.M, N = p.N;
+  accumulate(p, [&](int64_t bt, int64_t m, int64_t n0, int64_t cols, const int64_t* acc) {
+    thread_local std::vector<int32_t> acc32, zp_buffer;
+    thread_local std::vector<float> multiplier_buffer;
+    acc32.resize(static_cast<size_t>(cols));
+    for (int64_t j = 0; j < cols; ++j) acc32[j] = wrap32(acc[j]);
+    const float* mult = row_of(multiplier, bt, m, n0, cols, multiplier_buffer);
+    const int32_t* zp = row_of(out.zero_point, bt, m, n0, cols, zp_buffer);
+    auto* y = static_cast<uint8_t*>(out.data) + (bt * M + m) * N + n0;
+    requantize_row(acc32.data(), mult, zp, cols, out.is_signed, y);
   });
 }
 
@@ -131,46 +169,42 @@ void qlinear_matmul_exact(const QGemmProblem& p, View3<float> a_scale, View3<flo
 
 void matmul_f32_sequential(int64_t batch, int64_t M, int64_t N, int64_t K, const float* a,
                            const int64_t* a_index, const float* b, const int64_t* b_index, float* out) {
-  for (int64_t bt = 0; bt < batch; ++bt) {
+  parallel_for(batch * M, [&](int64_t row) {
+    const int64_t bt = row / M, m = row % M;
     const float* A = a + a_index[bt] * M * K;
     const float* B = b + b_index[bt] * K * N;
-    float* Y = out + bt * M * N;
-    for (int64_t m = 0; m < M; ++m) {
-      float* y = Y + m * N;
-      std::fill(y, y + N, 0.0f);
-      for (int64_t k = 0; k < K; ++k) {
-        const float av = A[m * K + k];
-        const float* brow = B + k * N;
-        for (int64_t n = 0; n < N; ++n) {
-          const float product = av * brow[n];  // rounded on its own: built with -ffp-contract=off
-          y[n] = y[n] + product;
-        }
+    float* y = out + (bt * M + m) * N;
+    std::fill(y, y + N, 0.0f);
+    for (int64_t k = 0; k < K; ++k) {
+      const float av = A[m * K + k];
+      const float* brow = B + k * N;
+      for (int64_t n = 0; n < N; ++n) {
+        const float product = av * brow[n];  // rounded on its own: built with -ffp-contract=off
+        y[n] = y[n] + product;
       }
     }
-  }
+  });
 }
 
 void matmul_i64_exact128(int64_t batch, int64_t M, int64_t N, int64_t K, const int64_t* a,
                          const int64_t* a_index, const int64_t* b, const int64_t* b_index,
                          int64_t* out_hi, uint64_t* out_lo) {
-  std::vector<__int128> acc(N);
-  for (int64_t bt = 0; bt < batch; ++bt) {
+  parallel_for(batch * M, [&](int64_t row) {
+    const int64_t bt = row / M, m = row % M;
     const int64_t* A = a + a_index[bt] * M * K;
     const int64_t* B = b + b_index[bt] * K * N;
-    for (int64_t m = 0; m < M; ++m) {
-      std::fill(acc.begin(), acc.end(), 0);
-      for (int64_t k = 0; k < K; ++k) {
-        const __int128 av = A[m * K + k];
-        const int64_t* brow = B + k * N;
-        for (int64_t n = 0; n < N; ++n) acc[n] += av * brow[n];
-      }
-      const int64_t base = (bt * M + m) * N;
-      for (int64_t n = 0; n < N; ++n) {
-        out_hi[base + n] = static_cast<int64_t>(acc[n] >> 64);
-        out_lo[base + n] = static_cast<uint64_t>(acc[n]);
-      }
+    std::vector<__int128> acc(N);
+    for (int64_t k = 0; k < K; ++k) {
+      const __int128 av = A[m * K + k];
+      const int64_t* brow = B + k * N;
+      for (int64_t n = 0; n < N; ++n) acc[n] += av * brow[n];
     }
-  }
+    const int64_t base = (bt * M + m) * N;
+    for (int64_t n = 0; n < N; ++n) {
+      out_hi[base + n] = static_cast<int64_t>(acc[n] >> 64);
+      out_lo[base + n] = static_cast<uint64_t>(acc[n]);
+    }
+  });
 }
 
 }  // namespace qmm

@@ -5,7 +5,9 @@
 // docs/quantization.md.
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
+#include <vector>
 
 namespace qmm {
 
@@ -20,17 +22,30 @@ struct View3 {
   }
 };
 
+// One or more 8-bit [K, N] matrices b, packed once for the active kernels (csrc/qgemm.h) with their
+// column sums. QLinearMatMul keeps one for a constant weight; qlinear_matmul packs per call.
+struct PackedB {
+  int64_t count = 0, K = 0, N = 0;
+  bool is_signed = false;
+  std::vector<int8_t> data;     // count * packed_b_bytes(K, N)
+  std::vector<int32_t> colsum;  // count * N: sum_k b[k, n]
+  const int8_t* matrix(int64_t i) const;
+  size_t bytes() const { return data.size() + colsum.size() * sizeof(int32_t); }
+};
+
+// Packs b, contiguous [count, K, N], 8-bit of the given signedness.
+PackedB pack_b_matrices(const void* b, bool is_signed, int64_t count, int64_t K, int64_t N);
+
 // batch independent products out[i] = (a[a_index[i]] - a_zp) x (b[b_index[i]] - b_zp).
-// a is contiguous [Ba, M, K], b contiguous [Bb, K, N], both 8-bit (signedness given); the index
-// arrays implement numpy's batch broadcasting. a_zero_point is [Ba, M], b_zero_point is [Bb, N].
+// a is contiguous [Ba, M, K] 8-bit (signedness given), b is packed; the index arrays implement
+// numpy's batch broadcasting. a_zero_point is [Ba, M], b_zero_point is [Bb, N].
 struct QGemmProblem {
   int64_t batch, M, N, K;
   const void* a;
   bool a_signed;
   const int64_t* a_index;
   const int32_t* a_zero_point;
-  const void* b;
-  bool b_signed;
+  const PackedB* b;
   const int64_t* b_index;
   const int32_t* b_zero_point;
 };

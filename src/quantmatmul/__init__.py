@@ -3,9 +3,15 @@
 from __future__ import annotations
 
 from . import orion
-from .qlinear import qlinear_matmul
+from ._runtime import available_isas, cpu_info, get_num_threads, set_isa, set_num_threads
+from .nbits_layout import pack_nbits, unpack_nbits
+from .qlinear import QLinearMatMul, qlinear_matmul
 from .quantize_linear import dequantize_linear, quantize_linear
 
 __version__ = "0.1.0"
 
-__all__ = ["qlinear_matmul", "quantize_linear", "dequantize_linear", "orion", "__version__"]
+__all__ = [
+    "qlinear_matmul", "QLinearMatMul", "quantize_linear", "dequantize_linear", "orion",
+    "pack_nbits", "unpack_nbits",
+    "cpu_info", "available_isas", "set_isa", "get_num_threads", "set_num_threads", "__version__",
+]

@@ -11,7 +11,7 @@ import numpy as np
 from . import _core
 from ._dtypes import QUANT_TYPES, SCALE_TYPES, float8_max, float8_scale_exponent, is_float8, names
 
-__all__ = ["qlinear_matmul", "NUMERICS"]
+__all__ = ["qlinear_matmul", "QLinearMatMul", "NUMERICS"]
 
 NUMERICS = ("onnxruntime", "onnx-reference", "exact")
 _FN = "qlinear_matmul"
@@ -60,16 +60,77 @@ def qlinear_matmul(a, a_scale, a_zero_point, b, b_scale, b_zero_point, y_scale, 
     array([[168, 115, 255],
            [  1,  66, 151]], dtype=uint8)
     """
-    if numerics not in NUMERICS:
-        raise ValueError(f"{_FN}: numerics must be one of {', '.join(map(repr, NUMERICS))}, got {numerics!r}")
-    a = _quantized(a, "a")
+    _check_numerics(numerics, _FN)
     b = _quantized(b, "b")
-    a_zero_point = _zero_point(a_zero_point, "a_zero_point", a.dtype, "a")
     b_zero_point = _zero_point(b_zero_point, "b_zero_point", b.dtype, "b")
-    y_zero_point = _zero_point(y_zero_point, "y_zero_point", None, None)
-    a_scale, b_scale, y_scale = _scales(a_scale, b_scale, y_scale)
-    problem = _Problem(a, a_scale, a_zero_point, b, b_scale, b_zero_point, y_scale, y_zero_point)
+    return _run(a, a_scale, a_zero_point, b, b_scale, b_zero_point, y_scale, y_zero_point, numerics, _FN, None)
 
+
+class QLinearMatMul:
+    """QLinearMatMul with a constant b, packed once: the way models run it (ONNX Runtime prepacks
+    constant initializers the same way).
+
+    ``w = QLinearMatMul(b, b_scale, b_zero_point)`` validates b and its parameters and, for 8-bit
+    integer b, packs it into the kernels' layout with its column sums (the zero-point terms of
+    docs/quantization.md). ``w(a, a_scale, a_zero_point, y_scale, y_zero_point, *, numerics=...)``
+    returns exactly what ``qlinear_matmul(a, a_scale, a_zero_point, b, b_scale, b_zero_point,
+    y_scale, y_zero_point, numerics=...)`` returns. b is copied: later changes to the caller's
+    array do not affect the packed weight.
+
+    Examples
+    --------
+    >>> import numpy as np, quantmatmul
+    >>> b = np.array([[152, 51, 244], [60, 26, 255], [0, 127, 246], [127, 254, 247]], np.uint8)
+    >>> w = quantmatmul.QLinearMatMul(b, np.float32(0.00705), np.uint8(114))
+    >>> a = np.array([[208, 236, 0, 238], [3, 214, 255, 29]], np.uint8)
+    >>> w(a, np.float32(0.0066), np.uint8(113), np.float32(0.0107), np.uint8(118))
+    array([[168, 115, 255],
+           [  1,  66, 151]], dtype=uint8)
+    """
+
+    _FN = "QLinearMatMul"
+
+    def __init__(self, b, b_scale, b_zero_point):
+        b = _quantized(b, "b", self._FN)
+        self.b_zero_point = np.array(_zero_point(b_zero_point, "b_zero_point", b.dtype, "b", self._FN))
+        self.b_scale = np.array(_scale(b_scale, "b_scale", self._FN))
+        self.b = np.array(b)  # a private copy: the packed form must stay in sync with it
+        for x in (self.b, self.b_scale, self.b_zero_point):
+            x.flags.writeable = False
+        self._packed = None
+        if not is_float8(b.dtype):
+            b2 = self.b[:, None] if self.b.ndim == 1 else self.b
+            K, N = b2.shape[-2:]
+            self._packed = _core.pack_b(np.ascontiguousarray(b2).reshape(prod(b2.shape[:-2]), K, N), b.dtype == np.int8)
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes held by the packed weight (kernel layout and column sums), or by b for float8 b."""
+        return self._packed.nbytes if self._packed is not None else self.b.nbytes
+
+    def __call__(self, a, a_scale, a_zero_point, y_scale, y_zero_point, *, numerics: str = "onnxruntime") -> np.ndarray:
+        _check_numerics(numerics, self._FN)
+        return _run(a, a_scale, a_zero_point, self.b, self.b_scale, self.b_zero_point, y_scale, y_zero_point,
+                    numerics, self._FN, self._packed)
+
+    def __repr__(self) -> str:
+        return (f"QLinearMatMul(b: {self.b.dtype} {self.b.shape}, b_scale: {self.b_scale.dtype} {self.b_scale.shape}, "
+                f"packed {self.nbytes} bytes)")
+
+
+def _check_numerics(numerics, fn):
+    if numerics not in NUMERICS:
+        raise ValueError(f"{fn}: numerics must be one of {', '.join(map(repr, NUMERICS))}, got {numerics!r}")
+
+
+def _run(a, a_scale, a_zero_point, b, b_scale, b_zero_point, y_scale, y_zero_point, numerics, fn, packed_b):
+    """The call after b and b_zero_point are validated: validate the rest, normalize, dispatch."""
+    a = _quantized(a, "a", fn)
+    a_zero_point = _zero_point(a_zero_point, "a_zero_point", a.dtype, "a", fn)
+    y_zero_point = _zero_point(y_zero_point, "y_zero_point", None, None, fn)
+    a_scale, b_scale, y_scale = _scales(a_scale, b_scale, y_scale, fn=fn)
+    problem = _Problem(a, a_scale, a_zero_point, b, b_scale, b_zero_point, y_scale, y_zero_point,
+                       fn=fn, packed_b=packed_b)
     if any(is_float8(t) for t in (a.dtype, b.dtype, y_zero_point.dtype)):
         y = problem.float_path(numerics)
     else:
@@ -81,55 +142,59 @@ def qlinear_matmul(a, a_scale, a_zero_point, b, b_scale, b_zero_point, y_scale, 
 # Validation
 
 
-def _quantized(x, name: str) -> np.ndarray:
+def _quantized(x, name: str, fn: str = _FN) -> np.ndarray:
     x = np.asarray(x)
     if x.dtype not in QUANT_TYPES:
-        raise TypeError(f"{_FN}: {name} dtype {x.dtype} is not supported, expected {names(QUANT_TYPES)}")
+        raise TypeError(f"{fn}: {name} dtype {x.dtype} is not supported, expected {names(QUANT_TYPES)}")
     if x.ndim == 0:
-        raise ValueError(f"{_FN}: {name} must have at least 1 dimension, got a 0-d array")
+        raise ValueError(f"{fn}: {name} must have at least 1 dimension, got a 0-d array")
     return x
 
 
-def _zero_point(x, name: str, dtype, tensor: str | None) -> np.ndarray:
+def _zero_point(x, name: str, dtype, tensor: str | None, fn: str = _FN) -> np.ndarray:
     if not isinstance(x, (np.ndarray, np.generic)):
-        raise TypeError(f"{_FN}: {name} must be a numpy array or scalar with a dtype "
+        raise TypeError(f"{fn}: {name} must be a numpy array or scalar with a dtype "
                         f"({names(QUANT_TYPES)}), got {type(x).__name__}")
     x = np.asarray(x)
     if tensor is None:
         if x.dtype not in QUANT_TYPES:
-            raise TypeError(f"{_FN}: {name} dtype {x.dtype} is not supported, expected {names(QUANT_TYPES)} "
+            raise TypeError(f"{fn}: {name} dtype {x.dtype} is not supported, expected {names(QUANT_TYPES)} "
                             f"(it selects the output type)")
     elif x.dtype != dtype:
-        raise TypeError(f"{_FN}: {name} dtype {x.dtype} does not match {tensor} dtype {dtype}")
+        raise TypeError(f"{fn}: {name} dtype {x.dtype} does not match {tensor} dtype {dtype}")
     return x
 
 
-def _scales(*scales):
+def _scale(s, name: str, fn: str) -> np.ndarray:
+    """One scale: float32, float16 or bfloat16 (a Python float is float32), finite and nonzero."""
+    if type(s) is float:
+        s = np.float32(s)
+    s = np.asarray(s)
+    if s.dtype not in SCALE_TYPES:
+        raise TypeError(f"{fn}: {name} dtype {s.dtype} is not supported, expected {names(SCALE_TYPES)}")
+    values = s.astype(np.float32)
+    if not np.all(np.isfinite(values)):
+        raise ValueError(f"{fn}: {name} must be finite, got {s.ravel()[~np.isfinite(values.ravel())][0]}")
+    if np.any(values == 0):
+        raise ValueError(f"{fn}: {name} must be nonzero")
+    return s
+
+
+def _scales(a_scale, b_scale, y_scale, fn: str = _FN):
     labels = ("a_scale", "b_scale", "y_scale")
-    arrays = []
-    for name, s in zip(labels, scales):
-        if type(s) is float:
-            s = np.float32(s)
-        s = np.asarray(s)
-        if s.dtype not in SCALE_TYPES:
-            raise TypeError(f"{_FN}: {name} dtype {s.dtype} is not supported, expected {names(SCALE_TYPES)}")
-        arrays.append(s)
-    dtypes = {s.dtype for s in arrays}
-    if len(dtypes) > 1:
-        raise TypeError(f"{_FN}: the three scales must share one dtype (ONNX type TS), got "
-                        + ", ".join(f"{n} {s.dtype}" for n, s in zip(labels, arrays)))
+    arrays = [np.asarray(s) if type(s) is not float else np.float32(s) for s in (a_scale, b_scale, y_scale)]
     for name, s in zip(labels, arrays):
-        values = s.astype(np.float32)
-        if not np.all(np.isfinite(values)):
-            raise ValueError(f"{_FN}: {name} must be finite, got {s.ravel()[~np.isfinite(values.ravel())][0]}")
-        if np.any(values == 0):
-            raise ValueError(f"{_FN}: {name} must be nonzero")
-    return arrays
+        if np.asarray(s).dtype not in SCALE_TYPES:
+            raise TypeError(f"{fn}: {name} dtype {np.asarray(s).dtype} is not supported, expected {names(SCALE_TYPES)}")
+    if len({np.asarray(s).dtype for s in arrays}) > 1:
+        raise TypeError(f"{fn}: the three scales must share one dtype (ONNX type TS), got "
+                        + ", ".join(f"{n} {np.asarray(s).dtype}" for n, s in zip(labels, arrays)))
+    return [_scale(s, name, fn) for name, s in zip(labels, arrays)]
 
 
-def _check_pair(scale: np.ndarray, zero_point: np.ndarray, scale_name: str, zp_name: str):
+def _check_pair(scale: np.ndarray, zero_point: np.ndarray, scale_name: str, zp_name: str, fn: str):
     if scale.shape != zero_point.shape:
-        raise ValueError(f"{_FN}: {zp_name} has shape {zero_point.shape}, expected its scale's shape "
+        raise ValueError(f"{fn}: {zp_name} has shape {zero_point.shape}, expected its scale's shape "
                          f"{scale.shape} ({scale_name})")
 
 
@@ -143,28 +208,30 @@ def _fits(shape, target) -> bool:
 class _Problem:
     """One validated call, normalized to the core's batched form [B, M, K] x [B, K, N] -> [B, M, N]."""
 
-    def __init__(self, a, a_scale, a_zero_point, b, b_scale, b_zero_point, y_scale, y_zero_point):
+    def __init__(self, a, a_scale, a_zero_point, b, b_scale, b_zero_point, y_scale, y_zero_point, *,
+                 fn: str = _FN, packed_b=None):
+        self.fn, self.packed_b = fn, packed_b
         self.a_1d, self.b_1d = a.ndim == 1, b.ndim == 1
         a2 = a[None, :] if self.a_1d else a
         b2 = b[:, None] if self.b_1d else b
         M, K = a2.shape[-2:]
         K_b, N = b2.shape[-2:]
         if K != K_b:
-            raise ValueError(f"{_FN}: inner dimensions differ: a has shape {a.shape} (K={K}) "
+            raise ValueError(f"{self.fn}: inner dimensions differ: a has shape {a.shape} (K={K}) "
                              f"and b has shape {b.shape} (K={K_b})")
         try:
             batch = np.broadcast_shapes(a2.shape[:-2], b2.shape[:-2])
         except ValueError:
-            raise ValueError(f"{_FN}: batch dimensions of a {a.shape} and b {b.shape} do not broadcast") from None
+            raise ValueError(f"{self.fn}: batch dimensions of a {a.shape} and b {b.shape} do not broadcast") from None
         self.M, self.N, self.K, self.batch = M, N, K, tuple(batch)
         self.B = prod(self.batch)
         self.out_shape = self.batch + (() if self.a_1d else (M,)) + (() if self.b_1d else (N,))
         self.internal = self.batch + (M, N)
         self.a, self.b = a2, b2
 
-        _check_pair(a_scale, a_zero_point, "a_scale", "a_zero_point")
-        _check_pair(b_scale, b_zero_point, "b_scale", "b_zero_point")
-        _check_pair(y_scale, y_zero_point, "y_scale", "y_zero_point")
+        _check_pair(a_scale, a_zero_point, "a_scale", "a_zero_point", fn)
+        _check_pair(b_scale, b_zero_point, "b_scale", "b_zero_point", fn)
+        _check_pair(y_scale, y_zero_point, "y_scale", "y_zero_point", fn)
         self.a_params = [self._row_param(p) for p in (a_scale, a_zero_point)]
         self.b_params = [self._column_param(p) for p in (b_scale, b_zero_point)]
         self.y_params = [self._output_param(p, name) for p, name in ((y_scale, "y_scale"), (y_zero_point, "y_zero_point"))]
@@ -185,7 +252,7 @@ class _Problem:
         elif p.shape == (1,):
             p = p.reshape(())
         if not _fits(p.shape, target):
-            raise ValueError(f"{_FN}: a_scale/a_zero_point has shape {p.shape}, expected () or (1,) per tensor"
+            raise ValueError(f"{self.fn}: a_scale/a_zero_point has shape {p.shape}, expected () or (1,) per tensor"
                              + (f", ({self.M},) per row" if self.a.ndim == 2 and not self.a_1d else "")
                              + f" or a shape broadcasting to {target} per row")
         return p
@@ -195,7 +262,7 @@ class _Problem:
         if p.shape == (1,):
             p = p.reshape(())
         if not _fits(p.shape, target):
-            raise ValueError(f"{_FN}: b_scale/b_zero_point has shape {p.shape}, expected () or (1,) per tensor "
+            raise ValueError(f"{self.fn}: b_scale/b_zero_point has shape {p.shape}, expected () or (1,) per tensor "
                              f"or ({self.N},) or a shape broadcasting to {target} per column")
         return p
 
@@ -203,7 +270,7 @@ class _Problem:
         if p.shape == (1,):
             p = p.reshape(())
         if not _fits(p.shape, self.out_shape):
-            raise ValueError(f"{_FN}: {name} has shape {p.shape}, expected () or (1,) per tensor, or a shape "
+            raise ValueError(f"{self.fn}: {name} has shape {p.shape}, expected () or (1,) per tensor, or a shape "
                              f"that broadcasts to the output shape {self.out_shape}")
         p = p.reshape((1,) * (len(self.out_shape) - p.ndim) + p.shape)
         if self.b_1d:
@@ -232,14 +299,14 @@ class _Problem:
         b_scale, b_zp = self.b_params
         y_scale, y_zp = self.y_params
         a3 = self.operand3(self.a, self.M, self.K)
-        b3 = self.operand3(self.b, self.K, self.N)
+        packed = self.packed_b if self.packed_b is not None else _core.pack_b(self.operand3(self.b, self.K, self.N), self.b.dtype == np.int8)
         a_zp2 = np.broadcast_to(a_zp.astype(np.int32), self.a.shape[:-1] + (1,))
         a_zp2 = np.ascontiguousarray(a_zp2.reshape(len(a3), self.M))
         b_zp2 = np.broadcast_to(b_zp.astype(np.int32), self.b.shape[:-2] + (1, self.N))
-        b_zp2 = np.ascontiguousarray(b_zp2.reshape(len(b3), self.N))
+        b_zp2 = np.ascontiguousarray(b_zp2.reshape(packed.count, self.N))
         y = np.empty((self.B, self.M, self.N), self.y_dtype)
         y_zp3 = self.view3(y_zp, np.int32)
-        common = (a3, a3.dtype == np.int8, self.a_index, a_zp2, b3, b3.dtype == np.int8, self.b_index, b_zp2)
+        common = (a3, a3.dtype == np.int8, self.a_index, a_zp2, packed, self.b_index, b_zp2)
         if numerics == "onnxruntime":
             f32 = [s.astype(np.float32) for s in (a_scale, b_scale, y_scale)]
             multiplier = self._finite_multiplier(f32, "float32")
@@ -257,7 +324,7 @@ class _Problem:
         with np.errstate(over="ignore", under="ignore"):
             multiplier = (a_scale * b_scale) / y_scale
         if not np.all(np.isfinite(multiplier.astype(np.float32))):
-            raise ValueError(f"{_FN}: a_scale * b_scale / y_scale overflows {precision}; "
+            raise ValueError(f"{self.fn}: a_scale * b_scale / y_scale overflows {precision}; "
                              "use numerics='exact' for such scales")
         return multiplier
 
@@ -321,7 +388,7 @@ class _Problem:
     def _integerized(self, q, zp, e, name):
         values = q.astype(np.float64) - zp.astype(np.float64)  # exact: float8 differences need <= 35 bits
         if not np.all(np.isfinite(values)):
-            raise ValueError(f"{_FN}: numerics='exact' needs finite operands; {name} or {name}_zero_point "
+            raise ValueError(f"{self.fn}: numerics='exact' needs finite operands; {name} or {name}_zero_point "
                              "holds NaN or infinity (use the default numerics)")
         return np.ldexp(values, e).astype(np.int64)
 

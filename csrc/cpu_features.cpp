@@ -1,0 +1,137 @@
+// cpu_features.cpp: CPUID/XGETBV feature detection and Linux AMX permission (x86-64; other targets get the portable path).
+#include "cpu_features.h"
+
+#include <cstring>
+
+#if defined(__x86_64__) || defined(_M_X64)
+#include <cpuid.h>
+#define QMM_X86 1
+#endif
+#if defined(__linux__) && defined(QMM_X86)
+#include <sys/syscall.h>
+#include <unistd.h>
+#endif
+
+namespace qmm {
+namespace {
+
+#ifdef QMM_X86
+void cpuid(unsigned leaf, unsigned subleaf, unsigned r[4]) {
+  __cpuid_count(leaf, subleaf, r[0], r[1], r[2], r[3]);
+}
+
+unsigned long long xgetbv0() {
+  unsigned eax, edx;
+  __asm__ volatile("xgetbv" : "=a"(eax), "=d"(edx) : "c"(0));
+  return (static_cast<unsigned long long>(edx) << 32) | eax;
+}
+
+// Linux keeps AMX tile data (XFEATURE 18) off until a process asks for it.
+bool request_amx_permission() {
+#if defined(__linux__)
+  constexpr long kArchReqXcompPerm = 0x1023;
+  constexpr long kXfeatureXtiledata = 18;
+  return syscall(SYS_arch_prctl, kArchReqXcompPerm, kXfeatureXtiledata) == 0;
+#else
+  return false;
+#endif
+}
+#endif
+
+CpuFeatures detect() {
+  CpuFeatures f;
+#ifdef QMM_X86
+  unsigned r[4];
+  cpuid(0, 0, r);
+  const unsigned max_leaf = r[0];
+  char vendor[13] = {};
+  std::memcpy(vendor, &r[1], 4);
+  std::memcpy(vendor + 4, &r[3], 4);
+  std::memcpy(vendor + 8, &r[2], 4);
+  f.vendor = vendor;
+
+  cpuid(0x80000000u, 0, r);
+  if (r[0] >= 0x80000004u) {
+    char brand[49] = {};
+    for (unsigned i = 0; i < 3; ++i) {
+      cpuid(0x80000002u + i, 0, r);
+      std::memcpy(brand + 16 * i, r, 16);
+    }
+    f.brand = brand;
+    while (!f.brand.empty() && f.brand.back() == ' ') f.brand.pop_back();
+    while (!f.brand.empty() && f.brand.front() == ' ') f.brand.erase(f.brand.begin());
+  }
+
+  cpuid(1, 0, r);
+  const bool osxsave = (r[2] >> 27) & 1;
+  f.fma = (r[2] >> 12) & 1;
+  f.f16c = (r[2] >> 29) & 1;
+  if (osxsave) {
+    const unsigned long long xcr0 = xgetbv0();
+    f.os_avx = (xcr0 & 0x6) == 0x6;               // SSE and AVX state
+    f.os_avx512 = f.os_avx && (xcr0 & 0xE0) == 0xE0;  // opmask, ZMM_Hi256, Hi16_ZMM
+    f.os_amx = (xcr0 & 0x60000) == 0x60000;       // XTILECFG and XTILEDATA
+  }
+  if (max_leaf >= 7) {
+    cpuid(7, 0, r);
+    f.avx2 = (r[1] >> 5) & 1;
+    f.avx512f = (r[1] >> 16) & 1;
+    f.avx512bw = (r[1] >> 30) & 1;
+    f.avx512vl = (r[1] >> 31) & 1;
+    f.avx512vnni = (r[2] >> 11) & 1;
+    f.amx_bf16 = (r[3] >> 22) & 1;
+    f.amx_tile = (r[3] >> 24) & 1;
+    f.amx_int8 = (r[3] >> 25) & 1;
+    cpuid(7, 1, r);
+    f.avx_vnni = (r[0] >> 4) & 1;
+    f.avx512bf16 = (r[0] >> 5) & 1;
+  }
+  if (f.os_amx && f.amx_tile) f.os_amx = request_amx_permission();
+#endif
+  return f;
+}
+
+}  // namespace
+
+const CpuFeatures& cpu_features() {
+  static const CpuFeatures features = detect();
+  return features;
+}
+
+bool isa_supported(Isa isa) {
+  const CpuFeatures& f = cpu_features();
+  switch (isa) {
+    case Isa::kPortable:
+      return true;
+    case Isa::kAvx2:
+      return f.os_avx && f.avx2 && f.fma;
+    case Isa::kAvx512Vnni:
+      return isa_supported(Isa::kAvx2) && f.os_avx512 && f.avx512f && f.avx512bw && f.avx512vl &&
+             f.avx512vnni;
+    case Isa::kAmx:
+      return isa_supported(Isa::kAvx512Vnni) && f.os_amx && f.amx_tile && f.amx_int8;
+  }
+  return false;
+}
+
+const char* isa_name(Isa isa) {
+  switch (isa) {
+    case Isa::kPortable: return "portable";
+    case Isa::kAvx2: return "avx2";
+    case Isa::kAvx512Vnni: return "avx512_vnni";
+    case Isa::kAmx: return "amx";
+  }
+  return "?";
+}
+
+bool parse_isa(const std::string& name, Isa* out) {
+  for (Isa isa : {Isa::kPortable, Isa::kAvx2, Isa::kAvx512Vnni, Isa::kAmx}) {
+    if (name == isa_name(isa)) {
+      *out = isa;
+      return true;
+    }
+  }
+  return false;
+}
+
+}  // namespace qmm

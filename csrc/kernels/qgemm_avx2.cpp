@@ -1,0 +1,91 @@
+// qgemm_avx2.cpp: AVX2 int8 GEMM micro-kernel (exact int16 pairs with vpmaddwd) and vectorized ONNX Runtime epilogue.
+//
+// Micro-tile: MR (<= 4) rows x 16 columns, 2*MR ymm accumulators of 8 int32 (more rows spill:
+// AVX2 has 16 ymm registers and vpmaddwd needs a temporary before each add).
+//
+//   per k-pair p:   b0 = widen(B[p][cols 0..7]),  b1 = widen(B[p][cols 8..15])   (16 x int16 each)
+//                   for each row r: a = broadcast(A[r][p]) = (a[r,2p], a[r,2p+1]) x 8
+//                                   acc[r][0] += vpmaddwd(a, b0); acc[r][1] += vpmaddwd(a, b1)
+//
+// vpmaddwd multiplies int16 lanes and adds adjacent pairs into int32: exact for 8-bit inputs of
+// any signedness (|pair| <= 65280), unlike vpmaddubsw, whose int16 pair sums saturate.
+#include <immintrin.h>
+
+#include "qgemm.h"
+#include "requantize.h"
+
+namespace qmm {
+namespace {
+
+template <int MR, bool BSigned>
+void micro_tile(const int32_t* a, const int8_t* b, int64_t p0, int64_t p1, int32_t* c, int64_t ldc) {
+  __m256i acc[MR][2];
+  for (int r = 0; r < MR; ++r) acc[r][0] = acc[r][1] = _mm256_setzero_si256();
+  for (int64_t p = p0; p < p1; ++p) {
+    const __m128i* bp = reinterpret_cast<const __m128i*>(b + p * 2 * kNr);
+    const __m256i b0 = BSigned ? _mm256_cvtepi8_epi16(_mm_loadu_si128(bp)) : _mm256_cvtepu8_epi16(_mm_loadu_si128(bp));
+    const __m256i b1 = BSigned ? _mm256_cvtepi8_epi16(_mm_loadu_si128(bp + 1)) : _mm256_cvtepu8_epi16(_mm_loadu_si128(bp + 1));
+    for (int r = 0; r < MR; ++r) {
+      const __m256i av = _mm256_set1_epi32(a[p * kMr + r]);
+      acc[r][0] = _mm256_add_epi32(acc[r][0], _mm256_madd_epi16(av, b0));
+      acc[r][1] = _mm256_add_epi32(acc[r][1], _mm256_madd_epi16(av, b1));
+    }
+  }
+  for (int r = 0; r < MR; ++r) {
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(c + r * ldc), acc[r][0]);
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(c + r * ldc + 8), acc[r][1]);
+  }
+}
+
+template <bool BSigned>
+void kernel_avx2_t(const int32_t* a, int64_t rows, const int8_t* b_panels, int64_t panels,
+                   int64_t pairs_total, int64_t p0, int64_t p1, int32_t* c, int64_t ldc) {
+  for (int64_t panel = 0; panel < panels; ++panel) {
+    const int8_t* b = b_panels + panel * pairs_total * 2 * kNr;
+    int32_t* cp = c + panel * kNr;
+    switch (rows) {
+      case 1: micro_tile<1, BSigned>(a, b, p0, p1, cp, ldc); break;
+      case 2: micro_tile<2, BSigned>(a, b, p0, p1, cp, ldc); break;
+      case 3: micro_tile<3, BSigned>(a, b, p0, p1, cp, ldc); break;
+      default: micro_tile<4, BSigned>(a, b, p0, p1, cp, ldc); break;
+    }
+  }
+}
+
+void kernel_avx2(const int32_t* a, int64_t rows, const int8_t* b_panels, int64_t panels,
+                 int64_t pairs_total, int64_t p0, int64_t p1, bool b_signed, int32_t* c, int64_t ldc) {
+  if (b_signed) kernel_avx2_t<true>(a, rows, b_panels, panels, pairs_total, p0, p1, c, ldc);
+  else kernel_avx2_t<false>(a, rows, b_panels, panels, pairs_total, p0, p1, c, ldc);
+}
+
+void requantize_row_avx2(const int32_t* acc, const float* multiplier, const int32_t* zp, int64_t count,
+                         bool y_signed, void* y) {
+  const int32_t qmin = y_signed ? -128 : 0, qmax = y_signed ? 127 : 255;
+  const __m256i vqmin = _mm256_set1_epi32(qmin), vqmax = _mm256_set1_epi32(qmax);
+  auto* out = static_cast<uint8_t*>(y);
+  int64_t j = 0;
+  for (; j + 8 <= count; j += 8) {
+    const __m256i z = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(zp + j));
+    const __m256 lo = _mm256_cvtepi32_ps(_mm256_sub_epi32(vqmin, z));
+    const __m256 hi = _mm256_cvtepi32_ps(_mm256_sub_epi32(vqmax, z));
+    __m256 v = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(acc + j))),
+                             _mm256_loadu_ps(multiplier + j));
+    v = _mm256_max_ps(v, lo);  // operand order as MLAS: a NaN becomes the lower bound
+    v = _mm256_min_ps(v, hi);
+    const __m256i q = _mm256_add_epi32(_mm256_cvtps_epi32(v), z);  // round half to even (default MXCSR)
+    const __m128i words = _mm_packs_epi32(_mm256_castsi256_si128(q), _mm256_extracti128_si256(q, 1));
+    const __m128i bytes = y_signed ? _mm_packs_epi16(words, words) : _mm_packus_epi16(words, words);
+    _mm_storel_epi64(reinterpret_cast<__m128i*>(out + j), bytes);
+  }
+  for (; j < count; ++j) {
+    const int32_t q = requantize_onnxruntime(acc[j], multiplier[j], zp[j], qmin, qmax);
+    out[j] = static_cast<uint8_t>(y_signed ? static_cast<uint8_t>(static_cast<int8_t>(q)) : q);
+  }
+}
+
+}  // namespace
+
+const QGemmKernels kAvx2Kernels = {Isa::kAvx2, kernel_avx2, requantize_row_avx2};
+bool avx2_kernels_built() { return true; }
+
+}  // namespace qmm

@@ -1,0 +1,63 @@
+// qgemm.h: the 8-bit integer GEMM kernel interface: packed operand layouts and one kernel table per instruction set.
+//
+// Layout shared by the portable and AVX2 kernels (docs/quantization.md derives why the zero points
+// stay out of it):
+//   packed A: groups of kMr rows; in a group, for each k-pair p, kMr int32s, one per row r, each
+//             holding the two int16 values a[r,2p] (low half) and a[r,2p+1] (high half);
+//             K padded to whole pairs and the last group to kMr rows with zeros.
+//   packed B: panels of kNr = 16 columns; in a panel, for each k-pair p, 32 bytes:
+//             b[2p,n0] b[2p+1,n0] b[2p,n0+1] b[2p+1,n0+1] ... b[2p+1,n0+15]
+//             (8-bit, the operand's own signedness), zero padded past K and N.
+// With 8-bit values widened to int16, one multiply-add of two pairs (vpmaddwd) is exact in int32,
+// for every signedness combination: no saturation, unlike vpmaddubsw.
+#pragma once
+
+#include <cstdint>
+
+#include "cpu_features.h"
+
+namespace qmm {
+
+constexpr int64_t kNr = 16;  // columns per B panel
+constexpr int64_t kMr = 4;   // rows per micro-tile (at most)
+
+inline int64_t k_pairs(int64_t K) { return (K + 1) / 2; }
+inline int64_t n_panels(int64_t N) { return (N + kNr - 1) / kNr; }
+inline int64_t packed_b_bytes(int64_t K, int64_t N) { return n_panels(N) * k_pairs(K) * 2 * kNr; }
+inline int64_t packed_a_int32s(int64_t rows, int64_t K) { return (rows + kMr - 1) / kMr * kMr * k_pairs(K); }
+
+// Packs rows [0, rows) of a row-major 8-bit matrix with row stride lda into int16 pairs.
+void pack_a(const void* a, bool a_signed, int64_t rows, int64_t K, int64_t lda, int32_t* packed);
+// Packs a row-major 8-bit [K, N] matrix into panels; also writes colsum[n] = sum_k b[k, n].
+void pack_b(const void* b, bool b_signed, int64_t K, int64_t N, int8_t* packed, int32_t* colsum);
+
+// C[r, j] = sum over k-pairs [p0, p1) of rows [0, rows) of the packed A group at a times columns
+// [0, kNr * panels) of the panels starting at b_panels. rows <= kMr. C is row-major with row stride
+// ldc (int32, wrapping: exact while the sum fits).
+using QGemmKernel = void (*)(const int32_t* a, int64_t rows, const int8_t* b_panels,
+                             int64_t panels, int64_t pairs_total, int64_t p0, int64_t p1, bool b_signed,
+                             int32_t* c, int64_t ldc);
+
+// y[j] = saturate(rne(max/min-clamped(f32(acc[j]) * multiplier[j])) + zp[j]) for j < count: the
+// ONNX Runtime epilogue of csrc/requantize.h, vectorized.
+using RequantizeRow = void (*)(const int32_t* acc, const float* multiplier, const int32_t* zp,
+                               int64_t count, bool y_signed, void* y);
+
+struct QGemmKernels {
+  Isa isa;
+  QGemmKernel kernel;
+  RequantizeRow requantize_onnxruntime;
+};
+
+extern const QGemmKernels kPortableKernels;
+extern const QGemmKernels kAvx2Kernels;  // defined in kernels/qgemm_avx2.cpp (compiled with -mavx2)
+bool avx2_kernels_built();
+
+// The table in use: the best supported path, or the one QUANTMATMUL_ISA / set_isa asks for.
+const QGemmKernels& active_kernels();
+// Forces a path (lower than or equal to the best); returns false if unsupported or not built.
+bool set_isa(Isa isa);
+Isa active_isa();
+Isa best_isa();
+
+}  // namespace qmm

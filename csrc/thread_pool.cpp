@@ -1,0 +1,119 @@
+// thread_pool.cpp: the persistent worker pool behind parallel_for (condition variables, one job at a time).
+#include "thread_pool.h"
+
+#include <atomic>
+#include <condition_variable>
+#include <cstdlib>
+#include <mutex>
+#include <thread>
+#include <vector>
+
+#if defined(__linux__)
+#include <sched.h>
+#endif
+
+namespace qmm {
+namespace {
+
+int default_threads() {
+  if (const char* env = std::getenv("QUANTMATMUL_NUM_THREADS")) {
+    const int n = std::atoi(env);
+    if (n > 0) return n;
+  }
+#if defined(__linux__)
+  cpu_set_t set;
+  if (sched_getaffinity(0, sizeof(set), &set) == 0) {
+    const int n = CPU_COUNT(&set);
+    if (n > 0) return n;
+  }
+#endif
+  const unsigned n = std::thread::hardware_concurrency();
+  return n > 0 ? static_cast<int>(n) : 1;
+}
+
+thread_local bool t_inside_task = false;
+
+class Pool {
+ public:
+  static Pool& instance() {
+    static Pool* pool = new Pool();  // never destroyed: workers may outlive static destruction
+    return *pool;
+  }
+
+  int threads() const { return threads_.load(); }
+  void set_threads(int n) { threads_.store(n < 1 ? 1 : n); }
+
+  void run(int64_t count, const std::function<void(int64_t)>& task) {
+    const int want = static_cast<int>(std::min<int64_t>(threads(), count));
+    if (want <= 1 || t_inside_task) {
+      for (int64_t i = 0; i < count; ++i) task(i);
+      return;
+    }
+    std::lock_guard<std::mutex> one_job(job_mutex_);  // concurrent callers take turns
+    ensure_workers(want - 1);
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      task_ = &task;
+      count_ = count;
+      next_.store(0);
+      helpers_ = want - 1;
+      pending_ = want - 1;
+      ++generation_;
+    }
+    wake_.notify_all();
+    work();  // the caller works too
+    std::unique_lock<std::mutex> lock(mutex_);
+    done_.wait(lock, [&] { return pending_ == 0; });
+    task_ = nullptr;
+  }
+
+ private:
+  Pool() : threads_(default_threads()) {}
+
+  void ensure_workers(int n) {
+    while (static_cast<int>(workers_.size()) < n) {
+      const int index = static_cast<int>(workers_.size());
+      workers_.emplace_back([this, index] { worker_loop(index); });
+      workers_.back().detach();
+    }
+  }
+
+  void work() {
+    t_inside_task = true;
+    for (int64_t i = next_.fetch_add(1); i < count_; i = next_.fetch_add(1)) (*task_)(i);
+    t_inside_task = false;
+  }
+
+  void worker_loop(int index) {
+    uint64_t seen = 0;
+    for (;;) {
+      {
+        std::unique_lock<std::mutex> lock(mutex_);
+        wake_.wait(lock, [&] { return generation_ != seen; });
+        seen = generation_;
+        if (index >= helpers_) continue;  // this job wants fewer helpers
+      }
+      work();
+      std::lock_guard<std::mutex> lock(mutex_);
+      if (--pending_ == 0) done_.notify_one();
+    }
+  }
+
+  std::atomic<int> threads_;
+  std::mutex job_mutex_, mutex_;
+  std::condition_variable wake_, done_;
+  std::vector<std::thread> workers_;
+  const std::function<void(int64_t)>* task_ = nullptr;
+  int64_t count_ = 0;
+  std::atomic<int64_t> next_{0};
+  int helpers_ = 0, pending_ = 0;
+  uint64_t generation_ = 0;
+};
+
+}  // namespace
+
+int get_num_threads() { return Pool::instance().threads(); }
+void set_num_threads(int n) { Pool::instance().set_threads(n); }
+void parallel_for(int64_t count, const std::function<void(int64_t)>& task) { Pool::instance().run(count, task); }
+
+}  // namespace qmm
