@@ -1,0 +1,211 @@
+"""test_native.py: the native core: every kernel path this machine has, threads, concurrency, and the QLinearMatMul constant-weight class."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import threading
+
+import ml_dtypes
+import numpy as np
+import pytest
+
+import quantmatmul as qm
+from quantmatmul.reference import qlinear_matmul as oracle
+
+u8, s8, f32 = np.uint8, np.int8, np.float32
+COMBOS = [(x, y, z) for x in (u8, s8) for y in (u8, s8) for z in (u8, s8)]
+TESTED_ISAS: set[str] = set()
+
+
+@pytest.fixture(params=qm.available_isas())
+def isa(request):
+    """Runs the test once per kernel path this machine supports; restores the default afterwards."""
+    before = qm.cpu_info()["isa"]
+    qm.set_isa(request.param)
+    assert qm.cpu_info()["isa"] == request.param
+    TESTED_ISAS.add(request.param)
+    yield request.param
+    qm.set_isa(before)
+
+
+def random_problem(rng, combo, M, K, N, per_column=False, extreme=False):
+    a_t, b_t, y_t = combo
+
+    def values(t, shape):
+        info = np.iinfo(t)
+        if extreme:
+            return rng.choice(np.array([info.min, info.max], t), shape)
+        return rng.integers(info.min, int(info.max) + 1, shape).astype(t)
+
+    b_shape = (N,) if per_column else ()
+    a_s, b_s = f32(rng.uniform(0.001, 0.05)), rng.uniform(0.001, 0.05, b_shape).astype(f32)
+    y_s = f32(float(a_s) * float(np.max(b_s)) * np.sqrt(max(K, 1)) * 3600 / 60)
+    return (values(a_t, (M, K)), a_s, values(a_t, ()), values(b_t, (K, N)), b_s, values(b_t, b_shape), y_s,
+            values(y_t, ()))
+
+
+# Shapes around the kernel's tile sizes (4 rows, 16 columns, k in pairs, 2^15-deep chunks).
+SHAPES = [(1, 1, 1), (1, 2, 16), (3, 3, 15), (4, 16, 16), (5, 17, 17), (9, 33, 31), (33, 64, 48), (1, 4096, 70),
+          (70, 255, 33), (130, 130, 130), (2, 70001, 3)]
+
+
+@pytest.mark.parametrize("combo", COMBOS, ids=lambda c: "".join(np.dtype(t).char for t in c))
+def test_every_path_matches_the_oracles(isa, combo):
+    rng = np.random.default_rng(sum(map(ord, isa)) + 7 * COMBOS.index(combo))
+    for M, K, N in SHAPES:
+        for variant in range(2):
+            args = random_problem(rng, combo, M, K, N, per_column=variant == 1, extreme=variant == 1 and K < 1000)
+            context = f"{isa} {M}x{K}x{N} variant {variant}"
+            ours = qm.qlinear_matmul(*args)
+            assert np.array_equal(ours, oracle.onnxruntime(*args)), context
+            assert np.array_equal(qm.qlinear_matmul(*args, numerics="onnx-reference"), oracle.onnx_reference(*args)), context
+            if K * M * N < 100_000:  # the fractions oracle is slow
+                assert np.array_equal(qm.qlinear_matmul(*args, numerics="exact"), oracle.exact(*args)), context
+
+
+def test_deep_k_wraps_identically_on_every_path(isa):
+    """K = 70001 > 2^16 pairs: the kernels' int32 chunks must fold into the same wrapped/exact sums."""
+    K = 70001
+    a = np.full((3, K), 255, u8)
+    b = np.full((K, 17), 255, u8)
+    args = (a, f32(1), u8(0), b, f32(1), u8(1), f32(2.0**26), u8(100))
+    assert np.array_equal(qm.qlinear_matmul(*args), oracle.onnxruntime(*args))
+    exact = qm.qlinear_matmul(*args, numerics="exact")
+    assert int(exact[0, 0]) == min(255, 100 + round(K * 255 * 254 / 2**26))
+
+
+def test_isa_report_and_settings():
+    info = qm.cpu_info()
+    assert info["isa"] in info["available_isas"] and info["available_isas"][0] == "portable"
+    assert info["best_isa"] == info["available_isas"][-1]
+    assert set(info["features"]) >= {"avx2", "avx512_vnni", "amx_int8", "brand"}
+    with pytest.raises(ValueError, match="^set_isa: isa must be one of"):
+        qm.set_isa("sse9")
+    for unavailable in {"portable", "avx2", "avx512_vnni", "amx"} - set(qm.available_isas()):
+        with pytest.raises(ValueError, match=f"^set_isa: {unavailable} is not available here"):
+            qm.set_isa(unavailable)
+
+
+def _run_python(code, **env):
+    environment = {**os.environ, **env}
+    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=environment, timeout=120)
+
+
+def test_environment_variables():
+    done = _run_python("import quantmatmul as q; i = q.cpu_info(); print(i['isa'], q.get_num_threads())",
+                       QUANTMATMUL_ISA="portable", QUANTMATMUL_NUM_THREADS="3")
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split() == ["portable", "3"]
+    bad = _run_python("import quantmatmul", QUANTMATMUL_ISA="neon")
+    assert bad.returncode != 0 and "QUANTMATMUL_ISA='neon' is not one of" in bad.stderr
+
+
+def test_thread_counts_do_not_change_results():
+    rng = np.random.default_rng(1)
+    args = random_problem(rng, (u8, s8, u8), 77, 300, 190, per_column=True)
+    before = qm.get_num_threads()
+    try:
+        results = []
+        for n in (1, 2, 3, 5):
+            qm.set_num_threads(n)
+            assert qm.get_num_threads() == n
+            results.append(qm.qlinear_matmul(*args))
+        assert all(np.array_equal(r, results[0]) for r in results)
+        with pytest.raises(ValueError, match="^set_num_threads: n must be a positive integer"):
+            qm.set_num_threads(0)
+    finally:
+        qm.set_num_threads(before)
+
+
+def test_concurrent_calls_from_python_threads():
+    """The GIL is released in the kernels; concurrent calls must each get their own right answer."""
+    rng = np.random.default_rng(2)
+    problems = [random_problem(rng, COMBOS[i % 8], 40 + i, 200 + 3 * i, 50 + i, per_column=bool(i % 2)) for i in range(8)]
+    expected = [oracle.onnxruntime(*p) for p in problems]
+    weights = [qm.QLinearMatMul(p[3], p[4], p[5]) for p in problems]
+    errors = []
+
+    def worker(i):
+        try:
+            for _ in range(5):
+                p = problems[i]
+                assert np.array_equal(qm.qlinear_matmul(*p), expected[i])
+                assert np.array_equal(weights[i](p[0], p[1], p[2], p[6], p[7]), expected[i])
+        except BaseException as error:  # noqa: BLE001 - reported below
+            errors.append(error)
+
+    threads = [threading.Thread(target=worker, args=(i,)) for i in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors, errors[0]
+
+
+# --------------------------------------------------------------------------------------------------
+# QLinearMatMul: constant weights
+
+
+@pytest.mark.parametrize("numerics", ["onnxruntime", "onnx-reference", "exact"])
+def test_constant_weight_equals_function(numerics):
+    rng = np.random.default_rng(3)
+    for combo in COMBOS:
+        a, a_s, a_z, b, b_s, b_z, y_s, y_z = random_problem(rng, combo, 13, 40, 21, per_column=True)
+        w = qm.QLinearMatMul(b, b_s, b_z)
+        for a_in in (a, a[0], np.stack([a, a[::-1]])):
+            expected = qm.qlinear_matmul(a_in, a_s, a_z, b, b_s, b_z, y_s, y_z, numerics=numerics)
+            assert np.array_equal(w(a_in, a_s, a_z, y_s, y_z, numerics=numerics), expected)
+
+
+def test_constant_weight_batched_vector_and_float8_b():
+    rng = np.random.default_rng(4)
+    b3 = rng.integers(-128, 128, (3, 20, 9), dtype=s8)
+    a = rng.integers(0, 256, (2, 3, 5, 20), dtype=u8)
+    args = (f32(0.02), u8(128), f32(0.5), u8(10))
+    w = qm.QLinearMatMul(b3, f32(0.01), s8(0))
+    assert np.array_equal(w(a, *args), qm.qlinear_matmul(a, args[0], args[1], b3, f32(0.01), s8(0), args[2], args[3]))
+    bv = rng.integers(-128, 128, 20, dtype=s8)
+    wv = qm.QLinearMatMul(bv, f32(0.01), s8(3))
+    assert np.array_equal(wv(a, *args), qm.qlinear_matmul(a, args[0], args[1], bv, f32(0.01), s8(3), args[2], args[3]))
+    e4 = ml_dtypes.float8_e4m3fn
+    bf = rng.normal(size=(20, 4)).astype(e4)
+    wf = qm.QLinearMatMul(bf, f32(0.5), e4(0))
+    assert np.array_equal(wf(a, *args).view(u8),
+                          qm.qlinear_matmul(a, args[0], args[1], bf, f32(0.5), e4(0), args[2], args[3]).view(u8))
+
+
+def test_constant_weight_is_a_private_copy_and_compact():
+    rng = np.random.default_rng(5)
+    b = rng.integers(-128, 128, (4096, 512), dtype=s8)
+    w = qm.QLinearMatMul(b, f32(0.01), s8(0))
+    assert w.nbytes <= 1.25 * b.nbytes
+    a = rng.integers(0, 256, (2, 4096), dtype=u8)
+    before = w(a, f32(0.01), u8(128), f32(1.0), u8(128))
+    b[:] = 0  # the caller's array changes; the packed weight must not
+    assert np.array_equal(w(a, f32(0.01), u8(128), f32(1.0), u8(128)), before)
+    assert "QLinearMatMul(b: int8 (4096, 512)" in repr(w)
+
+
+def test_constant_weight_errors_name_the_class():
+    b = np.zeros((4, 3), s8)
+    with pytest.raises(TypeError, match="^QLinearMatMul: b dtype float32 is not supported"):
+        qm.QLinearMatMul(b.astype(f32), f32(1), s8(0))
+    with pytest.raises(TypeError, match="^QLinearMatMul: b_zero_point dtype uint8 does not match b dtype int8"):
+        qm.QLinearMatMul(b, f32(1), u8(0))
+    with pytest.raises(ValueError, match="^QLinearMatMul: b_scale must be nonzero"):
+        qm.QLinearMatMul(b, f32(0), s8(0))
+    w = qm.QLinearMatMul(b, f32(1), s8(0))
+    with pytest.raises(ValueError, match="^QLinearMatMul: inner dimensions differ"):
+        w(np.zeros((2, 5), u8), f32(1), u8(0), f32(1), u8(0))
+    with pytest.raises(TypeError, match="^QLinearMatMul: the three scales must share one dtype"):
+        w(np.zeros((2, 4), u8), np.float16(1), u8(0), np.float16(1), u8(0))
+    with pytest.raises(ValueError, match="^QLinearMatMul: numerics must be one of"):
+        w(np.zeros((2, 4), u8), f32(1), u8(0), f32(1), u8(0), numerics="fast")
+
+
+def test_report_which_paths_ran():
+    """Runs last in this module: every path this machine supports was exercised above."""
+    assert TESTED_ISAS == set(qm.available_isas()), f"tested {sorted(TESTED_ISAS)} of {qm.available_isas()}"
+    print(f"\nkernel paths tested on {qm.cpu_info()['features']['brand']}: {sorted(TESTED_ISAS)}")
