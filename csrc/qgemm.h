@@ -28,8 +28,9 @@ inline int64_t packed_a_int32s(int64_t rows, int64_t K) { return (rows + kMr - 1
 
 // Packs rows [0, rows) of a row-major 8-bit matrix with row stride lda into int16 pairs.
 void pack_a(const void* a, bool a_signed, int64_t rows, int64_t K, int64_t lda, int32_t* packed);
-// Packs a row-major 8-bit [K, N] matrix into panels; also writes colsum[n] = sum_k b[k, n].
-void pack_b(const void* b, bool b_signed, int64_t K, int64_t N, int8_t* packed, int32_t* colsum);
+// Packs panel `panel` (columns 16*panel ...) of a row-major 8-bit [K, N] matrix into its place in
+// packed, and writes colsum[n] = sum_k b[k, n] for its columns.
+void pack_b_panel(const void* b, bool b_signed, int64_t K, int64_t N, int64_t panel, int8_t* packed, int32_t* colsum);
 
 // C[r, j] = sum over k-pairs [p0, p1) of rows [0, rows) of the packed A group at a times columns
 // [0, kNr * panels) of the panels starting at b_panels. rows <= kMr. C is row-major with row stride

@@ -2,6 +2,7 @@
 #include "qlinear_matmul.h"
 
 #include <algorithm>
+#include <new>
 #include <vector>
 
 #include "qgemm.h"
@@ -10,7 +11,11 @@
 
 namespace qmm {
 
-const int8_t* PackedB::matrix(int64_t i) const { return data.data() + i * packed_b_bytes(K, N); }
+const int8_t* PackedB::matrix(int64_t i) const { return data.get() + i * packed_b_bytes(K, N); }
+
+size_t PackedB::bytes() const {
+  return static_cast<size_t>(count * packed_b_bytes(K, N)) + colsum.size() * sizeof(int32_t);
+}
 
 PackedB pack_b_matrices(const void* b, bool is_signed, int64_t count, int64_t K, int64_t N) {
   PackedB packed;
@@ -18,11 +23,15 @@ PackedB pack_b_matrices(const void* b, bool is_signed, int64_t count, int64_t K,
   packed.K = K;
   packed.N = N;
   packed.is_signed = is_signed;
-  packed.data.resize(static_cast<size_t>(count * packed_b_bytes(K, N)));
+  const size_t bytes = static_cast<size_t>(count * packed_b_bytes(K, N));
+  packed.data.reset(static_cast<int8_t*>(std::aligned_alloc(64, (bytes + 63) / 64 * 64 + 64)));
+  if (!packed.data) throw std::bad_alloc();  // nanobind turns it into MemoryError
   packed.colsum.resize(static_cast<size_t>(count * N));
-  parallel_for(count, [&](int64_t i) {
-    pack_b(static_cast<const uint8_t*>(b) + i * K * N, is_signed, K, N, packed.data.data() + i * packed_b_bytes(K, N),
-           packed.colsum.data() + i * N);
+  const int64_t panels = n_panels(N);
+  parallel_for(count * panels, [&](int64_t task) {
+    const int64_t i = task / panels;
+    pack_b_panel(static_cast<const uint8_t*>(b) + i * K * N, is_signed, K, N, task % panels,
+                 packed.data.get() + i * packed_b_bytes(K, N), packed.colsum.data() + i * N);
   });
   return packed;
 }
@@ -51,6 +60,24 @@ void accumulate(const QGemmProblem& p, Epilogue&& epilogue) {
   const int64_t col_blocks = (panels_total + panels_per_task - 1) / panels_per_task;
   const bool chunked = pairs > kPairsPerChunk;
 
+  // Pack every distinct matrix of a once (int16 pairs, kMr-row groups) with its row sums.
+  const int64_t a_count = *std::max_element(p.a_index, p.a_index + p.batch) + 1;
+  const int64_t m_padded = (M + kMr - 1) / kMr * kMr;
+  std::vector<int32_t> a_packed(static_cast<size_t>(a_count * m_padded * pairs));
+  std::vector<int64_t> rowsums(static_cast<size_t>(a_count * M));
+  parallel_for(a_count * row_blocks, [&](int64_t task) {
+    const int64_t ia = task / row_blocks, m0 = task % row_blocks * kBlockRows;
+    const int64_t rows = std::min(kBlockRows, M - m0);
+    const auto* a_bytes = static_cast<const uint8_t*>(p.a) + (ia * M + m0) * K;
+    pack_a(a_bytes, p.a_signed, rows, K, K, a_packed.data() + (ia * m_padded + m0) * pairs);
+    for (int64_t r = 0; r < rows; ++r) {
+      int64_t sum = 0;
+      if (p.a_signed) for (int64_t k = 0; k < K; ++k) sum += reinterpret_cast<const int8_t*>(a_bytes)[r * K + k];
+      else for (int64_t k = 0; k < K; ++k) sum += a_bytes[r * K + k];
+      rowsums[ia * M + m0 + r] = sum;
+    }
+  });
+
   parallel_for(p.batch * row_blocks * col_blocks, [&](int64_t task) {
     const int64_t bt = task / (row_blocks * col_blocks);
     const int64_t m0 = (task / col_blocks) % row_blocks * kBlockRows;
@@ -60,21 +87,12 @@ void accumulate(const QGemmProblem& p, Epilogue&& epilogue) {
     const int64_t n0 = panel0 * kNr, cols = std::min(panels * kNr, N - n0);
     const int64_t ia = p.a_index[bt], ib = p.b_index[bt];
     const int64_t ldc = panels * kNr;
+    const int32_t* a_block = a_packed.data() + (ia * m_padded + m0) * pairs;
+    const int64_t* rowsum = rowsums.data() + ia * M + m0;
 
-    thread_local std::vector<int32_t> a_packed, c32;
+    thread_local std::vector<int32_t> c32;
     thread_local std::vector<int64_t> c64;
-    a_packed.resize(static_cast<size_t>(packed_a_int32s(rows, K)));
     c32.resize(static_cast<size_t>(rows * ldc));
-
-    const auto* a_bytes = static_cast<const uint8_t*>(p.a) + (ia * M + m0) * K;
-    pack_a(a_bytes, p.a_signed, rows, K, K, a_packed.data());
-    int64_t rowsum[kBlockRows];
-    for (int64_t r = 0; r < rows; ++r) {
-      int64_t sum = 0;
-      if (p.a_signed) for (int64_t k = 0; k < K; ++k) sum += reinterpret_cast<const int8_t*>(a_bytes)[r * K + k];
-      else for (int64_t k = 0; k < K; ++k) sum += a_bytes[r * K + k];
-      rowsum[r] = sum;
-    }
 
     const int8_t* b_panels = p.b->matrix(ib) + panel0 * panel_bytes;
     if (chunked) c64.assign(static_cast<size_t>(rows * ldc), 0);
@@ -82,7 +100,7 @@ void accumulate(const QGemmProblem& p, Epilogue&& epilogue) {
       const int64_t q1 = std::min(pairs, q0 + kPairsPerChunk);
       for (int64_t j = 0; j < panels; ++j) {
         for (int64_t r0 = 0; r0 < rows; r0 += kMr) {
-          kernels.kernel(a_packed.data() + r0 * pairs, std::min(kMr, rows - r0), b_panels + j * panel_bytes, 1,
+          kernels.kernel(a_block + r0 * pairs, std::min(kMr, rows - r0), b_panels + j * panel_bytes, 1,
                          pairs, q0, q1, p.b->is_signed, c32.data() + r0 * ldc + j * kNr, ldc);
         }
       }

@@ -7,6 +7,8 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <cstdlib>
+#include <memory>
 #include <vector>
 
 namespace qmm {
@@ -25,12 +27,15 @@ struct View3 {
 // One or more 8-bit [K, N] matrices b, packed once for the active kernels (csrc/qgemm.h) with their
 // column sums. QLinearMatMul keeps one for a constant weight; qlinear_matmul packs per call.
 struct PackedB {
+  struct Free {
+    void operator()(void* p) const { std::free(p); }
+  };
   int64_t count = 0, K = 0, N = 0;
   bool is_signed = false;
-  std::vector<int8_t> data;     // count * packed_b_bytes(K, N)
-  std::vector<int32_t> colsum;  // count * N: sum_k b[k, n]
+  std::unique_ptr<int8_t[], Free> data;  // count * packed_b_bytes(K, N), 64-byte aligned, every byte written
+  std::vector<int32_t> colsum;           // count * N: sum_k b[k, n]
   const int8_t* matrix(int64_t i) const;
-  size_t bytes() const { return data.size() + colsum.size() * sizeof(int32_t); }
+  size_t bytes() const;
 };
 
 // Packs b, contiguous [count, K, N], 8-bit of the given signedness.

@@ -24,23 +24,29 @@ void pack_a(const void* a, bool a_signed, int64_t rows, int64_t K, int64_t lda, 
   }
 }
 
-void pack_b(const void* b, bool b_signed, int64_t K, int64_t N, int8_t* packed, int32_t* colsum) {
-  const int64_t pairs = k_pairs(K), panels = n_panels(N);
+void pack_b_panel(const void* b, bool b_signed, int64_t K, int64_t N, int64_t panel, int8_t* packed, int32_t* colsum) {
+  const int64_t pairs = k_pairs(K);
+  const int64_t n0 = panel * kNr, cols = std::min(kNr, N - n0);
   const auto* bytes = static_cast<const uint8_t*>(b);
-  std::memset(packed, 0, static_cast<size_t>(packed_b_bytes(K, N)));
-  for (int64_t panel = 0; panel < panels; ++panel) {
-    int8_t* out = packed + panel * pairs * 2 * kNr;
-    const int64_t n0 = panel * kNr, cols = std::min(kNr, N - n0);
-    for (int64_t k = 0; k < K; ++k) {
-      const uint8_t* row = bytes + k * N + n0;
-      int8_t* dst = out + (k / 2) * 2 * kNr + (k % 2);
-      for (int64_t j = 0; j < cols; ++j) dst[2 * j] = static_cast<int8_t>(row[j]);
+  auto* out = reinterpret_cast<uint8_t*>(packed) + panel * pairs * 2 * kNr;
+  static const uint8_t zeros[kNr] = {};
+  int32_t sums[kNr] = {};
+  for (int64_t p = 0; p < pairs; ++p) {
+    uint8_t row0[kNr] = {}, row1[kNr] = {};
+    std::memcpy(row0, bytes + 2 * p * N + n0, static_cast<size_t>(cols));
+    std::memcpy(row1, 2 * p + 1 < K ? bytes + (2 * p + 1) * N + n0 : zeros, static_cast<size_t>(cols));
+    uint8_t* dst = out + p * 2 * kNr;
+    for (int64_t j = 0; j < kNr; ++j) {  // interleave the two rows: b[2p, n], b[2p+1, n], ...
+      dst[2 * j] = row0[j];
+      dst[2 * j + 1] = row1[j];
+    }
+    if (b_signed) {
+      for (int64_t j = 0; j < kNr; ++j) sums[j] += int32_t(int8_t(row0[j])) + int32_t(int8_t(row1[j]));
+    } else {
+      for (int64_t j = 0; j < kNr; ++j) sums[j] += int32_t(row0[j]) + int32_t(row1[j]);
     }
   }
-  for (int64_t n = 0; n < N; ++n) colsum[n] = 0;
-  for (int64_t k = 0; k < K; ++k)
-    for (int64_t n = 0; n < N; ++n)
-      colsum[n] += b_signed ? int32_t(reinterpret_cast<const int8_t*>(bytes)[k * N + n]) : int32_t(bytes[k * N + n]);
+  for (int64_t j = 0; j < cols; ++j) colsum[n0 + j] = sums[j];
 }
 
 namespace {
