@@ -7,9 +7,12 @@
 
 #include <nanobind/stl/string.h>
 
+#include <algorithm>
 #include <cstdlib>
+#include <vector>
 
 #include "cpu_features.h"
+#include "peak.h"
 #include "qgemm.h"
 #include "qlinear_matmul.h"
 #include "thread_pool.h"
@@ -68,6 +71,10 @@ NB_MODULE(_core, m) {
     return qmm::pack_b_matrices(data, is_signed, count, K, N);
   });
 
+  m.def("measure_peak_gops", [](double seconds) {
+    nb::gil_scoped_release release;
+    return qmm::measure_peak_gops(seconds);
+  });
   m.def("get_num_threads", &qmm::get_num_threads);
   m.def("set_num_threads", &qmm::set_num_threads);
   m.def("best_isa", [] { return std::string(qmm::isa_name(qmm::best_isa())); });
@@ -103,6 +110,32 @@ NB_MODULE(_core, m) {
           const auto mult = view3<float>(multiplier);
           nb::gil_scoped_release release;
           qmm::qlinear_matmul_onnxruntime(p, mult, out);
+        });
+
+  // The fast path of the common call: 2-D a, per-tensor a and y, per-tensor or per-column b,
+  // numerics "onnxruntime". Allocates and returns y [M, N]; scales are already combined into the
+  // float32 multiplier (length 1 or N), zero points are plain integers or an int32 vector.
+  m.def("qlinear_matmul_2d_onnxruntime",
+        [](const In& a, bool a_signed, int32_t a_zp, const qmm::PackedB& b, const In& b_zp, const In& multiplier,
+           int32_t y_zp, bool y_signed) {
+          const int64_t M = static_cast<int64_t>(a.shape(0)), K = static_cast<int64_t>(a.shape(1)), N = b.N;
+          auto* y = new uint8_t[static_cast<size_t>(std::max<int64_t>(M * N, 1))];
+          nb::capsule owner(y, [](void* p) noexcept { delete[] static_cast<uint8_t*>(p); });
+          {
+            nb::gil_scoped_release release;
+            const int64_t zero = 0;
+            std::vector<int32_t> a_zps(static_cast<size_t>(M), a_zp), b_zps(static_cast<size_t>(N));
+            const auto* bz = static_cast<const int32_t*>(b_zp.data());
+            for (int64_t n = 0; n < N; ++n) b_zps[n] = b_zp.shape(0) == 1 ? bz[0] : bz[n];
+            qmm::QGemmProblem p{1, M, N, K, a.data(), a_signed, &zero, a_zps.data(), &b, &zero, b_zps.data()};
+            const auto* mult = static_cast<const float*>(multiplier.data());
+            const qmm::View3<float> mult_view{mult, 0, 0, multiplier.shape(0) == 1 ? 0 : 1};
+            const qmm::View3<int32_t> zp_view{&y_zp, 0, 0, 0};
+            qmm::qlinear_matmul_onnxruntime(p, mult_view, {y, y_signed, zp_view});
+          }
+          const size_t shape[2] = {static_cast<size_t>(M), static_cast<size_t>(N)};
+          const nb::dlpack::dtype dtype = y_signed ? nb::dtype<int8_t>() : nb::dtype<uint8_t>();
+          return nb::ndarray<nb::numpy>(y, 2, shape, owner, nullptr, dtype);
         });
 
   m.def("qlinear_matmul_onnx_reference",

@@ -209,3 +209,18 @@ def test_report_which_paths_ran():
     """Runs last in this module: every path this machine supports was exercised above."""
     assert TESTED_ISAS == set(qm.available_isas()), f"tested {sorted(TESTED_ISAS)} of {qm.available_isas()}"
     print(f"\nkernel paths tested on {qm.cpu_info()['features']['brand']}: {sorted(TESTED_ISAS)}")
+
+
+@pytest.mark.parametrize("combo", COMBOS, ids=lambda c: "".join(np.dtype(t).char for t in c))
+def test_fast_path_equals_general_path(combo):
+    """2-D calls take a short path; a batch of one takes the general one: identical results."""
+    rng = np.random.default_rng(6 + COMBOS.index(combo))
+    for M, K, N in [(1, 16, 16), (7, 33, 20), (64, 256, 48)]:
+        for per_column in (False, True):
+            a, a_s, a_z, b, b_s, b_z, y_s, y_z = random_problem(rng, combo, M, K, N, per_column=per_column)
+            fast = qm.qlinear_matmul(a, a_s, a_z, b, b_s, b_z, y_s, y_z)
+            general = qm.qlinear_matmul(a[None], a_s, a_z, b, b_s, b_z, y_s, y_z)[0]
+            assert fast.flags.c_contiguous and fast.dtype == y_z.dtype and fast.shape == (M, N)
+            assert np.array_equal(fast, general) and np.array_equal(fast, oracle.onnxruntime(a, a_s, a_z, b, b_s, b_z, y_s, y_z))
+            w = qm.QLinearMatMul(b, b_s, b_z)
+            assert np.array_equal(w(a, a_s, a_z, y_s, y_z), fast)

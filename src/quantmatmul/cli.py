@@ -1,4 +1,4 @@
-"""cli.py: the `quantmatmul` command: `quantmatmul demo` runs each source document's worked example."""
+"""cli.py: the `quantmatmul` command: `quantmatmul demo` runs each source document's worked example, `quantmatmul bench` times it against the peers."""
 
 from __future__ import annotations
 
@@ -95,9 +95,19 @@ def main(argv=None) -> int:
     parser = argparse.ArgumentParser(prog="quantmatmul", description=__doc__.split(": ", 1)[1])
     sub = parser.add_subparsers(dest="command", required=True)
     sub.add_parser("demo", help="run each source document's worked example and compare with ONNX Runtime")
+    bench = sub.add_parser("bench", help="time quantmatmul against ONNX Runtime and oneDNN (torch) on identical inputs")
+    bench.add_argument("--threads", type=int, default=None, help="threads for every library (default: all usable CPUs)")
+    bench.add_argument("--repeat", type=int, default=15, help="interleaved rounds; medians are reported")
+    bench.add_argument("--quick", action="store_true", help="smaller shapes, for a smoke run")
+    bench.add_argument("--json", metavar="PATH", help="write the report as JSON ('-': to standard output)")
+    bench.add_argument("--plot", metavar="PNG", help="write a bar chart (needs matplotlib)")
     args = parser.parse_args(argv)
     if args.command == "demo":
         return demo()
+    if args.command == "bench":
+        from . import bench as bench_module
+
+        return bench_module.main(args)
     return 2
 
 
