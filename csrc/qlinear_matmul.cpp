@@ -187,20 +187,24 @@ void qlinear_matmul_exact(const QGemmProblem& p, View3<float> a_scale, View3<flo
 
 void matmul_f32_sequential(int64_t batch, int64_t M, int64_t N, int64_t K, const float* a,
                            const int64_t* a_index, const float* b, const int64_t* b_index, float* out) {
-  parallel_for(batch * M, [&](int64_t row) {
-    const int64_t bt = row / M, m = row % M;
-    const float* A = a + a_index[bt] * M * K;
-    const float* B = b + b_index[bt] * K * N;
-    float* y = out + (bt * M + m) * N;
-    std::fill(y, y + N, 0.0f);
-    for (int64_t k = 0; k < K; ++k) {
-      const float av = A[m * K + k];
-      const float* brow = B + k * N;
-      for (int64_t n = 0; n < N; ++n) {
-        const float product = av * brow[n];  // rounded on its own: built with -ffp-contract=off
-        y[n] = y[n] + product;
-      }
-    }
+  const SgemmRows sgemm_rows = active_kernels().sgemm_rows;
+  // Pack each distinct b into panels of 16 columns: [panel][k][16], zero padded.
+  const int64_t b_count = batch ? *std::max_element(b_index, b_index + batch) + 1 : 0;
+  const int64_t panels = (N + 15) / 16, panel_floats = panels * 16 * K;
+  std::vector<float> packed(static_cast<size_t>(b_count * panel_floats), 0.0f);
+  parallel_for(b_count * panels, [&](int64_t task) {
+    const int64_t i = task / panels, panel = task % panels, n0 = panel * 16, cols = std::min<int64_t>(16, N - n0);
+    float* dst = packed.data() + i * panel_floats + panel * 16 * K;
+    for (int64_t k = 0; k < K; ++k)
+      for (int64_t j = 0; j < cols; ++j) dst[k * 16 + j] = b[(i * K + k) * N + n0 + j];
+  });
+  constexpr int64_t kRowsPerTask = 16;
+  const int64_t row_blocks = (M + kRowsPerTask - 1) / kRowsPerTask;
+  parallel_for(batch * row_blocks, [&](int64_t task) {
+    const int64_t bt = task / row_blocks, m0 = task % row_blocks * kRowsPerTask;
+    const int64_t rows = std::min(kRowsPerTask, M - m0);
+    sgemm_rows(a + (a_index[bt] * M + m0) * K, packed.data() + b_index[bt] * panel_floats, out + (bt * M + m0) * N,
+               rows, N, K);
   });
 }
 

@@ -83,9 +83,42 @@ void requantize_row_avx2(const int32_t* acc, const float* multiplier, const int3
   }
 }
 
+// The float8 path's float32 GEMM (contract: kernels/sgemm_rows.inc): a 4 x 16 tile of sums in
+// 8 ymm registers across the whole k loop; each product is rounded (vmulps) and then added
+// (vaddps) in order of k, exactly as the portable code does, so both give the same bits.
+template <int MR>
+void sgemm_tile_avx2(const float* a, const float* panel, float* y, int64_t N, int64_t K, int64_t cols) {
+  __m256 acc[MR][2];
+  for (int r = 0; r < MR; ++r) acc[r][0] = acc[r][1] = _mm256_setzero_ps();
+  for (int64_t k = 0; k < K; ++k) {
+    const __m256 b0 = _mm256_loadu_ps(panel + k * 16), b1 = _mm256_loadu_ps(panel + k * 16 + 8);
+    for (int r = 0; r < MR; ++r) {
+      const __m256 av = _mm256_broadcast_ss(a + r * K + k);
+      acc[r][0] = _mm256_add_ps(acc[r][0], _mm256_mul_ps(av, b0));
+      acc[r][1] = _mm256_add_ps(acc[r][1], _mm256_mul_ps(av, b1));
+    }
+  }
+  for (int r = 0; r < MR; ++r) {
+    alignas(32) float row[16];
+    _mm256_store_ps(row, acc[r][0]);
+    _mm256_store_ps(row + 8, acc[r][1]);
+    for (int64_t j = 0; j < cols; ++j) y[r * N + j] = row[j];
+  }
+}
+
+void sgemm_rows_avx2(const float* a, const float* b_panels, float* y, int64_t rows, int64_t N, int64_t K) {
+  for (int64_t n = 0; n < N; n += 16) {
+    const float* panel = b_panels + n * K;
+    const int64_t cols = N - n < 16 ? N - n : 16;
+    int64_t m = 0;
+    for (; m + 4 <= rows; m += 4) sgemm_tile_avx2<4>(a + m * K, panel, y + m * N + n, N, K, cols);
+    for (; m < rows; ++m) sgemm_tile_avx2<1>(a + m * K, panel, y + m * N + n, N, K, cols);
+  }
+}
+
 }  // namespace
 
-const QGemmKernels kAvx2Kernels = {Isa::kAvx2, kernel_avx2, requantize_row_avx2};
+const QGemmKernels kAvx2Kernels = {Isa::kAvx2, kernel_avx2, requantize_row_avx2, sgemm_rows_avx2};
 bool avx2_kernels_built() { return true; }
 
 }  // namespace qmm

@@ -6,6 +6,10 @@
 #include "requantize.h"
 
 namespace qmm {
+#include "sgemm_rows.inc"
+}  // namespace qmm
+
+namespace qmm {
 
 void pack_a(const void* a, bool a_signed, int64_t rows, int64_t K, int64_t lda, int32_t* packed) {
   const int64_t pairs = k_pairs(K);
@@ -88,6 +92,6 @@ void requantize_row_portable(const int32_t* acc, const float* multiplier, const 
 
 }  // namespace
 
-const QGemmKernels kPortableKernels = {Isa::kPortable, kernel_portable, requantize_row_portable};
+const QGemmKernels kPortableKernels = {Isa::kPortable, kernel_portable, requantize_row_portable, sgemm_rows_impl};
 
 }  // namespace qmm
