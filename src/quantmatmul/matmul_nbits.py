@@ -1,0 +1,398 @@
+"""matmul_nbits.py: ONNX Runtime's com.microsoft MatMulNBits (bits 2..8, any block size): validation, dispatch and the numpy compute."""
+
+from __future__ import annotations
+
+import ml_dtypes
+import numpy as np
+
+from ._dtypes import SCALE_TYPES, names
+from .nbits_layout import packed_size, unpack_nbits
+
+__all__ = ["matmul_nbits", "dequantize_nbits", "ACCURACY_LEVELS"]
+
+ACCURACY_LEVELS = (0, 1, 2, 3, 4)
+
+_F32, _F64 = np.dtype(np.float32), np.dtype(np.float64)
+_BF16 = np.dtype(ml_dtypes.bfloat16)
+_CHUNK = 1 << 18  # elements of dequantized weight held at once (1 MiB of float32)
+_INT8_EXACT_SPAN = 512  # 512 * 127 * 255 < 2**24: int8 x code dot products of this length are exact in float32
+_TINY_AMAX = np.float32(127.0) / np.finfo(np.float32).max  # below it ORT's 127 / max|a| overflows
+
+
+def matmul_nbits(A, B, scales, zero_points=None, g_idx=None, bias=None, *, K, N, bits=4, block_size,
+                 accuracy_level=0) -> np.ndarray:
+    """Block-quantized matrix product, ONNX Runtime's ``com.microsoft::MatMulNBits`` (opset 1).
+
+    ``Y = A @ W.T + bias`` where ``W[n, k] = (q[n, k] - zero_point[n, b]) * scale[n, b]``, ``q`` the
+    ``bits``-wide unsigned code of B and ``b = k // block_size`` (or ``g_idx[k]``) its block.
+
+    Parameters
+    ----------
+    A : array of float32, float16 or bfloat16 (ml_dtypes), shape ``[..., K]`` (1-D allowed).
+    B : uint8 array ``[N, k_blocks, blob_size]``, ``k_blocks = ceil(K / block_size)``,
+        ``blob_size = block_size * bits / 8``. Each row of B is one LSB-first bitstream of
+        ``k_blocks * block_size`` codes (ONNX Runtime's layout for 2, 4 and 8 bits; the same rule
+        for 3, 5, 6 and 7, which ONNX Runtime rejects). Codes past K in the last block are ignored,
+        whatever they hold.
+    scales : ``[N, k_blocks]`` or flat ``[N * k_blocks]``, A's dtype. Any sign.
+    zero_points : optional. uint8, packed like B along the blocks with each row padded on its own:
+        ``[N, ceil(k_blocks * bits / 8)]`` (or that many bytes flat); or unpacked in the scales'
+        dtype, ``[N, k_blocks]`` (or flat), fractional values allowed. Default ``2**(bits - 1)``.
+    g_idx : optional integer array ``[K]`` or ``[k_blocks * block_size]`` (ONNX: int32), the block
+        of each k (act-order); values in ``[0, k_blocks)``. Codes are not permuted.
+    bias : optional ``[N]``, A's dtype.
+    K, N : int, the logical weight is ``K x N``.
+    bits : int in 2..8 (default 4).
+    block_size : int, a power of two >= 16 (no upper limit).
+    accuracy_level : {0, 1, 2, 3, 4}
+        The least precision the product may be computed in (ONNX Runtime's attribute):
+
+        * 0, 1: float32. W is dequantized exactly as :func:`dequantize_nbits` does
+          (``float32(q - zero_point) * scale``), A is widened to float32, float32 products and sums.
+        * 2: float16 operands: A and the float32 W are rounded to float16 (round to nearest even),
+          products accumulated in float32. A and W must lie in float16's range.
+        * 3: bfloat16 operands, likewise, accumulated in float32.
+        * 4: int8 A, as ONNX Runtime's CompInt8 kernels: every row of A is cut into blocks of
+          ``block_size`` along K; per block ``scale_a = max|a| / 127`` and
+          ``qa = round_half_even(a * (127 / max|a|))`` in float32, in that order (ORT's
+          ``QuantizeARow_CompInt8``). Per block the integer dot product ``sum qa * q`` is exact;
+          ``Y = sum_b scale_a * scale_b * dot_b - sum_b (scale_a * sum qa) * scale_b * zp_b + bias``
+          (the zero point enters through the block sums), evaluated in float64 here. With a
+          non-trivial g_idx the scales change inside an A block, so the exactly dequantized int8 A
+          multiplies the float64 W instead. Blocks whose ``max|a|`` is below ``127 / FLT_MAX``
+          (where ORT's ``127 / max|a|`` overflows) use the exact ratio ``a * 127 / max|a|``.
+
+        The result is rounded once to A's dtype (round to nearest even).
+
+    Returns
+    -------
+    numpy.ndarray of A's dtype, shape ``A.shape[:-1] + (N,)``.
+
+    Notes
+    -----
+    Error bounds: against the exact real value ``Y*`` of the formula above (inputs as given), every output
+    satisfies ``|Y - Y*| <= u_out * |Y*| + (1 + u_out) * E + eta_out`` with ``u_out`` the unit
+    roundoff of A's dtype (2**-24, 2**-11, 2**-8 for float32, float16, bfloat16), ``eta_out`` half
+    its smallest subnormal, ``g(n) = n * 2**-24 / (1 - n * 2**-24)``,
+    ``T = sum_k |A_k| * |scale_kn| * (|q_kn| + |zp_kn|) + |bias_n|`` and
+
+    * level 0, 1: ``E = g(2K + 16) * T``;
+    * level 2, 3: ``E = (2.01 u_c + 1.01 g(2K + 16)) * T + 1.01 eta_c * (sum_k |A_k| + sum_k |W*_kn|)``
+      with ``u_c = 2**-11, eta_c = 2**-25`` (float16) or ``u_c = 2**-8, eta_c = 2**-134`` (bfloat16);
+    * level 4: ``E = (1/254 + g(2K + 24)) * R`` with
+      ``R = sum_b max(max|A_b|, 2**-100) * sum_{k in b} |scale_kn| * (|q_kn| + |zp_kn|) + |bias_n|``.
+
+    These hold for any summation order (they are what later native kernels must meet too); the
+    derivation and measured errors are in docs/matmul_nbits.md. Non-finite inputs give non-finite
+    outputs.
+
+    Examples
+    --------
+    >>> import numpy as np, quantmatmul
+    >>> from quantmatmul.nbits_layout import pack_nbits
+    >>> codes = np.array([[8, 9, 10, 11] + [0] * 12, [7] * 16])  # N=2 rows of one 16-code block (K=4: 12 ignored)
+    >>> B = pack_nbits(codes, 4).reshape(2, 1, 8)
+    >>> scales = np.array([[0.5], [2.0]], np.float32)
+    >>> quantmatmul.matmul_nbits(np.ones(4, np.float32), B, scales, K=4, N=2, bits=4, block_size=16)
+    array([ 3., -8.], dtype=float32)
+    """
+    fn = "matmul_nbits"
+    K, N, bits, block_size = _layout_ints(fn, K, N, bits, block_size)
+    if isinstance(accuracy_level, bool) or not isinstance(accuracy_level, (int, np.integer)) \
+            or int(accuracy_level) not in ACCURACY_LEVELS:
+        raise ValueError(f"{fn}: accuracy_level must be one of 0, 1, 2, 3, 4, got {accuracy_level!r}")
+    level = int(accuracy_level)
+    A = _float_array(fn, "A", A)
+    if A.ndim == 0:
+        raise ValueError(f"{fn}: A must have at least 1 dimension, got a 0-d array")
+    if A.shape[-1] != K:
+        raise ValueError(f"{fn}: A has shape {A.shape}, its last dimension must be K={K}")
+    w = _Weights(fn, B, scales, zero_points, g_idx, K, N, bits, block_size, A.dtype)
+    if bias is not None:
+        bias = _float_array(fn, "bias", bias)
+        if bias.dtype != A.dtype:
+            raise TypeError(f"{fn}: bias dtype {bias.dtype} does not match A dtype {A.dtype}")
+        if bias.shape != (N,):
+            raise ValueError(f"{fn}: bias has shape {bias.shape}, expected ({N},)")
+
+    out_shape = A.shape[:-1] + (N,)
+    a2 = A.reshape(-1, K)
+    with np.errstate(all="ignore"):
+        if a2.shape[0] == 0:
+            y = np.zeros((0, N), _F32)
+        elif level == 4:
+            y = _product_int8(a2, w, bias)
+        else:
+            y = _product_float(a2, w, bias, {2: np.float16, 3: _BF16}.get(level))
+        return y.astype(A.dtype).reshape(out_shape)
+
+
+def dequantize_nbits(B, scales, zero_points=None, g_idx=None, *, K, N, bits, block_size) -> np.ndarray:
+    """The float32 weight ``W[k, n] = float32(q[n, k] - zero_point) * scale`` of a MatMulNBits node, shape ``[K, N]``.
+
+    The code minus the zero point is one float32 subtraction (exact for uint8 zero points), times
+    the scale widened to float32: one rounding, as ONNX Runtime's MLAS dequantizes. Arguments as in
+    :func:`matmul_nbits`; scales may be float32, float16 or bfloat16 and a float zero point must
+    have the scales' dtype.
+
+    Examples
+    --------
+    >>> import numpy as np, quantmatmul
+    >>> from quantmatmul.nbits_layout import pack_nbits
+    >>> B = pack_nbits(np.array([[8, 9, 10, 11] + [0] * 12]), 4).reshape(1, 1, 8)
+    >>> quantmatmul.dequantize_nbits(B, np.array([[0.5]], np.float32), K=4, N=1, bits=4, block_size=16).ravel()
+    array([0. , 0.5, 1. , 1.5], dtype=float32)
+    """
+    fn = "dequantize_nbits"
+    K, N, bits, block_size = _layout_ints(fn, K, N, bits, block_size)
+    w = _Weights(fn, B, scales, zero_points, g_idx, K, N, bits, block_size, None)
+    out = np.empty((K, N), _F32)
+    with np.errstate(all="ignore"):
+        for n0, n1 in _chunks(N, w.chunk_rows()):
+            out[:, n0:n1] = w.dequantize(n0, n1).T
+    return out
+
+
+# ---------------------------------------------------------------------------------------------------
+# Validation
+
+
+def _layout_ints(fn, K, N, bits, block_size):
+    for name, value in (("K", K), ("N", N), ("bits", bits), ("block_size", block_size)):
+        if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
+            raise TypeError(f"{fn}: {name} must be an integer, got {value!r}")
+    K, N, bits, block_size = int(K), int(N), int(bits), int(block_size)
+    if not 2 <= bits <= 8:
+        raise ValueError(f"{fn}: bits must be in 2..8, got {bits}")
+    if block_size < 16 or block_size & (block_size - 1):
+        raise ValueError(f"{fn}: block_size must be a power of two >= 16, got {block_size}")
+    if K < 1 or N < 1:
+        raise ValueError(f"{fn}: K and N must be positive, got K={K}, N={N}")
+    return K, N, bits, block_size
+
+
+def _float_array(fn, name, x):
+    x = np.asarray(x)
+    if x.dtype not in SCALE_TYPES:
+        raise TypeError(f"{fn}: {name} dtype {x.dtype} is not supported, expected {names(SCALE_TYPES)}")
+    return x
+
+
+class _Weights:
+    """B, its scales and zero points and g_idx, validated and normalized; dequantizes rows of W on demand."""
+
+    def __init__(self, fn, B, scales, zero_points, g_idx, K, N, bits, block_size, a_dtype):
+        self.K, self.N, self.bits, self.block_size = K, N, bits, block_size
+        kb = self.k_blocks = -(-K // block_size)
+        self.padded_K = kb * block_size
+        layout = f"K={K}, bits={bits}, block_size={block_size}"
+
+        B = np.asarray(B)
+        if B.dtype != np.uint8:
+            raise TypeError(f"{fn}: B dtype {B.dtype} is not supported, expected uint8")
+        blob = block_size * bits // 8
+        if B.shape != (N, kb, blob):
+            raise ValueError(f"{fn}: B has shape {B.shape}, expected {(N, kb, blob)} for {layout}")
+        self.B = B.reshape(N, kb * blob)
+
+        scales = _float_array(fn, "scales", scales)
+        if a_dtype is not None and scales.dtype != a_dtype:
+            raise TypeError(f"{fn}: scales dtype {scales.dtype} does not match A dtype {a_dtype}")
+        if scales.shape not in ((N, kb), (N * kb,)):
+            raise ValueError(f"{fn}: scales has shape {scales.shape}, expected {(N, kb)} or ({N * kb},) "
+                             f"for N={N}, K={K}, block_size={block_size}")
+        self.scales = scales.reshape(N, kb).astype(_F32)
+
+        if zero_points is None:
+            self.zero_points = np.full((N, kb), 1 << (bits - 1), _F32)
+            self.integer_zero_points = True
+        else:
+            zp = np.asarray(zero_points)
+            if zp.dtype == np.uint8:
+                row = packed_size(kb, bits)
+                if zp.shape not in ((N, row), (N * row,)):
+                    hint = (" (uint8 zero points are packed; unpacked zero points take the scales' dtype)"
+                            if zp.shape in ((N, kb), (N * kb,)) else "")
+                    raise ValueError(f"{fn}: zero_points has shape {zp.shape}, expected packed uint8 {(N, row)} "
+                                     f"or ({N * row},) for N={N}, k_blocks={kb}, bits={bits}{hint}")
+                self.zero_points = unpack_nbits(zp.reshape(N, row), bits, kb).astype(_F32)
+                self.integer_zero_points = True
+            elif zp.dtype in SCALE_TYPES:
+                if zp.dtype != scales.dtype:
+                    raise TypeError(f"{fn}: zero_points dtype {zp.dtype} does not match scales dtype {scales.dtype} "
+                                    "(float zero points take the scales' dtype; packed ones are uint8)")
+                if zp.shape not in ((N, kb), (N * kb,)):
+                    raise ValueError(f"{fn}: zero_points has shape {zp.shape}, expected {(N, kb)} or ({N * kb},) "
+                                     f"for unpacked {zp.dtype} zero points, N={N}, k_blocks={kb}")
+                self.zero_points = zp.reshape(N, kb).astype(_F32)
+                self.integer_zero_points = False
+            else:
+                raise TypeError(f"{fn}: zero_points dtype {zp.dtype} is not supported, expected uint8 (packed) "
+                                f"or the scales' dtype {scales.dtype} (unpacked)")
+
+        self.g_idx = None
+        if g_idx is not None:
+            g = np.asarray(g_idx)
+            if g.dtype.kind not in "iu":
+                raise TypeError(f"{fn}: g_idx dtype {g.dtype} is not supported, expected an integer type (ONNX: int32)")
+            if g.shape not in ((K,), (self.padded_K,)):
+                lengths = f"({K},)" if K == self.padded_K else f"({K},) or ({self.padded_K},)"
+                raise ValueError(f"{fn}: g_idx has shape {g.shape}, expected {lengths} "
+                                 f"for K={K}, block_size={block_size}")
+            if g.size and (int(g.min()) < 0 or int(g.max()) >= kb):
+                bad = g[(g < 0) | (g >= kb)][0]
+                raise ValueError(f"{fn}: g_idx values must lie in [0, {kb}) (k_blocks), got {bad}")
+            g = g[:K].astype(np.intp)
+            if not np.array_equal(g, np.arange(K) // block_size):  # a trivial g_idx changes nothing
+                self.g_idx = g
+
+    def chunk_rows(self, minimum=16):
+        return max(minimum, _CHUNK // self.padded_K)
+
+    def codes(self, n0, n1):
+        """Codes of output rows n0..n1 as uint8 [n1 - n0, padded_K]."""
+        return _decode(self.B[n0:n1], self.bits, self.padded_K)
+
+    def dequantize(self, n0, n1):
+        """float32 W rows n0..n1, [n1 - n0, K]: float32(q - zp) * scale (codes past K dropped)."""
+        q = self.codes(n0, n1)
+        zp, s = self.zero_points[n0:n1], self.scales[n0:n1]
+        if self.g_idx is None:
+            w = q.reshape(n1 - n0, self.k_blocks, self.block_size).astype(_F32)
+            w -= zp[:, :, None]
+            w *= s[:, :, None]
+            return w.reshape(n1 - n0, self.padded_K)[:, : self.K]
+        w = q[:, : self.K].astype(_F32)
+        w -= zp[:, self.g_idx]
+        w *= s[:, self.g_idx]
+        return w
+
+
+def _chunks(total, size):
+    for start in range(0, total, size):
+        yield start, min(start + size, total)
+
+
+# ---------------------------------------------------------------------------------------------------
+# Decoding codes: the LSB-first bitstream (nbits_layout.py), vectorized per width.
+
+
+def _decode(rows, bits, count):
+    """The first count codes of each row of rows (uint8 [n, bytes]) as uint8 [n, count]; count * bits % 64 == 0."""
+    n = rows.shape[0]
+    if bits == 8:
+        return np.ascontiguousarray(rows[:, :count])
+    if bits == 4:
+        out = np.empty((n, count // 2, 2), np.uint8)
+        np.bitwise_and(rows, 0x0F, out=out[:, :, 0])
+        np.right_shift(rows, 4, out=out[:, :, 1])
+        return out.reshape(n, count)
+    if bits == 2:
+        out = np.empty((n, count // 4, 4), np.uint8)
+        for i in range(4):
+            np.right_shift(rows, 2 * i, out=out[:, :, i])
+        out &= 3
+        return out.reshape(n, count)
+    # 3, 5, 6, 7 bits: every 8 codes fill exactly `bits` bytes; read each group as a little-endian integer.
+    groups = rows.reshape(n, count // 8, bits)
+    padded = np.zeros((n, count // 8, 8), np.uint8)
+    padded[:, :, :bits] = groups
+    words = padded.view("<u8")[:, :, 0]
+    out = np.empty((n, count // 8, 8), np.uint8)
+    mask = np.uint64((1 << bits) - 1)
+    for i in range(8):
+        out[:, :, i] = (words >> np.uint64(bits * i)) & mask
+    return out.reshape(n, count)
+
+
+# ---------------------------------------------------------------------------------------------------
+# Levels 0-3: dequantize W a chunk of N at a time, float32 BLAS product.
+
+
+def _round_to(x, dtype):
+    """float32 x rounded to float16 / bfloat16 (nearest, ties to even), back in float32."""
+    return x.astype(dtype).astype(_F32)
+
+
+def _product_float(a2, w, bias, compute_dtype):
+    """Levels 0-3: float32 [M, N]; with compute_dtype, A and each dequantized W chunk are rounded to it first."""
+    M = a2.shape[0]
+    a32 = a2.astype(_F32)
+    if compute_dtype is not None:
+        a32 = _round_to(a32, compute_dtype)
+    y = np.empty((M, w.N), _F32)
+    rows = w.chunk_rows(256 if M > 64 else 16)
+    for n0, n1 in _chunks(w.N, rows):
+        wt = w.dequantize(n0, n1)
+        if compute_dtype is not None:
+            wt = _round_to(wt, compute_dtype)
+        y[:, n0:n1] = a32 @ wt.T
+    if bias is not None:
+        y += bias.astype(_F32)
+    return y
+
+
+# ---------------------------------------------------------------------------------------------------
+# Level 4: int8 A per block (ORT's formula), exact integer dot products per block.
+
+
+def _quantize_a(a32, block_size, k_blocks):
+    """ORT's QuantizeARow_CompInt8 per row and block of A.
+
+    Returns qa (integers in float32, [M, k_blocks, block_size], zero past K) and scale_a (float32 [M, k_blocks])."""
+    M, K = a32.shape
+    padded = np.zeros((M, k_blocks * block_size), _F32)
+    padded[:, :K] = a32
+    blocks = padded.reshape(M, k_blocks, block_size)
+    amax = np.max(np.abs(blocks), axis=2)  # NaN propagates
+    scale = amax / np.float32(127)
+    inverse = np.where(amax != 0, np.float32(127) / amax, np.float32(0)).astype(_F32)
+    qa = np.rint(blocks * inverse[:, :, None])
+    tiny = (amax > 0) & (amax < _TINY_AMAX)  # 127 / amax overflows in float32: use the exact ratio
+    if np.any(tiny):
+        exact = np.rint(blocks.astype(_F64) * 127 / amax.astype(_F64)[:, :, None]).astype(_F32)
+        qa = np.where(tiny[:, :, None], exact, qa)
+    bad = ~np.isfinite(amax)
+    if np.any(bad):  # a block holding NaN or infinity cannot be quantized: it makes its outputs NaN
+        qa = np.where(bad[:, :, None], np.float32(0), qa)
+        scale = np.where(bad, np.float32(np.nan), scale)
+    return qa.astype(_F32), scale.astype(_F32)
+
+
+def _product_int8(a2, w, bias):
+    """Level 4: float32 [M, N] (float64 with a non-trivial g_idx), bias added; docs/matmul_nbits.md."""
+    M, kb, bs = a2.shape[0], w.k_blocks, w.block_size
+    qa, scale_a = _quantize_a(a2.astype(_F32), bs, kb)
+    if w.g_idx is not None:
+        # The scales change inside an A block: exactly dequantized int8 A times the float64 W.
+        y = np.empty((M, w.N), _F64)
+        a_fq = (qa.astype(_F64) * scale_a.astype(_F64)[:, :, None]).reshape(M, w.padded_K)[:, : w.K]
+        for n0, n1 in _chunks(w.N, w.chunk_rows()):
+            q = w.codes(n0, n1)[:, : w.K].astype(_F64)
+            wt = (q - w.zero_points[n0:n1, w.g_idx].astype(_F64)) * w.scales[n0:n1, w.g_idx].astype(_F64)
+            y[:, n0:n1] = a_fq @ wt.T
+    else:
+        # dots[b, m, n] = sum_j qa[m, b, j] * q[n, b, j]: float32 BLAS on integers whose every partial
+        # sum stays below 2**24 (spans of <= 512 codes), hence exact; longer blocks add spans in float64.
+        # Then, in float32 as ORT: y = sum_b scale_a * scale_b * dots - (scale_a * sum qa) @ (scale_b * zp).
+        y = np.empty((M, w.N), _F32)
+        span = min(bs, _INT8_EXACT_SPAN)
+        parts = bs // span
+        qa_t = np.ascontiguousarray(qa.reshape(M, kb * parts, span).transpose(1, 0, 2))  # [kb*parts, M, span]
+        sa_t = np.ascontiguousarray(scale_a.T)  # [kb, M]
+        block_sums = scale_a * qa.sum(axis=2, dtype=_F64).astype(_F32)  # scale_a * sum(qa), [M, kb]
+        s_t = np.ascontiguousarray(w.scales.T)  # [kb, N]
+        zs = w.scales * w.zero_points  # scale_b * zp_b, [N, kb]
+        rows = w.chunk_rows()
+        m_rows = max(1, 8 * _CHUNK // (kb * parts * min(rows, w.N)))  # dots: [kb*parts, m_rows, rows]
+        for n0, n1 in _chunks(w.N, rows):
+            q = w.codes(n0, n1).astype(_F32).reshape(n1 - n0, kb * parts, span).transpose(1, 2, 0)
+            for m0, m1 in _chunks(M, m_rows):
+                dots = np.matmul(qa_t[:, m0:m1], q)  # [kb*parts, m, n]
+                if parts > 1:
+                    dots = dots.reshape(kb, parts, m1 - m0, n1 - n0).sum(axis=1, dtype=_F64).astype(_F32)
+                dots *= sa_t[:, m0:m1, None]
+                y[m0:m1, n0:n1] = np.einsum("bmn,bn->mn", dots, s_t[:, n0:n1]) - block_sums[m0:m1] @ zs[n0:n1].T
+    if bias is not None:
+        y += bias.astype(y.dtype)
+    return y
