@@ -30,18 +30,28 @@ qmm::View3<T> view3(const In& x) {
   return {static_cast<const T*>(x.data()), x.stride(0), x.stride(1), x.stride(2)};
 }
 
-qmm::QGemmProblem problem(const In& a, bool a_signed, const In& a_index, const In& a_zp,
-                          const qmm::PackedB& b, const In& b_index, const In& b_zp) {
+// b is a PackedB (a constant weight) or a contiguous [Bb, K, N] 8-bit array packed per call.
+qmm::QGemmProblem problem(const In& a, bool a_signed, const In& a_index, const In& a_zp, nb::handle b,
+                          bool b_signed, const In& b_index, const In& b_zp) {
   qmm::QGemmProblem p;
   p.batch = static_cast<int64_t>(a_index.shape(0));
   p.M = static_cast<int64_t>(a.shape(1));
   p.K = static_cast<int64_t>(a.shape(2));
-  p.N = b.N;
+  if (nb::isinstance<qmm::PackedB>(b)) {
+    p.b_packed = nb::inst_ptr<qmm::PackedB>(b);
+    p.b_raw = nullptr;
+    p.N = p.b_packed->N;
+  } else {
+    const In raw = nb::cast<In>(b);
+    p.b_packed = nullptr;
+    p.b_raw = raw.data();
+    p.N = static_cast<int64_t>(raw.shape(2));
+  }
+  p.b_signed = b_signed;
   p.a = a.data();
   p.a_signed = a_signed;
   p.a_index = static_cast<const int64_t*>(a_index.data());
   p.a_zero_point = static_cast<const int32_t*>(a_zp.data());
-  p.b = &b;
   p.b_index = static_cast<const int64_t*>(b_index.data());
   p.b_zero_point = static_cast<const int32_t*>(b_zp.data());
   return p;
@@ -102,10 +112,10 @@ NB_MODULE(_core, m) {
   });
 
   m.def("qlinear_matmul_onnxruntime",
-        [](const In& a, bool a_signed, const In& a_index, const In& a_zp, const qmm::PackedB& b,
+        [](const In& a, bool a_signed, const In& a_index, const In& a_zp, nb::handle b, bool b_signed,
            const In& b_index, const In& b_zp, const In& multiplier, Out y,
            bool y_signed, const In& y_zp) {
-          const auto p = problem(a, a_signed, a_index, a_zp, b, b_index, b_zp);
+          const auto p = problem(a, a_signed, a_index, a_zp, b, b_signed, b_index, b_zp);
           const auto out = output(y, y_signed, y_zp);
           const auto mult = view3<float>(multiplier);
           nb::gil_scoped_release release;
@@ -116,9 +126,12 @@ NB_MODULE(_core, m) {
   // numerics "onnxruntime". Allocates and returns y [M, N]; scales are already combined into the
   // float32 multiplier (length 1 or N), zero points are plain integers or an int32 vector.
   m.def("qlinear_matmul_2d_onnxruntime",
-        [](const In& a, bool a_signed, int32_t a_zp, const qmm::PackedB& b, const In& b_zp, const In& multiplier,
-           int32_t y_zp, bool y_signed) {
-          const int64_t M = static_cast<int64_t>(a.shape(0)), K = static_cast<int64_t>(a.shape(1)), N = b.N;
+        [](const In& a, bool a_signed, int32_t a_zp, nb::handle b, bool b_signed, const In& b_zp,
+           const In& multiplier, int32_t y_zp, bool y_signed) {
+          const int64_t M = static_cast<int64_t>(a.shape(0)), K = static_cast<int64_t>(a.shape(1));
+          const qmm::PackedB* packed = nb::isinstance<qmm::PackedB>(b) ? nb::inst_ptr<qmm::PackedB>(b) : nullptr;
+          const void* raw = packed ? nullptr : nb::cast<In>(b).data();  // a contiguous [K, N] array
+          const int64_t N = packed ? packed->N : static_cast<int64_t>(nb::cast<In>(b).shape(1));
           auto* y = new uint8_t[static_cast<size_t>(std::max<int64_t>(M * N, 1))];
           nb::capsule owner(y, [](void* p) noexcept { delete[] static_cast<uint8_t*>(p); });
           {
@@ -127,7 +140,8 @@ NB_MODULE(_core, m) {
             std::vector<int32_t> a_zps(static_cast<size_t>(M), a_zp), b_zps(static_cast<size_t>(N));
             const auto* bz = static_cast<const int32_t*>(b_zp.data());
             for (int64_t n = 0; n < N; ++n) b_zps[n] = b_zp.shape(0) == 1 ? bz[0] : bz[n];
-            qmm::QGemmProblem p{1, M, N, K, a.data(), a_signed, &zero, a_zps.data(), &b, &zero, b_zps.data()};
+            qmm::QGemmProblem p{1,       M,      N,        K,     a.data(), a_signed, &zero, a_zps.data(),
+                                packed,  raw,    b_signed, &zero, b_zps.data()};
             const auto* mult = static_cast<const float*>(multiplier.data());
             const qmm::View3<float> mult_view{mult, 0, 0, multiplier.shape(0) == 1 ? 0 : 1};
             const qmm::View3<int32_t> zp_view{&y_zp, 0, 0, 0};
@@ -139,10 +153,10 @@ NB_MODULE(_core, m) {
         });
 
   m.def("qlinear_matmul_onnx_reference",
-        [](const In& a, bool a_signed, const In& a_index, const In& a_zp, const qmm::PackedB& b,
+        [](const In& a, bool a_signed, const In& a_index, const In& a_zp, nb::handle b, bool b_signed,
            const In& b_index, const In& b_zp, const In& multiplier, Out y,
            bool y_signed, const In& y_zp) {
-          const auto p = problem(a, a_signed, a_index, a_zp, b, b_index, b_zp);
+          const auto p = problem(a, a_signed, a_index, a_zp, b, b_signed, b_index, b_zp);
           const auto out = output(y, y_signed, y_zp);
           const auto mult = view3<double>(multiplier);
           nb::gil_scoped_release release;
@@ -150,10 +164,10 @@ NB_MODULE(_core, m) {
         });
 
   m.def("qlinear_matmul_exact",
-        [](const In& a, bool a_signed, const In& a_index, const In& a_zp, const qmm::PackedB& b,
+        [](const In& a, bool a_signed, const In& a_index, const In& a_zp, nb::handle b, bool b_signed,
            const In& b_index, const In& b_zp, const In& a_scale,
            const In& b_scale, const In& y_scale, Out y, bool y_signed, const In& y_zp) {
-          const auto p = problem(a, a_signed, a_index, a_zp, b, b_index, b_zp);
+          const auto p = problem(a, a_signed, a_index, a_zp, b, b_signed, b_index, b_zp);
           const auto out = output(y, y_signed, y_zp);
           const auto sa = view3<float>(a_scale), sb = view3<float>(b_scale), sy = view3<float>(y_scale);
           nb::gil_scoped_release release;

@@ -28,9 +28,14 @@ inline int64_t packed_a_int32s(int64_t rows, int64_t K) { return (rows + kMr - 1
 
 // Packs rows [0, rows) of a row-major 8-bit matrix with row stride lda into int16 pairs.
 void pack_a(const void* a, bool a_signed, int64_t rows, int64_t K, int64_t lda, int32_t* packed);
-// Packs panel `panel` (columns 16*panel ...) of a row-major 8-bit [K, N] matrix into its place in
-// packed, and writes colsum[n] = sum_k b[k, n] for its columns.
-void pack_b_panel(const void* b, bool b_signed, int64_t K, int64_t N, int64_t panel, int8_t* packed, int32_t* colsum);
+// Packs panels [panel0, panel1) (columns 16*panel0 ...) of a row-major 8-bit [K, N] matrix into
+// out (panel0 first), and writes colsum[n] = sum_k b[k, n] for their columns n.
+void pack_b_panels(const void* b, bool b_signed, int64_t K, int64_t N, int64_t panel0, int64_t panel1, int8_t* out,
+                   int32_t* colsum);
+// The same for k-pairs [p_begin, p_end) of one panel, written into out_panel (the panel's start);
+// the column sums are set (first) or added to.
+void pack_b_panel_rows(const void* b, bool b_signed, int64_t K, int64_t N, int64_t panel, int64_t p_begin,
+                       int64_t p_end, int8_t* out_panel, int32_t* colsum, bool first);
 
 // C[r, j] = sum over k-pairs [p0, p1) of rows [0, rows) of the packed A group at a times columns
 // [0, kNr * panels) of the panels starting at b_panels. rows <= kMr. C is row-major with row stride

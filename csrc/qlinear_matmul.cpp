@@ -27,11 +27,14 @@ PackedB pack_b_matrices(const void* b, bool is_signed, int64_t count, int64_t K,
   packed.data.reset(static_cast<int8_t*>(std::aligned_alloc(64, (bytes + 63) / 64 * 64 + 64)));
   if (!packed.data) throw std::bad_alloc();  // nanobind turns it into MemoryError
   packed.colsum.resize(static_cast<size_t>(count * N));
-  const int64_t panels = n_panels(N);
-  parallel_for(count * panels, [&](int64_t task) {
-    const int64_t i = task / panels;
-    pack_b_panel(static_cast<const uint8_t*>(b) + i * K * N, is_signed, K, N, task % panels,
-                 packed.data.get() + i * packed_b_bytes(K, N), packed.colsum.data() + i * N);
+  constexpr int64_t kPanelsPerTask = 16;
+  const int64_t panels = n_panels(N), groups = (panels + kPanelsPerTask - 1) / kPanelsPerTask;
+  parallel_for(count * groups, [&](int64_t task) {
+    const int64_t i = task / groups, panel0 = task % groups * kPanelsPerTask;
+    pack_b_panels(static_cast<const uint8_t*>(b) + i * K * N, is_signed, K, N, panel0,
+                  std::min(panels, panel0 + kPanelsPerTask),
+                  packed.data.get() + i * packed_b_bytes(K, N) + panel0 * k_pairs(K) * 2 * kNr,
+                  packed.colsum.data() + i * N);
   });
   return packed;
 }
@@ -59,6 +62,7 @@ void accumulate(const QGemmProblem& p, Epilogue&& epilogue) {
   const int64_t row_blocks = (M + kBlockRows - 1) / kBlockRows;
   const int64_t col_blocks = (panels_total + panels_per_task - 1) / panels_per_task;
   const bool chunked = pairs > kPairsPerChunk;
+  const bool b_signed = p.b_packed ? p.b_packed->is_signed : p.b_signed;
 
   // Pack every distinct matrix of a once (int16 pairs, kMr-row groups) with its row sums.
   const int64_t a_count = *std::max_element(p.a_index, p.a_index + p.batch) + 1;
@@ -78,10 +82,9 @@ void accumulate(const QGemmProblem& p, Epilogue&& epilogue) {
     }
   });
 
-  parallel_for(p.batch * row_blocks * col_blocks, [&](int64_t task) {
-    const int64_t bt = task / (row_blocks * col_blocks);
-    const int64_t m0 = (task / col_blocks) % row_blocks * kBlockRows;
-    const int64_t panel0 = task % col_blocks * panels_per_task;
+  // One block of the output: rows [m0, m0 + rows) x panels [panel0, panel0 + panels) of matrix bt,
+  // given those panels of b packed at b_panels (panel stride panel_bytes) and their column sums.
+  auto compute_block = [&](int64_t bt, int64_t m0, int64_t panel0, const int8_t* b_panels, const int32_t* colsum) {
     const int64_t rows = std::min(kBlockRows, M - m0);
     const int64_t panels = std::min(panels_per_task, panels_total - panel0);
     const int64_t n0 = panel0 * kNr, cols = std::min(panels * kNr, N - n0);
@@ -91,26 +94,22 @@ void accumulate(const QGemmProblem& p, Epilogue&& epilogue) {
     const int64_t* rowsum = rowsums.data() + ia * M + m0;
 
     thread_local std::vector<int32_t> c32;
-    thread_local std::vector<int64_t> c64;
+    thread_local std::vector<int64_t> c64, acc;
     c32.resize(static_cast<size_t>(rows * ldc));
-
-    const int8_t* b_panels = p.b->matrix(ib) + panel0 * panel_bytes;
     if (chunked) c64.assign(static_cast<size_t>(rows * ldc), 0);
     for (int64_t q0 = 0; q0 < std::max<int64_t>(pairs, 1); q0 += kPairsPerChunk) {
       const int64_t q1 = std::min(pairs, q0 + kPairsPerChunk);
       for (int64_t j = 0; j < panels; ++j) {
         for (int64_t r0 = 0; r0 < rows; r0 += kMr) {
-          kernels.kernel(a_block + r0 * pairs, std::min(kMr, rows - r0), b_panels + j * panel_bytes, 1,
-                         pairs, q0, q1, p.b->is_signed, c32.data() + r0 * ldc + j * kNr, ldc);
+          kernels.kernel(a_block + r0 * pairs, std::min(kMr, rows - r0), b_panels + j * panel_bytes, 1, pairs, q0, q1,
+                         b_signed, c32.data() + r0 * ldc + j * kNr, ldc);
         }
       }
       if (chunked)
         for (int64_t i = 0; i < rows * ldc; ++i) c64[i] += c32[i];
     }
 
-    const int32_t* colsum = p.b->colsum.data() + ib * N + n0;
     const int32_t* b_zp = p.b_zero_point + ib * N + n0;
-    thread_local std::vector<int64_t> acc;
     acc.resize(static_cast<size_t>(cols));
     for (int64_t r = 0; r < rows; ++r) {
       const int64_t za = p.a_zero_point[ia * M + m0 + r];
@@ -121,6 +120,32 @@ void accumulate(const QGemmProblem& p, Epilogue&& epilogue) {
       }
       epilogue(bt, m0 + r, n0, cols, acc.data());
     }
+  };
+
+  if (p.b_packed) {  // a constant weight: tasks over (matrix, row block, column block)
+    parallel_for(p.batch * row_blocks * col_blocks, [&](int64_t task) {
+      const int64_t bt = task / (row_blocks * col_blocks);
+      const int64_t m0 = (task / col_blocks) % row_blocks * kBlockRows;
+      const int64_t panel0 = task % col_blocks * panels_per_task;
+      const int64_t ib = p.b_index[bt];
+      compute_block(bt, m0, panel0, p.b_packed->matrix(ib) + panel0 * panel_bytes,
+                    p.b_packed->colsum.data() + ib * N + panel0 * kNr);
+    });
+    return;
+  }
+  // b given per call: each task packs its own columns into a cache-sized buffer, then sweeps every
+  // row block over them (no full-size packed copy of b, no page faults for one).
+  parallel_for(p.batch * col_blocks, [&](int64_t task) {
+    const int64_t bt = task / col_blocks, panel0 = task % col_blocks * panels_per_task;
+    const int64_t panels = std::min(panels_per_task, panels_total - panel0);
+    thread_local std::vector<int8_t> b_block;
+    thread_local std::vector<int32_t> colsum;
+    b_block.resize(static_cast<size_t>(panels * panel_bytes));
+    colsum.resize(static_cast<size_t>(N));
+    const auto* b_matrix = static_cast<const uint8_t*>(p.b_raw) + p.b_index[bt] * K * N;
+    pack_b_panels(b_matrix, b_signed, K, N, panel0, panel0 + panels, b_block.data(), colsum.data());
+    for (int64_t m0 = 0; m0 < M; m0 += kBlockRows)
+      compute_block(bt, m0, panel0, b_block.data(), colsum.data() + panel0 * kNr);
   });
 }
 

@@ -42,15 +42,19 @@ struct PackedB {
 PackedB pack_b_matrices(const void* b, bool is_signed, int64_t count, int64_t K, int64_t N);
 
 // batch independent products out[i] = (a[a_index[i]] - a_zp) x (b[b_index[i]] - b_zp).
-// a is contiguous [Ba, M, K] 8-bit (signedness given), b is packed; the index arrays implement
-// numpy's batch broadcasting. a_zero_point is [Ba, M], b_zero_point is [Bb, N].
+// a is contiguous [Ba, M, K] 8-bit (signedness given). b is either packed (b_packed, a constant
+// weight) or contiguous [Bb, K, N] 8-bit (b_raw, b_signed), which each task then packs for its
+// own columns only, in cache. The index arrays implement numpy's batch broadcasting.
+// a_zero_point is [Ba, M], b_zero_point is [Bb, N].
 struct QGemmProblem {
   int64_t batch, M, N, K;
   const void* a;
   bool a_signed;
   const int64_t* a_index;
   const int32_t* a_zero_point;
-  const PackedB* b;
+  const PackedB* b_packed;
+  const void* b_raw;
+  bool b_signed;
   const int64_t* b_index;
   const int32_t* b_zero_point;
 };

@@ -304,14 +304,16 @@ class _Problem:
         b_scale, b_zp = self.b_params
         y_scale, y_zp = self.y_params
         a3 = self.operand3(self.a, self.M, self.K)
-        packed = self.packed_b if self.packed_b is not None else _core.pack_b(self.operand3(self.b, self.K, self.N), self.b.dtype == np.int8)
+        # a constant weight comes packed; otherwise the kernels pack b per call, block by block in cache
+        packed = self.packed_b if self.packed_b is not None else self.operand3(self.b, self.K, self.N)
+        b_count = len(packed) if self.packed_b is None else packed.count
         a_zp2 = np.broadcast_to(a_zp.astype(np.int32), self.a.shape[:-1] + (1,))
         a_zp2 = np.ascontiguousarray(a_zp2.reshape(len(a3), self.M))
         b_zp2 = np.broadcast_to(b_zp.astype(np.int32), self.b.shape[:-2] + (1, self.N))
-        b_zp2 = np.ascontiguousarray(b_zp2.reshape(packed.count, self.N))
+        b_zp2 = np.ascontiguousarray(b_zp2.reshape(b_count, self.N))
         y = np.empty((self.B, self.M, self.N), self.y_dtype)
         y_zp3 = self.view3(y_zp, np.int32)
-        common = (a3, a3.dtype == np.int8, self.a_index, a_zp2, packed, self.b_index, b_zp2)
+        common = (a3, a3.dtype == np.int8, self.a_index, a_zp2, packed, self.b.dtype == np.int8, self.b_index, b_zp2)
         if numerics == "onnxruntime":
             f32 = [s.astype(np.float32) for s in (a_scale, b_scale, y_scale)]
             multiplier = self._finite_multiplier(f32, "float32")
@@ -452,10 +454,9 @@ def _fast_2d(a, a_scale, a_zero_point, b, b_scale, b_zero_point, y_scale, y_zero
         multiplier = np.atleast_1d((sa * sb) / sy).astype(np.float32, copy=False)
     if not np.isfinite(multiplier).all():
         return None
-    if packed_b is None:
-        packed_b = _core.pack_b(np.ascontiguousarray(b).reshape(1, *b.shape), b.dtype == np.int8)
-    return _core.qlinear_matmul_2d_onnxruntime(np.ascontiguousarray(a), a.dtype == np.int8, za, packed_b, b_zp,
-                                               multiplier, zy, y_zero_point.dtype == np.int8)
+    b_operand = packed_b if packed_b is not None else np.ascontiguousarray(b)  # packed per call, in cache
+    return _core.qlinear_matmul_2d_onnxruntime(np.ascontiguousarray(a), a.dtype == np.int8, za, b_operand,
+                                               b.dtype == np.int8, b_zp, multiplier, zy, y_zero_point.dtype == np.int8)
 
 
 def _integer_rule(rounded, zp, dtype):
