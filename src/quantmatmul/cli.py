@@ -87,6 +87,10 @@ def demo() -> int:
     orion_ok = y.ravel().tolist() == [14, 13]
     print(f"  documented result: [14, 13] -> {'matches' if orion_ok else 'MISMATCH'}")
     ok &= orion_ok
+
+    from . import _demo_nbits
+
+    ok &= _demo_nbits.run()
     print("\nall examples reproduced" if ok else "\nSOME EXAMPLES DID NOT REPRODUCE")
     return 0 if ok else 1
 

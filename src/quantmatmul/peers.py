@@ -56,3 +56,30 @@ def onnxruntime_u8s8_saturates() -> bool:
     one = np.float32(1)
     y = run_onnxruntime(a, one, np.uint8(0), b, one, np.int8(0), np.float32(1024), np.uint8(128))
     return int(y.item()) == 96  # -32768 / 1024 = -32 (exact: -63.75 -> -64, giving 64)
+
+
+def matmul_nbits_model(A_dtype, B, scales, zero_points=None, g_idx=None, bias=None, **attributes) -> onnx.ModelProto:
+    """A single com.microsoft MatMulNBits node with B and the other tensors as constant initializers."""
+    names = ["A", "B", "scales", "zero_points", "g_idx", "bias"]
+    values = dict(zip(names, (None, B, scales, zero_points, g_idx, bias)))
+    used = [n if n == "A" or values[n] is not None else "" for n in names]
+    while used[-1] == "":
+        used.pop()
+    attributes = {k: v for k, v in attributes.items() if not (k == "accuracy_level" and v == 0)}
+    node = helper.make_node("MatMulNBits", used, ["Y"], domain="com.microsoft", **attributes)
+    inits = [numpy_helper.from_array(np.asarray(values[n]), n) for n in names[1:] if values[n] is not None]
+    t = helper.np_dtype_to_tensor_dtype(np.dtype(A_dtype))
+    graph = helper.make_graph([node], "matmulnbits", [helper.make_tensor_value_info("A", t, None)],
+                              [helper.make_tensor_value_info("Y", t, None)], inits)
+    return helper.make_model(graph, ir_version=10, opset_imports=[helper.make_opsetid("", 21),
+                                                                  helper.make_opsetid("com.microsoft", 1)])
+
+
+def run_matmul_nbits_onnxruntime(A, B, scales, zero_points=None, g_idx=None, bias=None, *, threads=1, **attributes):
+    """ONNX Runtime's MatMulNBits on A, the weight given as constant initializers (as real models do)."""
+    options = ort.SessionOptions()
+    options.intra_op_num_threads = threads
+    options.log_severity_level = 4
+    model = matmul_nbits_model(np.asarray(A).dtype, B, scales, zero_points, g_idx, bias, **attributes)
+    session = ort.InferenceSession(model.SerializeToString(), options, providers=["CPUExecutionProvider"])
+    return session.run(None, {"A": np.asarray(A)})[0]

@@ -1,0 +1,505 @@
+"""quantize_nbits.py: block-wise 2..8-bit weight quantization for MatMulNBits: ONNX Runtime's own quantizer bit for bit ("rtn"), an error-minimizing search ("mse") and HQQ ("hqq")."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import ml_dtypes
+import numpy as np
+
+from .nbits_layout import pack_nbits, packed_size, unpack_nbits
+
+__all__ = ["quantize_nbits", "NBitsWeight", "METHODS"]
+
+METHODS = ("rtn", "mse", "hqq")
+_FLOAT_ZERO_POINT_METHODS = ("hqq",)  # asymmetric only
+_FN = "quantize_nbits"
+_F32, _F16, _F64 = np.dtype(np.float32), np.dtype(np.float16), np.dtype(np.float64)
+_BF16 = np.dtype(ml_dtypes.bfloat16)
+_WEIGHT_TYPES = (_F32, _F16, _BF16, _F64)
+_ORT_BITS = (2, 4, 8)  # widths ONNX Runtime's quantizer (and MatMulNBits on every EP) supports
+
+# The "mse" search (docs/quantizer.md): shrink factors of the rtn range tried for every block.
+_MSE_SHRINK = np.linspace(1.0, 0.5, 21)  # asymmetric: both ends scaled by p
+_MSE_LOCAL = np.linspace(-0.12, 0.12, 9)  # then each end alone, around the best factor ...
+_MSE_LOCAL_ROUNDS = 2  # ... this many times
+_MSE_SYM_SHRINK = np.linspace(1.0, 0.3, 36)  # symmetric: the one scale, in both orientations
+_MSE_REFITS = 2  # least-squares rescaling of the best codes
+# HQQ (Badri & Shaji 2023) as ONNX Runtime's HQQWeightOnlyQuantizer runs it: its proximal solver's parameters
+_HQQ_ITERS, _HQQ_LP_NORM, _HQQ_BETA, _HQQ_KAPPA = 20, 0.7, 10.0, 1.01
+
+
+@dataclass(frozen=True, eq=False)
+class NBitsWeight:
+    """A weight quantized for MatMulNBits: the operator's inputs 1..4 and its attributes.
+
+    Attributes
+    ----------
+    B : uint8 [N, k_blocks, blob_size]
+        The codes, ``blob_size = block_size * bits / 8``; each row of B is one LSB-first bitstream
+        (``nbits_layout``). Codes past K in the last block are padding, ignored by every consumer.
+    scales : [N, k_blocks] in ``scale_dtype``
+        float32 for float32 and float64 weights, else the weights' own dtype (float16, bfloat16),
+        as ONNX Runtime's quantizer writes them. MatMulNBits needs ``A.dtype == scales.dtype``.
+    zero_points : uint8 [N, ceil(k_blocks * bits / 8)], float [N, k_blocks] or None
+        uint8: packed like B along the block axis, each row padded on its own. Float (method
+        "hqq"): one fractional zero point per block, in ``scale_dtype``. None when symmetric: the
+        operator's default zero point 2**(bits-1) applies.
+    g_idx : None
+        Always None (no act-order); present so that ``tensors()`` lines up with the operator.
+    K, N, bits, block_size : int
+        The operator's attributes.
+    method : str
+        The method that produced it, "rtn", "mse" or "hqq".
+    symmetric : bool
+
+    The arrays are read-only. ``matmul_nbits(A, *w.tensors(), **w.attributes())`` runs the
+    quantized product; ``w.dequantize()`` is the float32 weight it multiplies by.
+    """
+
+    B: np.ndarray
+    scales: np.ndarray
+    zero_points: np.ndarray | None
+    g_idx: None
+    K: int
+    N: int
+    bits: int
+    block_size: int
+    method: str
+    symmetric: bool
+
+    @property
+    def k_blocks(self) -> int:
+        """Blocks per column of W: ``ceil(K / block_size)``."""
+        return -(-self.K // self.block_size)
+
+    @property
+    def scale_dtype(self) -> np.dtype:
+        return self.scales.dtype
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes of B, scales and zero points together."""
+        return self.B.nbytes + self.scales.nbytes + (0 if self.zero_points is None else self.zero_points.nbytes)
+
+    @property
+    def float_zero_points(self) -> bool:
+        """Whether zero_points holds float zero points (one per block, the scales' dtype) rather than packed uint8."""
+        return self.zero_points is not None and self.zero_points.dtype != np.uint8
+
+    def tensors(self) -> tuple:
+        """``(B, scales, zero_points, g_idx)``: MatMulNBits inputs 1..4, in order (None where absent)."""
+        return (self.B, self.scales, self.zero_points, self.g_idx)
+
+    def attributes(self) -> dict:
+        """``{"K", "N", "bits", "block_size"}``: the MatMulNBits attributes (keyword arguments of ``matmul_nbits``)."""
+        return {"K": self.K, "N": self.N, "bits": self.bits, "block_size": self.block_size}
+
+    def codes(self) -> np.ndarray:
+        """The unsigned codes, uint8 [K, N] (W's orientation; padding dropped)."""
+        return unpack_nbits(self.B.reshape(self.N, -1), self.bits, self.K).T.copy()
+
+    def zero_point_values(self) -> np.ndarray:
+        """The zero point of every block, [N, k_blocks]: uint8 (2**(bits-1) everywhere when symmetric),
+        or a copy of the float zero points."""
+        if self.zero_points is None:
+            return np.full((self.N, self.k_blocks), 1 << (self.bits - 1), np.uint8)
+        if self.float_zero_points:
+            return self.zero_points.copy()
+        return unpack_nbits(self.zero_points, self.bits, self.k_blocks)
+
+    def dequantize(self) -> np.ndarray:
+        """The weight MatMulNBits multiplies by, float32 [K, N]:
+        ``(float32(q) - float32(zp)) * float32(scale)`` (for integer zero points the difference is exact)."""
+        q = unpack_nbits(self.B.reshape(self.N, -1), self.bits, self.K).astype(_F32)
+        block = np.arange(self.K) // self.block_size
+        zp = self.zero_point_values().astype(_F32)[:, block]
+        scale = self.scales.astype(_F32)[:, block]
+        return ((q - zp) * scale).T.copy()
+
+
+def quantize_nbits(W, *, bits: int = 4, block_size: int = 32, symmetric: bool = False,
+                   method: str = "rtn") -> NBitsWeight:
+    """Quantize a MatMul weight block-wise to ``bits``-wide codes for MatMulNBits.
+
+    Every column of W is cut into blocks of ``block_size`` consecutive K rows (the last one may be
+    short); each block gets a scale and, unless symmetric, a zero point (an integer, a float with
+    ``"hqq"``), and each element
+    the code ``q`` with ``W[k, n] ~ (q - zero_point) * scale``.
+
+    Parameters
+    ----------
+    W : array [K, N] of float32, float16, bfloat16 or float64
+        The weight in the orientation of an ONNX MatMul's B (a torch Linear's ``weight.T``).
+        float64 is rounded to float32 first (MatMulNBits has no float64 type). Must be finite.
+    bits : int in 2..8
+        2, 4 and 8 are what ONNX Runtime supports; 3, 5, 6 and 7 use the same LSB-first
+        bitstream layout (``nbits_layout``), which ONNX Runtime does not accept.
+    block_size : int, a power of two >= 16
+        ONNX Runtime's quantizer handles 16..256; larger blocks are supported here.
+    symmetric : bool
+        No zero point tensor: the default zero point ``2**(bits-1)`` applies.
+    method : {"rtn", "mse", "hqq"}
+        ``"rtn"``: round to nearest from the block's min/max, identical byte for byte (B, scales,
+        zero points) to ONNX Runtime's quantizer (``MatMulNBitsQuantizer``'s default algorithm,
+        the C++ ``quantize_matmul_{2,4,8}bits``) for bits 2, 4 and 8, and the same formulas for
+        the other widths. ``"mse"``: per block, search the clipping range that minimizes the
+        squared error of the dequantized block (a grid over shrink factors of the range, then
+        least-squares rescaling); never worse than "rtn" on any block. ``"hqq"``: Half-Quadratic
+        Quantization as ONNX Runtime's ``HQQWeightOnlyQuantizer`` runs it (no torch needed),
+        with float zero points; asymmetric only. See docs/quantizer.md.
+
+    Returns
+    -------
+    NBitsWeight
+        ``matmul_nbits(A, *w.tensors(), **w.attributes())``; ``w.dequantize()``.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> W = np.linspace(-1, 1, 32, dtype=np.float32).reshape(16, 2)
+    >>> w = quantize_nbits(W, bits=4, block_size=16)
+    >>> w.B.shape, w.scales.shape, w.zero_points.shape
+    ((2, 1, 8), (2, 1), (2, 1))
+    >>> bool(np.abs(w.dequantize() - W).max() <= w.scales.max() / 2)
+    True
+    """
+    bits, block_size, symmetric, method = _options(bits, block_size, symmetric, method)
+    x, scale_dtype = _weights(W)
+    K, N = x.shape
+    blocks = _Blocks(x, block_size)
+    if not symmetric:
+        _check_ranges(blocks)
+    if method == "hqq":
+        scales, zp, q = _hqq(blocks, bits, scale_dtype)
+    else:
+        scales, zp, q = _rtn(blocks, bits, symmetric, scale_dtype)
+        if method == "mse":
+            scales, zp, q = _mse(blocks, bits, symmetric, scale_dtype, scales, zp, q)
+    return _assemble(q, zp, scales, K, N, bits, block_size, method, symmetric)
+
+
+# ---------------------------------------------------------------------------------------------------
+# Validation
+
+
+def _options(bits, block_size, symmetric, method):
+    for name, value in (("bits", bits), ("block_size", block_size)):
+        if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
+            raise TypeError(f"{_FN}: {name} must be an integer, got {type(value).__name__}")
+    bits, block_size = int(bits), int(block_size)
+    if not 2 <= bits <= 8:
+        raise ValueError(f"{_FN}: bits must be in 2..8, got {bits}")
+    if block_size < 16 or block_size & (block_size - 1):
+        raise ValueError(f"{_FN}: block_size must be a power of two >= 16, got {block_size}")
+    if not isinstance(symmetric, (bool, np.bool_)):
+        raise TypeError(f"{_FN}: symmetric must be a bool, got {type(symmetric).__name__}")
+    if not isinstance(method, str) or method not in METHODS:
+        raise ValueError(f"{_FN}: method must be one of {', '.join(map(repr, METHODS))}, got {method!r}")
+    if symmetric and method in _FLOAT_ZERO_POINT_METHODS:
+        raise ValueError(f"{_FN}: method {method!r} fits a float zero point per block and cannot be symmetric")
+    return bits, block_size, bool(symmetric), method
+
+
+def _weights(W):
+    """W as float32 [K, N] (a view when it already is one) and the dtype the scales will have."""
+    array_like = not isinstance(W, (np.ndarray, np.generic))
+    W = np.asarray(W)
+    if array_like and W.dtype.kind != "f":
+        raise TypeError(f"{_FN}: W must be a floating-point array, got an array-like of {W.dtype} values")
+    if W.dtype not in _WEIGHT_TYPES:
+        raise TypeError(f"{_FN}: W dtype {W.dtype} is not supported, expected float32, float16, bfloat16 or float64")
+    if W.ndim != 2:
+        raise ValueError(f"{_FN}: W must be 2-D [K, N], got shape {W.shape}")
+    if W.shape[0] == 0 or W.shape[1] == 0:
+        raise ValueError(f"{_FN}: W must not be empty, got shape {W.shape}")
+    with np.errstate(over="ignore"):
+        x = W.astype(_F32, copy=False)
+    bad = ~np.isfinite(x)
+    if bad.any():
+        k, n = np.argwhere(bad)[0]
+        what = "is not finite" if not np.isfinite(W[k, n]) else "overflows float32"
+        raise ValueError(f"{_FN}: W[{k}, {n}] = {W[k, n]} {what}; weights must be finite")
+    return x, (_F32 if W.dtype in (_F32, _F64) else W.dtype)
+
+
+# ---------------------------------------------------------------------------------------------------
+# Blocks
+
+
+class _Blocks:
+    """The blocks of W as rows: x [N * k_blocks, block_size] float32, the short last block of each
+    column padded with its own last value (so min and max are unchanged); valid marks real elements."""
+
+    def __init__(self, x, block_size):
+        K, N = x.shape
+        self.K, self.N, self.block_size = K, N, block_size
+        self.k_blocks = kb = -(-K // block_size)
+        pad = kb * block_size - K
+        xt = np.pad(x.T, ((0, 0), (0, pad)), mode="edge") if pad else x.T
+        self.x = np.ascontiguousarray(xt).reshape(N * kb, block_size)
+        if pad:
+            valid = np.ones((N, kb * block_size), _F32)
+            valid[:, K:] = 0
+            self.valid = valid.reshape(N * kb, block_size)
+        else:
+            self.valid = None
+        self.x64 = None
+
+    def min_max(self):
+        return self.x.min(axis=1), self.x.max(axis=1)
+
+    def sse(self, q, zp, scale32):
+        """Squared error of each block dequantized as MatMulNBits does, float64 [blocks]."""
+        if self.x64 is None:
+            self.x64 = self.x.astype(_F64)
+        d = ((q - zp[:, None]) * scale32[:, None]).astype(_F64) - self.x64
+        d *= d
+        if self.valid is not None:
+            d *= self.valid
+        return d.sum(axis=1)
+
+
+def _check_ranges(blocks):
+    """Asymmetric scales need max(x, 0) - min(x, 0) finite in float32 (ORT would store an infinite scale)."""
+    mn, mx = blocks.min_max()
+    with np.errstate(over="ignore"):
+        span = np.maximum(mx, np.float32(0)) - np.minimum(mn, np.float32(0))
+    if not np.isfinite(span).all():
+        b = int(np.argmin(np.isfinite(span)))
+        n, kb = divmod(b, blocks.k_blocks)
+        raise ValueError(f"{_FN}: block {kb} of column {n} spans [{mn[b]}, {mx[b]}], a range that overflows "
+                         f"float32; no finite asymmetric scale exists (symmetric=True has one)")
+
+
+def _roundf(v):
+    """C roundf: to nearest, ties away from zero (NaN stays NaN)."""
+    a = np.abs(v)
+    f = np.floor(a)
+    f += (a - f) >= 0.5
+    return np.copysign(f, v)
+
+
+def _stored(scale32, scale_dtype):
+    """The scale as stored, and as float32 again."""
+    stored = scale32.astype(scale_dtype)
+    return stored, (stored if scale_dtype == _F32 else stored.astype(_F32))
+
+
+def _codes(x, scale32, zp, qmax):
+    """MLAS's ``clamp(roundf(x * (1 / scale) + zp), 0, qmax)`` in float32 (reciprocal 0 for scale 0).
+    A scale so small that 1/scale overflows gives +-inf (saturating codes) and, for x == 0, NaN,
+    which the C++ float -> uint8 conversion turns into 0 on x86-64 and arm64; reproduced."""
+    with np.errstate(all="ignore"):
+        rec = np.where(scale32 != 0, np.float32(1) / scale32, np.float32(0)).astype(_F32)
+        v = x * rec[:, None] + zp[:, None]
+        q = np.clip(_roundf(v), 0, qmax)
+    q[np.isnan(q)] = 0
+    return q
+
+
+def _rtn(blocks, bits, symmetric, scale_dtype):
+    """ONNX Runtime's MlasQuantizeBlockwise (q4_dq.cpp), vectorized: stored scales, zero points and
+    codes (float32 [blocks], [blocks], [blocks, block_size])."""
+    qmax = np.float32((1 << bits) - 1)
+    mid = np.float32(1 << (bits - 1))
+    mn, mx = blocks.min_max()
+    with np.errstate(all="ignore"):
+        if symmetric:
+            # the signed extreme maps to code 0: scale = -extreme / 2^(bits-1), negative when max wins
+            extreme = np.where(np.abs(mx) > np.abs(mn), mx, mn)
+            scale_f = -extreme / mid
+            zp = np.full(mn.shape, mid, _F32)
+        else:
+            lo = np.minimum(mn, np.float32(0))
+            hi = np.maximum(mx, np.float32(0))
+            scale_f = (hi - lo) / qmax
+            zp_f = np.where(scale_f != 0, np.float32(0) - lo / scale_f, lo)  # from the unrounded scale
+            zp = np.where(zp_f < 0, np.float32(0), np.where(zp_f > qmax, qmax, _roundf(zp_f))).astype(_F32)
+    stored, as32 = _stored(scale_f, scale_dtype)
+    # MLAS quantizes with the stored scale read back; a bfloat16 weight is quantized in float32 by
+    # ORT's Python quantizer and only its scales are rounded to bfloat16 afterwards
+    used = scale_f if scale_dtype == _BF16 else as32
+    return stored, zp, _codes(blocks.x, used, zp, qmax)
+
+
+# ---------------------------------------------------------------------------------------------------
+# The "mse" search
+
+
+class _Best:
+    def __init__(self, blocks, scale_dtype, stored, zp, q):
+        self.blocks, self.scale_dtype = blocks, scale_dtype
+        self.stored, self.zp, self.q = stored, zp, q
+        self.err = blocks.sse(q, zp, stored.astype(_F32))
+
+    def offer(self, scale_f, zp, qmax):
+        """Try scale_f (rounded to the stored dtype) with zero points zp; keep it where it is strictly better.
+        Returns the mask of blocks that improved."""
+        stored, as32 = _stored(scale_f, self.scale_dtype)
+        q = _codes(self.blocks.x, as32, zp, qmax)
+        err = self.blocks.sse(q, zp, as32)
+        better = err < self.err
+        self.err = np.where(better, err, self.err)
+        self.stored = np.where(better, stored, self.stored)
+        self.zp = np.where(better, zp, self.zp)
+        self.q = np.where(better[:, None], q, self.q)
+        return better
+
+
+def _mse(blocks, bits, symmetric, scale_dtype, stored, zp, q):
+    """Start from the rtn result; search per block for a lower squared error (docs/quantizer.md)."""
+    qmax = np.float32((1 << bits) - 1)
+    mid = np.float32(1 << (bits - 1))
+    best = _Best(blocks, scale_dtype, stored, zp, q)
+    mn, mx = blocks.min_max()
+    with np.errstate(all="ignore"):
+        if symmetric:
+            extreme = np.where(np.abs(mx) > np.abs(mn), mx, mn)
+            mids = np.full(mn.shape, mid, _F32)
+            for p in _MSE_SYM_SHRINK:
+                best.offer((-extreme * np.float32(p) / mid).astype(_F32), mids, qmax)  # rtn's orientation
+                best.offer((extreme * np.float32(p) / (mid - 1)).astype(_F32), mids, qmax)  # extreme at the top code
+        else:
+            lo = np.minimum(mn, np.float32(0))
+            hi = np.maximum(mx, np.float32(0))
+
+            def offer(plo, phi):
+                l_, h_ = (lo * plo).astype(_F32), (hi * phi).astype(_F32)
+                scale_f = ((h_ - l_) / qmax).astype(_F32)
+                zp_f = np.where(scale_f != 0, np.float32(0) - l_ / scale_f, l_)
+                zp_ = np.clip(_roundf(zp_f), 0, qmax).astype(_F32)
+                return best.offer(scale_f, zp_, qmax)
+
+            n = lo.shape[0]
+            plo = np.ones(n, _F32)
+            phi = np.ones(n, _F32)
+            for p in _MSE_SHRINK[1:]:
+                better = offer(np.float32(p), np.float32(p))
+                plo = np.where(better, np.float32(p), plo)
+                phi = np.where(better, np.float32(p), phi)
+            for _ in range(_MSE_LOCAL_ROUNDS):
+                for end in (0, 1):
+                    base_lo, base_hi = plo.copy(), phi.copy()
+                    for d in _MSE_LOCAL:
+                        if d == 0:
+                            continue
+                        try_lo = np.clip(base_lo + np.float32(d), 0.05, 1).astype(_F32) if end == 0 else base_lo
+                        try_hi = np.clip(base_hi + np.float32(d), 0.05, 1).astype(_F32) if end == 1 else base_hi
+                        better = offer(try_lo, try_hi)
+                        plo = np.where(better, try_lo, plo)
+                        phi = np.where(better, try_hi, phi)
+        # least squares: the best scale for the chosen codes and zero points, then requantize
+        for _ in range(_MSE_REFITS):
+            c = (best.q - best.zp[:, None]).astype(_F64)
+            if blocks.valid is not None:
+                c *= blocks.valid
+            den = (c * c).sum(axis=1)
+            num = (c * blocks.x).sum(axis=1)
+            current = best.stored.astype(_F32)
+            scale_f = np.where(den > 0, num / np.where(den > 0, den, 1), current).astype(_F32)
+            best.offer(scale_f, best.zp, qmax)
+    return best.stored, best.zp, best.q
+
+
+# ---------------------------------------------------------------------------------------------------
+# HQQ
+
+
+def _hqq(blocks, bits, scale_dtype):
+    """Half-Quadratic Quantization (Badri & Shaji 2023), the proximal solver of ONNX Runtime's
+    HQQWeightOnlyQuantizer (official HQQ ``optimize_weights_proximal_legacy``), vectorized per block:
+    ``inv = qmax / (max - min)``, ``zero = round(-min * inv)``, then up to 20 rounds of
+    ``q = clip(round(x inv + zero))``, ``e = shrink_lp(x - (q - zero) / inv, beta)``,
+    ``zero = mean(q - (x - e) inv)``, ``beta *= kappa``, stopping when the mean absolute error stops
+    falling. Differences from ORT (docs/quantizer.md): each block stops on its own error (ORT stops
+    all blocks on the global mean); short tail blocks use their real elements only (ORT pads with
+    zeros); no clamp of ``inv`` at 2e4 (ORT's guard for CUDA half precision); constant blocks are
+    exact. The final codes use the stored scale and zero point with the rtn rounding rule."""
+    qmax = np.float32((1 << bits) - 1)
+    x = blocks.x
+    valid = blocks.valid
+    count = np.float32(blocks.block_size) if valid is None else valid.sum(axis=1)
+    mn, mx = blocks.min_max()
+    with np.errstate(all="ignore"):
+        inv = (qmax / (mx - mn)).astype(_F32)
+        constant = ~np.isfinite(inv) | (mx == mn)  # constant (or ~1e-38 wide): scale 1, zero -min, exact
+        inv = np.where(constant, np.float32(1), inv)
+        zero = np.where(constant, -mn, np.rint(-mn * inv)).astype(_F32)
+        best_zero = zero.copy()
+        best_err = np.full(zero.shape, np.inf)
+        active = ~constant
+        beta = _HQQ_BETA
+        for _ in range(_HQQ_ITERS):
+            q = np.clip(np.rint(x * inv[:, None] + zero[:, None]), 0, qmax)
+            r = x - (q - zero[:, None]) / inv[:, None]
+            err = np.abs(r) if valid is None else np.abs(r) * valid
+            err = err.sum(axis=1) / count
+            improved = active & (err < best_err)
+            best_zero = np.where(improved, zero, best_zero)
+            best_err = np.where(improved, err, best_err)
+            active = improved
+            if not active.any():
+                break
+            a = np.abs(r)
+            shrink = np.float32(1 / beta) * np.power(a + np.float32(1e-8), np.float32(_HQQ_LP_NORM - 1))
+            e = np.sign(r) * np.maximum(a - shrink, 0)  # the generalized soft threshold of the Lp (p < 1) prox
+            update = q - (x - e) * inv[:, None]
+            update = (update.sum(axis=1) if valid is None else (update * valid).sum(axis=1)) / count
+            zero = np.where(active, update, zero).astype(_F32)
+            beta *= _HQQ_KAPPA
+        stored, scale32 = _stored((np.float32(1) / inv).astype(_F32), scale_dtype)
+        zp_stored, zp32 = _stored(best_zero, scale_dtype)
+    return stored, zp_stored, _codes(x, scale32, zp32, qmax)
+
+
+# ---------------------------------------------------------------------------------------------------
+# Layout
+
+
+def _assemble(q, zp, scales, K, N, bits, block_size, method, symmetric):
+    kb = -(-K // block_size)
+    codes = q.astype(np.uint8).reshape(N, kb * block_size)
+    float_zp = method in _FLOAT_ZERO_POINT_METHODS
+    zps = zp.reshape(N, kb) if float_zp else zp.astype(np.uint8).reshape(N, kb)
+    if bits in _ORT_BITS:
+        codes, zp_row = _ort_padding(codes, zps, K, bits, block_size)
+    else:
+        codes[:, K:] = 0  # unused tail bits zero (the contiguous-bitstream proposal)
+        zp_row = zps
+    B = pack_nbits(codes, bits).reshape(N, kb, block_size * bits // 8)
+    if symmetric:
+        zero_points = None
+    elif float_zp:
+        zero_points = np.ascontiguousarray(zps)
+    else:
+        zero_points = pack_nbits(zp_row, bits)
+        assert zero_points.shape == (N, packed_size(kb, bits))
+    for a in (B, scales, zero_points):
+        if a is not None:
+            a.setflags(write=False)
+    return NBitsWeight(B=B, scales=np.ascontiguousarray(scales).reshape(N, kb), zero_points=zero_points, g_idx=None,
+                       K=K, N=N, bits=bits, block_size=block_size, method=method, symmetric=symmetric)
+
+
+def _ort_padding(codes, zps, K, bits, block_size):
+    """The padding ONNX Runtime's quantizer leaves, so that the bytes match (docs/quantizer.md).
+
+    MLAS packs 8/bits codes per byte from a scratch vi[] that is reused across the bytes of one
+    thread block (block_size * 8/bits rows of one column): in the byte that straddles K the slots
+    past K keep the codes of the previous byte (0 at a thread block's first byte); bytes wholly
+    past K are never written (0). Zero points are packed 8/bits per byte from a scratch
+    initialised to 2**(bits-1), so the unused slots of a row's last zero-point byte hold that.
+    """
+    per_byte = 8 // bits
+    codes[:, K:] = 0
+    tail = K % per_byte
+    if tail:
+        start = K - tail
+        if start % (block_size * per_byte):
+            codes[:, K:start + per_byte] = codes[:, start - per_byte + tail:start]
+    kb = zps.shape[1]
+    slots = -(-kb // per_byte) * per_byte
+    if slots != kb and zps.dtype == np.uint8:
+        zps = np.concatenate([zps, np.full((zps.shape[0], slots - kb), 1 << (bits - 1), np.uint8)], axis=1)
+    return codes, zps
