@@ -224,3 +224,19 @@ def test_fast_path_equals_general_path(combo):
             assert np.array_equal(fast, general) and np.array_equal(fast, oracle.onnxruntime(a, a_s, a_z, b, b_s, b_z, y_s, y_z))
             w = qm.QLinearMatMul(b, b_s, b_z)
             assert np.array_equal(w(a, a_s, a_z, y_s, y_z), fast)
+
+
+def test_fast_path_multiplier_is_float32_arithmetic():
+    """The fast path forms f32(f32(a_s * b_s) / y_s) with doubles; it must equal numpy's float32 ops bit for bit."""
+    from quantmatmul.qlinear import _f32
+
+    rng = np.random.default_rng(9)
+    bits = rng.integers(0, 2**32, (200_000, 3), dtype=np.uint64).astype(np.uint32)
+    s = bits.view(np.float32).reshape(-1, 3)
+    s = s[np.all(np.isfinite(s) & (s != 0), axis=1)]
+    with np.errstate(all="ignore"):
+        expected = (s[:, 0] * s[:, 1]) / s[:, 2]
+    ours = np.array([_f32(_f32(float(x) * float(y)) / float(z)) for x, y, z in s], np.float64)
+    finite = np.isfinite(ours)
+    assert np.array_equal(ours[finite].astype(np.float32).view(np.uint32), expected[finite].view(np.uint32))
+    assert np.all(~np.isfinite(expected[~finite]) | (np.abs(expected[~finite]) == np.finfo(np.float32).max))

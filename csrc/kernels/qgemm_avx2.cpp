@@ -23,6 +23,7 @@ void micro_tile(const int32_t* a, const int8_t* b, int64_t p0, int64_t p1, int32
   for (int r = 0; r < MR; ++r) acc[r][0] = acc[r][1] = _mm256_setzero_si256();
   for (int64_t p = p0; p < p1; ++p) {
     const __m128i* bp = reinterpret_cast<const __m128i*>(b + p * 2 * kNr);
+    if (MR <= 2) _mm_prefetch(reinterpret_cast<const char*>(bp) + 1024, _MM_HINT_T0);  // few rows: B streams
     const __m256i b0 = BSigned ? _mm256_cvtepi8_epi16(_mm_loadu_si128(bp)) : _mm256_cvtepu8_epi16(_mm_loadu_si128(bp));
     const __m256i b1 = BSigned ? _mm256_cvtepi8_epi16(_mm_loadu_si128(bp + 1)) : _mm256_cvtepu8_epi16(_mm_loadu_si128(bp + 1));
     for (int r = 0; r < MR; ++r) {

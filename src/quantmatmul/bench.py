@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import statistics
 import time
 import warnings
@@ -96,6 +97,9 @@ def _onnxruntime_runner(case, args, threads):
     options.intra_op_num_threads = threads
     options.inter_op_num_threads = 1
     options.log_severity_level = 3
+    # Interleaved timing: threads that spin after a run would steal the cores from whoever runs
+    # next. quantmatmul's pool sleeps; ask the peers to do the same (docs/benchmarks.md).
+    options.add_session_config_entry("session.intra_op.allow_spinning", "0")
     try:
         model = qlinear_model(args, 21, b_constant=case.constant_b)
         session = ort.InferenceSession(model.SerializeToString(), options, providers=["CPUExecutionProvider"])
@@ -109,6 +113,7 @@ def _onednn_runner(case, args, threads):
     """torch.ops.quantized.linear on the onednn engine: u8 activations x s8 symmetric weights -> u8."""
     if not (case.a == u8 and case.b == s8 and case.y == u8 and case.constant_b):
         return None
+    os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # before torch loads OpenMP: no spinning threads
     try:
         import torch
     except ImportError:

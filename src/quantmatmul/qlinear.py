@@ -408,21 +408,38 @@ class _Problem:
 
 _INT8_DTYPES = (np.dtype(np.int8), np.dtype(np.uint8))
 _F32 = np.dtype(np.float32)
+_I8 = np.dtype(np.int8)
+
+
+_F32_MAX = 3.4028234663852886e38
 
 
 def _per_tensor_f32(x):
-    """A valid per-tensor float32 scale as a float32 scalar, else None."""
-    if type(x) is np.float32 or (type(x) is np.ndarray and x.dtype == _F32 and x.size == 1 and x.ndim <= 1):
-        value = np.float32(x.reshape(())) if type(x) is np.ndarray else x
-        return value if math.isfinite(value) and value != 0 else None
-    return None
+    """A valid (finite, nonzero) per-tensor float32 scale as a Python float, else None."""
+    if type(x) is np.ndarray:
+        if x.dtype != _F32 or x.size != 1 or x.ndim > 1:
+            return None
+        x = x.item()
+    elif type(x) is np.float32:
+        x = float(x)
+    else:
+        return None
+    return x if x != 0 and math.isfinite(x) else None
 
 
 def _per_tensor_int(x, dtype, scale):
     """A per-tensor zero point of the given dtype and of its scale's shape as an int, else None."""
-    if isinstance(x, (np.ndarray, np.generic)) and x.dtype == dtype and np.shape(x) == np.shape(scale) and x.size == 1:
-        return int(x.reshape(()) if type(x) is np.ndarray else x)
+    if type(x) is np.ndarray:
+        if x.dtype == dtype and x.shape == np.shape(scale) and x.size == 1:
+            return x.item()
+    elif isinstance(x, np.generic) and x.dtype == dtype and np.ndim(scale) == 0:
+        return int(x)
     return None
+
+
+def _f32(x: float) -> float:
+    """x rounded to float32 (x a double); inf beyond float32's range."""
+    return float(np.float32(x)) if abs(x) <= _F32_MAX else math.copysign(math.inf, x)
 
 
 def _fast_2d(a, a_scale, a_zero_point, b, b_scale, b_zero_point, y_scale, y_zero_point, packed_b):
@@ -443,20 +460,25 @@ def _fast_2d(a, a_scale, a_zero_point, b, b_scale, b_zero_point, y_scale, y_zero
         zb = _per_tensor_int(b_zero_point, b.dtype, b_scale)
         if zb is None:
             return None
-        b_zp = np.array([zb], np.int32)
+        # f32(f32(a_s * b_s) / y_s) with doubles: the product of two floats is exact in a double,
+        # and a double quotient rounded to float32 is the float32 quotient (53 >= 2 * 24 + 2).
+        m = _f32(_f32(sa * sb) / sy)
+        if not math.isfinite(m):
+            return None
+        multiplier, b_zp = np.array([m], np.float32), np.array([zb], np.int32)
     elif (type(b_scale) is np.ndarray and b_scale.dtype == _F32 and b_scale.shape == (N,)
           and type(b_zero_point) is np.ndarray and b_zero_point.shape == (N,) and b_zero_point.dtype == b.dtype
           and np.isfinite(b_scale).all() and b_scale.all()):
-        sb, b_zp = b_scale, b_zero_point.astype(np.int32)
+        with np.errstate(over="ignore", under="ignore"):
+            multiplier = (np.float32(sa) * b_scale) / np.float32(sy)
+        if not np.isfinite(multiplier).all():
+            return None
+        b_zp = b_zero_point.astype(np.int32)
     else:
         return None
-    with np.errstate(over="ignore", under="ignore"):
-        multiplier = np.atleast_1d((sa * sb) / sy).astype(np.float32, copy=False)
-    if not np.isfinite(multiplier).all():
-        return None
     b_operand = packed_b if packed_b is not None else np.ascontiguousarray(b)  # packed per call, in cache
-    return _core.qlinear_matmul_2d_onnxruntime(np.ascontiguousarray(a), a.dtype == np.int8, za, b_operand,
-                                               b.dtype == np.int8, b_zp, multiplier, zy, y_zero_point.dtype == np.int8)
+    return _core.qlinear_matmul_2d_onnxruntime(np.ascontiguousarray(a), a.dtype == _I8, za, b_operand,
+                                               b.dtype == _I8, b_zp, multiplier, zy, y_zero_point.dtype == _I8)
 
 
 def _integer_rule(rounded, zp, dtype):
