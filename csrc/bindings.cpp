@@ -5,6 +5,7 @@
 #include <nanobind/nanobind.h>
 #include <nanobind/ndarray.h>
 
+#include <nanobind/stl/optional.h>
 #include <nanobind/stl/string.h>
 
 #include <algorithm>
@@ -12,6 +13,7 @@
 #include <vector>
 
 #include "cpu_features.h"
+#include "matmul_nbits.h"
 #include "peak.h"
 #include "qgemm.h"
 #include "qlinear_matmul.h"
@@ -151,6 +153,43 @@ NB_MODULE(_core, m) {
           const nb::dlpack::dtype dtype = y_signed ? nb::dtype<int8_t>() : nb::dtype<uint8_t>();
           return nb::ndarray<nb::numpy>(y, 2, shape, owner, nullptr, dtype);
         });
+
+  // MatMulNBits levels 0/1: A float32 [M, K] contiguous, codes uint8 [N, row_bytes], scales and zero
+  // points float32 [N, k_blocks], bias float32 [N] or None; returns Y float32 [M, N].
+  m.def("matmul_nbits_f32",
+        [](const In& A, const In& codes, int64_t K, int64_t bits, int64_t block_size, const In& scales,
+           const In& zero_points, std::optional<In> bias) {
+          const int64_t M = static_cast<int64_t>(A.shape(0)), N = static_cast<int64_t>(codes.shape(0));
+          const qmm::NBitsWeight w{static_cast<const uint8_t*>(codes.data()), N, K, bits, block_size,
+                                   static_cast<int64_t>(scales.shape(1)), static_cast<int64_t>(codes.shape(1)),
+                                   static_cast<const float*>(scales.data()),
+                                   static_cast<const float*>(zero_points.data())};
+          auto* y = new float[static_cast<size_t>(std::max<int64_t>(M * N, 1))];
+          nb::capsule owner(y, [](void* p) noexcept { delete[] static_cast<float*>(p); });
+          {
+            nb::gil_scoped_release release;
+            qmm::matmul_nbits_f32(static_cast<const float*>(A.data()), M, w,
+                                  bias ? static_cast<const float*>(bias->data()) : nullptr, y);
+          }
+          const size_t shape[2] = {static_cast<size_t>(M), static_cast<size_t>(N)};
+          return nb::ndarray<nb::numpy, float>(y, 2, shape, owner);
+        },
+        nb::arg("A"), nb::arg("codes"), nb::arg("K"), nb::arg("bits"), nb::arg("block_size"), nb::arg("scales"),
+        nb::arg("zero_points"), nb::arg("bias").none());
+
+  // The first `count` codes of each row of a contiguous uint8 [rows, bytes] array of LSB-first bitstreams.
+  m.def("decode_nbits", [](const In& data, int64_t bits, int64_t count) {
+    const int64_t rows = static_cast<int64_t>(data.shape(0)), bytes = static_cast<int64_t>(data.shape(1));
+    auto* out = new uint8_t[static_cast<size_t>(std::max<int64_t>(rows * count, 1))];
+    nb::capsule owner(out, [](void* p) noexcept { delete[] static_cast<uint8_t*>(p); });
+    {
+      nb::gil_scoped_release release;
+      const auto* in = static_cast<const uint8_t*>(data.data());
+      for (int64_t r = 0; r < rows; ++r) qmm::decode_nbits(in + r * bytes, bits, count, out + r * count);
+    }
+    const size_t shape[2] = {static_cast<size_t>(rows), static_cast<size_t>(count)};
+    return nb::ndarray<nb::numpy, uint8_t>(out, 2, shape, owner);
+  });
 
   m.def("qlinear_matmul_onnx_reference",
         [](const In& a, bool a_signed, const In& a_index, const In& a_zp, nb::handle b, bool b_signed,

@@ -54,11 +54,17 @@ using RequantizeRow = void (*)(const int32_t* acc, const float* multiplier, cons
 // in panels of 16 columns, [ceil(N / 16)][K][16], zero padded.
 using SgemmRows = void (*)(const float* a, const float* b, float* y, int64_t rows, int64_t N, int64_t K);
 
+struct NBitsWeight;
+// MatMulNBits level 0/1 (csrc/matmul_nbits.h): Y[:, n0:n1] for all M rows of A.
+using NBitsRows = void (*)(const float* A, int64_t M, const NBitsWeight& w, int64_t n0, int64_t n1,
+                           const float* bias, float* Y);
+
 struct QGemmKernels {
   Isa isa;
   QGemmKernel kernel;
   RequantizeRow requantize_onnxruntime;
   SgemmRows sgemm_rows;
+  NBitsRows nbits_rows;
 };
 
 extern const QGemmKernels kPortableKernels;

@@ -608,3 +608,31 @@ def test_onnxruntime_deviation_no_bfloat16_on_cpu():
     with pytest.raises(Exception, match="NOT_IMPLEMENTED|Could not find an implementation"):
         run_ort(case, 0)
     assert_within(case.run(0), case.exact(), case.bound(0), repr(case))
+
+
+# --------------------------------------------------------------------------------------------------
+# The native kernels (levels 0 and 1): every kernel path this machine has, within the same bounds.
+
+
+@pytest.mark.parametrize("isa", __import__("quantmatmul").available_isas())
+def test_native_paths_within_the_documented_bounds(isa):
+    import quantmatmul
+
+    before = quantmatmul.cpu_info()["isa"]
+    quantmatmul.set_isa(isa)
+    try:
+        rng = np.random.default_rng(77)
+        for bits in BITS:
+            for block_size in (16, 32, 128, 1024):
+                for zp in ZP_FORMS:
+                    K = int(rng.integers(1, 3 * block_size))
+                    N = int(rng.integers(1, 37))  # 4-column groups and 16-column tasks with tails
+                    case = Case(rng, bits, block_size, K=K, N=N, batch=(int(rng.integers(1, 6)),), zp=zp,
+                                bias=bool(rng.integers(0, 2)))
+                    exact = case.exact()
+                    for level in (0, 1):
+                        assert_within(case.run(level), exact, case.bound(level), f"{isa} {case} level {level}")
+                        y_eff, tol = tight_tolerance(case, level)
+                        assert_within(case.run(level), y_eff, tol, f"{isa} {case} level {level} tight")
+    finally:
+        quantmatmul.set_isa(before)

@@ -11,8 +11,17 @@
 // any signedness (|pair| <= 65280), unlike vpmaddubsw, whose int16 pair sums saturate.
 #include <immintrin.h>
 
+#include <algorithm>
+#include <vector>
+
+#include "matmul_nbits.h"
 #include "qgemm.h"
 #include "requantize.h"
+
+namespace qmm {
+#include "nbits_dequantize.inc"
+}  // namespace qmm
+
 
 namespace qmm {
 namespace {
@@ -117,9 +126,172 @@ void sgemm_rows_avx2(const float* a, const float* b_panels, float* y, int64_t ro
   }
 }
 
+// MatMulNBits level 0/1, factored by block (docs/matmul_nbits.md, error bound of any order):
+//   y[m, n] = sum_b scale[n, b] * (sum_{k in b} a[m, k] * q[n, k] - zero_point[n, b] * asum[m, b])
+// with asum[m, b] = sum_{k in b} a[m, k] computed once per call. The codes of a block are widened
+// to float32 once and reused by every row of A; each row keeps an 8-lane running sum, scaled per
+// block with one FMA, and one horizontal sum per output.
+//
+//   4-bit codes: 16 bytes -> low and high nibbles -> 32 codes in order -> 4 x 8 floats
+//   8-bit codes: 4 x 8 bytes widened directly; other widths go through decode_nbits.
+
+// The codes of k0 .. k0+31 of one column as 4 x 8 floats: from nibbles (4-bit rows) or from one
+// byte per code (8-bit rows, and rows of other widths decoded to bytes beforehand).
+inline void widen32(const uint8_t* row, bool nibbles, int64_t k0, __m256 out[4]) {
+  if (nibbles) {
+    const __m128i packed = _mm_loadu_si128(reinterpret_cast<const __m128i*>(row + k0 / 2));
+    const __m128i mask = _mm_set1_epi8(0x0F);
+    const __m128i lo = _mm_and_si128(packed, mask), hi = _mm_and_si128(_mm_srli_epi16(packed, 4), mask);
+    const __m128i first = _mm_unpacklo_epi8(lo, hi), second = _mm_unpackhi_epi8(lo, hi);  // codes 0..15, 16..31
+    out[0] = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(first));
+    out[1] = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_srli_si128(first, 8)));
+    out[2] = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(second));
+    out[3] = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_srli_si128(second, 8)));
+    return;
+  }
+  for (int i = 0; i < 4; ++i) {
+    const __m128i bytes = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(row + k0 + 8 * i));
+    out[i] = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(bytes));
+  }
+}
+
+float horizontal_sum(__m256 v) {
+  const __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+  const __m128 t = _mm_add_ps(s, _mm_movehl_ps(s, s));
+  return _mm_cvtss_f32(_mm_add_ss(t, _mm_shuffle_ps(t, t, 1)));
+}
+
+// Few rows of A (decode): the factored form, codes widened straight from the packed weight, MR
+// running sums in registers.
+template <int MR>
+void nbits_rows_factored(const float* A, const NBitsWeight& w, int64_t n0, int64_t n1, const float* bias, float* Y) {
+  const int64_t K = w.K, bs = w.block_size, kb = w.k_blocks;
+  thread_local std::vector<float> asum;
+  thread_local std::vector<uint8_t> codes;
+  asum.resize(static_cast<size_t>(MR * kb));
+  codes.resize(static_cast<size_t>(K + 32));
+  for (int m = 0; m < MR; ++m)
+    for (int64_t b = 0; b < kb; ++b) {
+      float sum = 0.0f;
+      for (int64_t k = b * bs; k < std::min(K, (b + 1) * bs); ++k) sum += A[m * K + k];
+      asum[m * kb + b] = sum;
+    }
+  const bool nibbles = w.bits == 4, bytes = w.bits == 8;
+  const int64_t whole_blocks = K / bs;        // blocks with all block_size codes (a multiple of 32)
+  for (int64_t n = n0; n < n1; ++n) {
+    const uint8_t* row = w.codes + n * w.row_bytes;
+    if (!nibbles && !bytes) {  // 2, 3, 5, 6, 7 bits: decode the column to one byte per code first
+      decode_nbits(row, w.bits, K, codes.data());
+      row = codes.data();
+    }
+    const float* scales = w.scales + n * kb;
+    const float* zero_points = w.zero_points + n * kb;
+    __m256 acc[MR];
+    float correction[MR], tail[MR];
+    for (int m = 0; m < MR; ++m) {
+      acc[m] = _mm256_setzero_ps();
+      tail[m] = 0.0f;
+      float c = 0.0f;
+      for (int64_t b = 0; b < kb; ++b) c += zero_points[b] * scales[b] * asum[m * kb + b];
+      correction[m] = c;
+    }
+    for (int64_t b = 0; b < whole_blocks; ++b) {
+      const __m256 scale = _mm256_set1_ps(scales[b]);
+      __m256 dot[MR];
+      for (int m = 0; m < MR; ++m) dot[m] = _mm256_setzero_ps();
+      for (int64_t k = b * bs; k < (b + 1) * bs; k += 32) {
+        __m256 q[4];
+        widen32(row, nibbles, k, q);
+        for (int m = 0; m < MR; ++m) {
+          const float* a = A + m * K + k;
+          dot[m] = _mm256_fmadd_ps(_mm256_loadu_ps(a), q[0], dot[m]);
+          dot[m] = _mm256_fmadd_ps(_mm256_loadu_ps(a + 8), q[1], dot[m]);
+          dot[m] = _mm256_fmadd_ps(_mm256_loadu_ps(a + 16), q[2], dot[m]);
+          dot[m] = _mm256_fmadd_ps(_mm256_loadu_ps(a + 24), q[3], dot[m]);
+        }
+      }
+      for (int m = 0; m < MR; ++m) acc[m] = _mm256_fmadd_ps(dot[m], scale, acc[m]);
+    }
+    if (whole_blocks < kb) {  // K's last, partial block
+      const int64_t k0 = whole_blocks * bs;
+      uint8_t rest_codes[1024];
+      for (int64_t k = k0; k < K; k += 1024) {
+        const int64_t count = std::min<int64_t>(1024, K - k);
+        decode_nbits_range(nibbles || bytes ? row : codes.data(), nibbles ? 4 : 8, k, count, rest_codes);
+        for (int m = 0; m < MR; ++m) {
+          float dot = 0.0f;
+          for (int64_t j = 0; j < count; ++j) dot += A[m * K + k + j] * static_cast<float>(rest_codes[j]);
+          tail[m] += dot * scales[whole_blocks];
+        }
+      }
+    }
+    for (int m = 0; m < MR; ++m) {
+      const float y = horizontal_sum(acc[m]) + tail[m] - correction[m];
+      Y[m * w.N + n] = bias ? y + bias[n] : y;
+    }
+  }
+}
+
+// Many rows of A (prefill): four columns dequantized to float32 (L1/L2-resident), then for each row
+// of A four dot products sharing every load of A, two FMA chains per column.
+void nbits_rows_dequantized(const float* A, int64_t M, const NBitsWeight& w, int64_t n0, int64_t n1,
+                            const float* bias, float* Y) {
+  constexpr int64_t kCols = 4;
+  const int64_t K = w.K;
+  thread_local std::vector<uint8_t> codes;
+  thread_local std::vector<float> wrows;
+  codes.resize(static_cast<size_t>(K));
+  wrows.resize(static_cast<size_t>(kCols * K));
+  for (int64_t n = n0; n < n1; n += kCols) {
+    const int64_t cols = std::min(kCols, n1 - n);
+    for (int64_t c = 0; c < kCols; ++c) {
+      if (c < cols) dequantize_column(w, n + c, codes.data(), wrows.data() + c * K);
+      else std::fill(wrows.begin() + c * K, wrows.begin() + (c + 1) * K, 0.0f);
+    }
+    const float* w0 = wrows.data();
+    const float *w1 = w0 + K, *w2 = w1 + K, *w3 = w2 + K;
+    for (int64_t m = 0; m < M; ++m) {
+      const float* a = A + m * K;
+      __m256 acc[kCols][2];
+      for (auto& pair : acc) pair[0] = pair[1] = _mm256_setzero_ps();
+      int64_t k = 0;
+      for (; k + 16 <= K; k += 16) {
+        const __m256 a0 = _mm256_loadu_ps(a + k), a1 = _mm256_loadu_ps(a + k + 8);
+        acc[0][0] = _mm256_fmadd_ps(a0, _mm256_loadu_ps(w0 + k), acc[0][0]);
+        acc[0][1] = _mm256_fmadd_ps(a1, _mm256_loadu_ps(w0 + k + 8), acc[0][1]);
+        acc[1][0] = _mm256_fmadd_ps(a0, _mm256_loadu_ps(w1 + k), acc[1][0]);
+        acc[1][1] = _mm256_fmadd_ps(a1, _mm256_loadu_ps(w1 + k + 8), acc[1][1]);
+        acc[2][0] = _mm256_fmadd_ps(a0, _mm256_loadu_ps(w2 + k), acc[2][0]);
+        acc[2][1] = _mm256_fmadd_ps(a1, _mm256_loadu_ps(w2 + k + 8), acc[2][1]);
+        acc[3][0] = _mm256_fmadd_ps(a0, _mm256_loadu_ps(w3 + k), acc[3][0]);
+        acc[3][1] = _mm256_fmadd_ps(a1, _mm256_loadu_ps(w3 + k + 8), acc[3][1]);
+      }
+      for (int64_t c = 0; c < cols; ++c) {
+        const float* wc = w0 + c * K;
+        float sum = horizontal_sum(_mm256_add_ps(acc[c][0], acc[c][1]));
+        for (int64_t j = k; j < K; ++j) sum += a[j] * wc[j];
+        Y[m * w.N + n + c] = bias ? sum + bias[n + c] : sum;
+      }
+    }
+  }
+}
+
+void nbits_rows_avx2(const float* A, int64_t M, const NBitsWeight& w, int64_t n0, int64_t n1, const float* bias,
+                     float* Y) {
+  if (w.block_size < 32) return nbits_rows_dequantized(A, M, w, n0, n1, bias, Y);  // the factored loop takes 32 codes
+  switch (M) {
+    case 1: return nbits_rows_factored<1>(A, w, n0, n1, bias, Y);
+    case 2: return nbits_rows_factored<2>(A, w, n0, n1, bias, Y);
+    case 3: return nbits_rows_factored<3>(A, w, n0, n1, bias, Y);
+    case 4: return nbits_rows_factored<4>(A, w, n0, n1, bias, Y);
+    default: return nbits_rows_dequantized(A, M, w, n0, n1, bias, Y);
+  }
+}
+
 }  // namespace
 
-const QGemmKernels kAvx2Kernels = {Isa::kAvx2, kernel_avx2, requantize_row_avx2, sgemm_rows_avx2};
+const QGemmKernels kAvx2Kernels = {Isa::kAvx2, kernel_avx2, requantize_row_avx2, sgemm_rows_avx2,
+                                 nbits_rows_avx2};
 bool avx2_kernels_built() { return true; }
 
 }  // namespace qmm

@@ -6,10 +6,14 @@
 #include <emmintrin.h>
 #endif
 
+#include <vector>
+
+#include "matmul_nbits.h"
 #include "qgemm.h"
 #include "requantize.h"
 
 namespace qmm {
+#include "nbits_dequantize.inc"
 #include "sgemm_rows.inc"
 }  // namespace qmm
 
@@ -160,8 +164,34 @@ void requantize_row_portable(const int32_t* acc, const float* multiplier, const 
   }
 }
 
+// MatMulNBits level 0/1, portable: one dequantized column at a time, eight partial sums per dot
+// product so that compilers vectorize it without reassociating anything themselves.
+void nbits_rows_portable(const float* A, int64_t M, const NBitsWeight& w, int64_t n0, int64_t n1, const float* bias,
+                         float* Y) {
+  const int64_t K = w.K;
+  thread_local std::vector<uint8_t> codes;
+  thread_local std::vector<float> wrow;
+  codes.resize(static_cast<size_t>(K));
+  wrow.resize(static_cast<size_t>(K));
+  for (int64_t n = n0; n < n1; ++n) {
+    dequantize_column(w, n, codes.data(), wrow.data());
+    for (int64_t m = 0; m < M; ++m) {
+      const float* a = A + m * K;
+      float partial[8] = {};
+      int64_t k = 0;
+      for (; k + 8 <= K; k += 8)
+        for (int j = 0; j < 8; ++j) partial[j] += a[k + j] * wrow[k + j];
+      float sum = 0.0f;
+      for (; k < K; ++k) sum += a[k] * wrow[k];
+      for (int j = 0; j < 8; ++j) sum += partial[j];
+      Y[m * w.N + n] = bias ? sum + bias[n] : sum;
+    }
+  }
+}
+
 }  // namespace
 
-const QGemmKernels kPortableKernels = {Isa::kPortable, kernel_portable, requantize_row_portable, sgemm_rows_impl};
+const QGemmKernels kPortableKernels = {Isa::kPortable, kernel_portable, requantize_row_portable, sgemm_rows_impl,
+                                     nbits_rows_portable};
 
 }  // namespace qmm

@@ -5,6 +5,7 @@ from __future__ import annotations
 import ml_dtypes
 import numpy as np
 
+from . import _core
 from ._dtypes import SCALE_TYPES, names
 from .nbits_layout import packed_size, unpack_nbits
 
@@ -318,6 +319,10 @@ def _product_float(a2, w, bias, compute_dtype):
     """Levels 0-3: float32 [M, N]; with compute_dtype, A and each dequantized W chunk are rounded to it first."""
     M = a2.shape[0]
     a32 = a2.astype(_F32)
+    if compute_dtype is None and w.g_idx is None:  # levels 0 and 1: the C++ kernels (csrc/matmul_nbits.h)
+        return _core.matmul_nbits_f32(np.ascontiguousarray(a32), np.ascontiguousarray(w.B), w.K, w.bits, w.block_size,
+                                      np.ascontiguousarray(w.scales), np.ascontiguousarray(w.zero_points),
+                                      None if bias is None else np.ascontiguousarray(bias, dtype=_F32))
     if compute_dtype is not None:
         a32 = _round_to(a32, compute_dtype)
     y = np.empty((M, w.N), _F32)

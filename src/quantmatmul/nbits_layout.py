@@ -12,6 +12,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from . import _core
+
 __all__ = ["pack_nbits", "unpack_nbits", "packed_size"]
 
 
@@ -64,7 +66,5 @@ def unpack_nbits(data, bits: int, count: int) -> np.ndarray:
     if packed_size(count, bits) > data.shape[-1]:
         raise ValueError(f"unpack_nbits: {count} codes of {bits} bits need {packed_size(count, bits)} bytes per row, "
                          f"data has {data.shape[-1]}")
-    stream = np.unpackbits(data, axis=-1, bitorder="little")[..., : count * bits]
-    stream = stream.reshape(data.shape[:-1] + (count, bits))
-    weights = (1 << np.arange(bits)).astype(np.uint8)
-    return (stream * weights).sum(axis=-1, dtype=np.uint8)
+    rows = np.ascontiguousarray(data).reshape(-1, data.shape[-1])
+    return _core.decode_nbits(rows, bits, count).reshape(data.shape[:-1] + (count,))

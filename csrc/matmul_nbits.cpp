@@ -1,0 +1,77 @@
+// matmul_nbits.cpp: MatMulNBits level 0/1 driver: code decoding (shared by every path) and column blocks on the thread pool.
+#include "matmul_nbits.h"
+
+#include <algorithm>
+#include <cstring>
+
+#include "qgemm.h"
+#include "thread_pool.h"
+
+namespace qmm {
+
+void decode_nbits(const uint8_t* __restrict row, int64_t bits, int64_t count, uint8_t* __restrict out) {
+  switch (bits) {
+    case 8:
+      std::memcpy(out, row, static_cast<size_t>(count));
+      return;
+    case 4: {
+      const int64_t whole = count / 2;
+      for (int64_t i = 0; i < whole; ++i) {
+        out[2 * i] = row[i] & 0x0F;
+        out[2 * i + 1] = row[i] >> 4;
+      }
+      if (count % 2) out[count - 1] = row[whole] & 0x0F;
+      return;
+    }
+    case 2: {
+      const int64_t whole = count / 4;
+      for (int64_t i = 0; i < whole; ++i) {
+        const uint8_t b = row[i];
+        out[4 * i] = b & 3;
+        out[4 * i + 1] = (b >> 2) & 3;
+        out[4 * i + 2] = (b >> 4) & 3;
+        out[4 * i + 3] = b >> 6;
+      }
+      decode_nbits_range(row, bits, whole * 4, count - whole * 4, out + whole * 4);
+      return;
+    }
+    default: {  // 3, 5, 6, 7: every 8 codes fill exactly `bits` bytes; read them as one integer
+      const uint64_t mask = (uint64_t{1} << bits) - 1;
+      const int64_t groups = count / 8;
+      for (int64_t g = 0; g < groups; ++g) {
+        uint64_t window = 0, codes = 0;
+        std::memcpy(&window, row + g * bits, static_cast<size_t>(bits));  // little-endian (x86-64, ARM64)
+        for (int j = 0; j < 8; ++j) codes |= ((window >> (j * bits)) & mask) << (8 * j);
+        std::memcpy(out + 8 * g, &codes, 8);  // one store for 8 codes
+      }
+      decode_nbits_range(row, bits, groups * 8, count - groups * 8, out + groups * 8);
+    }
+  }
+}
+
+void decode_nbits_range(const uint8_t* row, int64_t bits, int64_t first, int64_t count, uint8_t* out) {
+  if (bits == 8) {
+    std::memcpy(out, row + first, static_cast<size_t>(count));
+    return;
+  }
+  const unsigned mask = (1u << bits) - 1;
+  for (int64_t i = 0; i < count; ++i) {
+    const int64_t bit = (first + i) * bits, byte = bit / 8;
+    const int shift = static_cast<int>(bit % 8);
+    unsigned window = row[byte];
+    if (shift + bits > 8) window |= static_cast<unsigned>(row[byte + 1]) << 8;  // only when needed: no over-read
+    out[i] = static_cast<uint8_t>((window >> shift) & mask);
+  }
+}
+
+void matmul_nbits_f32(const float* A, int64_t M, const NBitsWeight& w, const float* bias, float* Y) {
+  const NBitsRows rows = active_kernels().nbits_rows;
+  constexpr int64_t kColumnsPerTask = 16;
+  const int64_t tasks = (w.N + kColumnsPerTask - 1) / kColumnsPerTask;
+  parallel_for(tasks, [&](int64_t task) {
+    const int64_t n0 = task * kColumnsPerTask;
+    rows(A, M, w, n0, std::min(w.N, n0 + kColumnsPerTask), bias, Y);
+  });
+}
+
+}  // namespace qmm

@@ -1,0 +1,30 @@
+// matmul_nbits.h: the C++ core of MatMulNBits at accuracy levels 0 and 1 (float32): weight layout, decoding, and the driver.
+//
+// The Python front end (src/quantmatmul/matmul_nbits.py) validates and normalizes the inputs: codes
+// stay in ONNX Runtime's layout (one LSB-first bitstream per output column, src/quantmatmul/
+// nbits_layout.py), scales and zero points arrive as float32 [N, k_blocks] (a packed or default
+// zero point already unpacked), A as float32 [M, K].
+#pragma once
+
+#include <cstdint>
+
+namespace qmm {
+
+struct NBitsWeight {
+  const uint8_t* codes;       // [N, row_bytes]: row n holds k_blocks * block_size codes of `bits` bits
+  int64_t N, K, bits, block_size, k_blocks, row_bytes;
+  const float* scales;        // [N, k_blocks]
+  const float* zero_points;   // [N, k_blocks]
+};
+
+// Writes the first `count` codes of one LSB-first bitstream as bytes.
+void decode_nbits(const uint8_t* row, int64_t bits, int64_t count, uint8_t* out);
+// Writes codes first .. first+count-1 of one LSB-first bitstream as bytes.
+void decode_nbits_range(const uint8_t* row, int64_t bits, int64_t first, int64_t count, uint8_t* out);
+
+// Y[m, n] = sum_k A[m, k] * W[k, n] (+ bias[n]) with W[k, n] = float32(q - zero_point) * scale, every
+// operation in float32 (level 0/1; docs/matmul_nbits.md bounds the error of any summation order).
+// A is [M, K], Y is [M, N], bias may be null. Columns are split across the thread pool.
+void matmul_nbits_f32(const float* A, int64_t M, const NBitsWeight& w, const float* bias, float* Y);
+
+}  // namespace qmm
