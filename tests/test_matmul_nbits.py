@@ -636,3 +636,48 @@ def test_native_paths_within_the_documented_bounds(isa):
                         assert_within(case.run(level), y_eff, tol, f"{isa} {case} level {level} tight")
     finally:
         quantmatmul.set_isa(before)
+
+
+# --------------------------------------------------------------------------------------------------
+# MatMulNBits: a constant weight prepared once
+
+
+def test_constant_weight_class_equals_the_function():
+    import quantmatmul
+
+    rng = np.random.default_rng(88)
+    for bits in BITS:
+        for zp in ZP_FORMS:
+            for g in (None, "random"):
+                for level in LEVELS:
+                    case = Case(rng, bits, 32, K=70, N=9, batch=(2, 3), zp=zp, g=g, bias=bool(bits % 2))
+                    w = quantmatmul.MatMulNBits(case.B, case.scales, case.zero_points, case.g_idx, case.bias,
+                                                **case.kw, accuracy_level=level)
+                    assert np.array_equal(w(case.A), case.run(level)), (case, level)
+                    assert np.array_equal(w(case.A[0, 0]), case.run(level, case.A[0, 0]))
+
+
+def test_constant_weight_class_from_float_copies_and_errors():
+    import quantmatmul
+
+    rng = np.random.default_rng(89)
+    W = rng.normal(size=(96, 40)).astype(np.float32)
+    w = quantmatmul.MatMulNBits.from_float(W, bits=4, block_size=32, method="mse")
+    q = quantmatmul.quantize_nbits(W, bits=4, block_size=32, method="mse")
+    A = rng.normal(size=(5, 96)).astype(np.float32)
+    assert np.array_equal(w(A), matmul_nbits(A, *q.tensors(), **q.attributes()))
+    B = q.B.copy()
+    w2 = quantmatmul.MatMulNBits(B, *q.tensors()[1:], **q.attributes())
+    before = w2(A)
+    B[:] = 0  # the caller's codes change; the held weight does not
+    assert np.array_equal(w2(A), before)
+    assert w2.nbytes == q.B.nbytes + 2 * 4 * q.scales.size  # codes + float32 scales and zero points
+    assert "MatMulNBits(K=96, N=40, bits=4" in repr(w2)
+    with pytest.raises(TypeError, match="^MatMulNBits: A dtype float16 does not match the weight's scales dtype"):
+        w(A.astype(np.float16))
+    with pytest.raises(ValueError, match="^MatMulNBits: A has shape \\(5, 95\\)"):
+        w(A[:, :95])
+    with pytest.raises(ValueError, match="^MatMulNBits: B has shape"):
+        quantmatmul.MatMulNBits(q.B[:, :1], *q.tensors()[1:], **q.attributes())
+    with pytest.raises(ValueError, match="^MatMulNBits: accuracy_level must be one of"):
+        quantmatmul.MatMulNBits(*q.tensors(), **q.attributes(), accuracy_level=7)

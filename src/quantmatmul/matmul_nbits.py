@@ -9,7 +9,7 @@ from . import _core
 from ._dtypes import SCALE_TYPES, names
 from .nbits_layout import packed_size, unpack_nbits
 
-__all__ = ["matmul_nbits", "dequantize_nbits", "ACCURACY_LEVELS"]
+__all__ = ["matmul_nbits", "MatMulNBits", "dequantize_nbits", "ACCURACY_LEVELS"]
 
 ACCURACY_LEVELS = (0, 1, 2, 3, 4)
 
@@ -99,28 +99,103 @@ def matmul_nbits(A, B, scales, zero_points=None, g_idx=None, bias=None, *, K, N,
     """
     fn = "matmul_nbits"
     K, N, bits, block_size = _layout_ints(fn, K, N, bits, block_size)
+    level = _level(fn, accuracy_level)
+    A = _activations(fn, A, K, None)
+    w = _Weights(fn, B, scales, zero_points, g_idx, K, N, bits, block_size, A.dtype)
+    return _apply(A, w, _bias(fn, bias, A.dtype, N), level)
+
+
+class MatMulNBits:
+    """MatMulNBits with a constant weight, validated and prepared once: the way models run it.
+
+    ``w = MatMulNBits(B, scales, zero_points=None, g_idx=None, bias=None, *, K, N, bits=4, block_size,
+    accuracy_level=0)`` takes exactly :func:`matmul_nbits`'s weight arguments (A's dtype is the
+    scales' dtype); ``w(A)`` returns what ``matmul_nbits(A, B, scales, ...)`` returns. The codes
+    are copied once, and scales and zero points are held as float32 [N, k_blocks], so a call does
+    no weight validation or conversion. ``MatMulNBits.from_float(W, bits=..., block_size=...,
+    method=...)`` quantizes a float [K, N] weight with :func:`quantize_nbits` first.
+
+    Examples
+    --------
+    >>> import numpy as np, quantmatmul
+    >>> W = np.linspace(-1, 1, 64 * 8, dtype=np.float32).reshape(64, 8)
+    >>> w = quantmatmul.MatMulNBits.from_float(W, bits=4, block_size=32)
+    >>> A = np.ones((2, 64), np.float32)
+    >>> bool(np.allclose(w(A), A @ W, atol=0.5))
+    True
+    """
+
+    _FN = "MatMulNBits"
+
+    def __init__(self, B, scales, zero_points=None, g_idx=None, bias=None, *, K, N, bits=4, block_size,
+                 accuracy_level=0):
+        fn = self._FN
+        K, N, bits, block_size = _layout_ints(fn, K, N, bits, block_size)
+        self.accuracy_level = _level(fn, accuracy_level)
+        self.dtype = _float_array(fn, "scales", scales).dtype
+        self._weights = _Weights(fn, B, scales, zero_points, g_idx, K, N, bits, block_size, self.dtype)
+        self._weights.B = np.array(self._weights.B, order="C")  # a private contiguous copy of the codes
+        self._bias = _bias(fn, bias, self.dtype, N)
+        self.K, self.N, self.bits, self.block_size = K, N, bits, block_size
+
+    @classmethod
+    def from_float(cls, W, *, bits=4, block_size=32, method="rtn", symmetric=False, bias=None, accuracy_level=0):
+        """Quantize a float [K, N] weight with :func:`quantize_nbits` and hold the result."""
+        from .quantize_nbits import quantize_nbits
+
+        q = quantize_nbits(W, bits=bits, block_size=block_size, symmetric=symmetric, method=method)
+        return cls(*q.tensors(), bias, **q.attributes(), accuracy_level=accuracy_level)
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes held: the codes, float32 scales and zero points, and the bias."""
+        w = self._weights
+        return w.B.nbytes + w.scales.nbytes + w.zero_points.nbytes + (0 if self._bias is None else self._bias.nbytes)
+
+    def __call__(self, A) -> np.ndarray:
+        return _apply(_activations(self._FN, A, self.K, self.dtype), self._weights, self._bias, self.accuracy_level)
+
+    def __repr__(self) -> str:
+        return (f"MatMulNBits(K={self.K}, N={self.N}, bits={self.bits}, block_size={self.block_size}, "
+                f"accuracy_level={self.accuracy_level}, dtype={self.dtype})")
+
+
+def _level(fn, accuracy_level):
     if isinstance(accuracy_level, bool) or not isinstance(accuracy_level, (int, np.integer)) \
             or int(accuracy_level) not in ACCURACY_LEVELS:
         raise ValueError(f"{fn}: accuracy_level must be one of 0, 1, 2, 3, 4, got {accuracy_level!r}")
-    level = int(accuracy_level)
+    return int(accuracy_level)
+
+
+def _activations(fn, A, K, dtype):
     A = _float_array(fn, "A", A)
+    if dtype is not None and A.dtype != dtype:
+        raise TypeError(f"{fn}: A dtype {A.dtype} does not match the weight's scales dtype {dtype}")
     if A.ndim == 0:
         raise ValueError(f"{fn}: A must have at least 1 dimension, got a 0-d array")
     if A.shape[-1] != K:
         raise ValueError(f"{fn}: A has shape {A.shape}, its last dimension must be K={K}")
-    w = _Weights(fn, B, scales, zero_points, g_idx, K, N, bits, block_size, A.dtype)
-    if bias is not None:
-        bias = _float_array(fn, "bias", bias)
-        if bias.dtype != A.dtype:
-            raise TypeError(f"{fn}: bias dtype {bias.dtype} does not match A dtype {A.dtype}")
-        if bias.shape != (N,):
-            raise ValueError(f"{fn}: bias has shape {bias.shape}, expected ({N},)")
+    return A
 
-    out_shape = A.shape[:-1] + (N,)
-    a2 = A.reshape(-1, K)
+
+def _bias(fn, bias, dtype, N):
+    if bias is None:
+        return None
+    bias = _float_array(fn, "bias", bias)
+    if bias.dtype != dtype:
+        raise TypeError(f"{fn}: bias dtype {bias.dtype} does not match A dtype {dtype}")
+    if bias.shape != (N,):
+        raise ValueError(f"{fn}: bias has shape {bias.shape}, expected ({N},)")
+    return bias
+
+
+def _apply(A, w, bias, level):
+    """The product for validated operands: A [..., K] times the weight, in A's dtype."""
+    out_shape = A.shape[:-1] + (w.N,)
+    a2 = A.reshape(-1, w.K)
     with np.errstate(all="ignore"):
         if a2.shape[0] == 0:
-            y = np.zeros((0, N), _F32)
+            y = np.zeros((0, w.N), _F32)
         elif level == 4:
             y = _product_int8(a2, w, bias)
         else:
