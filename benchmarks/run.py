@@ -24,6 +24,8 @@ def main() -> int:
     for threads in args.threads:
         print(f"--- {threads} thread(s)")
         report = bench.run(threads=threads, repeat=args.repeat)
+        print("MatMulNBits (constant weights; ratios are ORT time / quantmatmul time)")
+        report["matmul_nbits"] = bench.run_nbits(threads=threads, repeat=args.repeat)
         report["machine"] = {"platform": platform.platform(), "python": platform.python_version(),
                              "OPENBLAS_NUM_THREADS": os.environ.get("OPENBLAS_NUM_THREADS")}
         stem = f"qlinear_{report['isa']}_{threads}t"

@@ -204,6 +204,81 @@ def _why_different(case) -> str:
     return " (UNEXPLAINED)"
 
 
+# --------------------------------------------------------------------------------------------------
+# MatMulNBits: constant weights, against ONNX Runtime's MatMulNBits at the same accuracy level and
+# at level 4 (its fastest path).
+
+
+@dataclass
+class NBitsCase:
+    M: int
+    K: int
+    N: int
+    bits: int = 4
+    block_size: int = 32
+    level: int = 0
+
+    @property
+    def name(self) -> str:
+        return f"{self.bits}-bit b{self.block_size} level {self.level} M={self.M} K={self.K} N={self.N}"
+
+
+NBITS_CASES = [
+    NBitsCase(1, 4096, 4096, 4, 32, 0), NBitsCase(1, 4096, 4096, 4, 128, 0), NBitsCase(1, 4096, 11008, 4, 128, 0),
+    NBitsCase(1, 4096, 4096, 4, 32, 4), NBitsCase(128, 4096, 4096, 4, 128, 0), NBitsCase(128, 4096, 4096, 4, 128, 4),
+] + [NBitsCase(1, 4096, 4096, bits, 32, 0) for bits in (2, 3, 5, 6, 7, 8)]
+NBITS_QUICK = [NBitsCase(1, 1024, 1024, 4, 32, 0), NBitsCase(1, 1024, 1024, 4, 32, 4), NBitsCase(16, 512, 512, 3, 32, 0)]
+
+
+def run_nbits(cases=None, *, threads=None, repeat=15, quick=False, seed=0, progress=print) -> list:
+    from .matmul_nbits import MatMulNBits
+    from .quantize_nbits import quantize_nbits
+
+    threads = threads or get_num_threads()
+    set_num_threads(threads)
+    rng = np.random.default_rng(seed)
+    try:
+        import onnxruntime as ort
+
+        from .peers import matmul_nbits_model
+    except ImportError:
+        ort = None
+    rows = []
+    for case in cases or (NBITS_QUICK if quick else NBITS_CASES):
+        W = (rng.standard_normal((case.K, case.N)) * 0.02).astype(np.float32)
+        q = quantize_nbits(W, bits=case.bits, block_size=case.block_size)
+        A = rng.standard_normal((case.M, case.K)).astype(np.float32)
+        ours = MatMulNBits(*q.tensors(), **q.attributes(), accuracy_level=case.level)
+        runners = {"quantmatmul": lambda ours=ours: ours(A)}
+        if ort is not None and case.bits in (2, 4, 8):
+            for level in sorted({case.level, 4}):
+                options = ort.SessionOptions()
+                options.intra_op_num_threads = threads
+                options.log_severity_level = 4
+                options.add_session_config_entry("session.intra_op.allow_spinning", "0")
+                model = matmul_nbits_model(np.float32, *q.tensors(), **q.attributes(), accuracy_level=level)
+                session = ort.InferenceSession(model.SerializeToString(), options, providers=["CPUExecutionProvider"])
+                runners[f"onnxruntime level {level}"] = lambda session=session: session.run(None, {"A": A})[0]
+        for fn in runners.values():
+            fn()
+        times = {name: [] for name in runners}
+        for _ in range(repeat):
+            for name, fn in runners.items():
+                start = time.perf_counter()
+                fn()
+                times[name].append(time.perf_counter() - start)
+        medians = {name: statistics.median(t) * 1e3 for name, t in times.items()}
+        weight_gb = q.B.nbytes / 1e9
+        row = dict(case=case.name, M=case.M, K=case.K, N=case.N, bits=case.bits, block_size=case.block_size,
+                   level=case.level, median_ms=medians, weight_gbps=weight_gb / (medians["quantmatmul"] * 1e-3))
+        rows.append(row)
+        parts = [f"{case.name:<40} {medians['quantmatmul']:8.3f} ms {row['weight_gbps']:6.1f} GB/s of codes"]
+        parts += [f"{name} {t:8.3f} ms (x{t / medians['quantmatmul']:.2f})" for name, t in medians.items()
+                  if name != "quantmatmul"]
+        progress("  ".join(parts))
+    return rows
+
+
 def plot(report: dict, path: str) -> None:
     import matplotlib
 
@@ -234,6 +309,9 @@ def main(args) -> int:
         print(f"CPU {info['features']['brand']}, path {info['isa']}, {args.threads or get_num_threads()} threads; "
               "ratios are peer time / quantmatmul time (above 1: quantmatmul is faster)")
     report = run(threads=args.threads, repeat=args.repeat, quick=args.quick, progress=progress)
+    if progress is print:
+        print("MatMulNBits (constant weights; ratios are ORT time / quantmatmul time)")
+    report["matmul_nbits"] = run_nbits(threads=args.threads, repeat=args.repeat, quick=args.quick, progress=progress)
     if args.json == "-":
         print(json.dumps(report, indent=1))
     elif args.json:
