@@ -177,6 +177,28 @@ NB_MODULE(_core, m) {
         nb::arg("A"), nb::arg("codes"), nb::arg("K"), nb::arg("bits"), nb::arg("block_size"), nb::arg("scales"),
         nb::arg("zero_points"), nb::arg("bias").none());
 
+  // MatMulNBits level 4: as matmul_nbits_f32, with A quantized to int8 per block as ONNX Runtime does.
+  m.def("matmul_nbits_int8",
+        [](const In& A, const In& codes, int64_t K, int64_t bits, int64_t block_size, const In& scales,
+           const In& zero_points, std::optional<In> bias) {
+          const int64_t M = static_cast<int64_t>(A.shape(0)), N = static_cast<int64_t>(codes.shape(0));
+          const qmm::NBitsWeight w{static_cast<const uint8_t*>(codes.data()), N, K, bits, block_size,
+                                   static_cast<int64_t>(scales.shape(1)), static_cast<int64_t>(codes.shape(1)),
+                                   static_cast<const float*>(scales.data()),
+                                   static_cast<const float*>(zero_points.data())};
+          auto* y = new float[static_cast<size_t>(std::max<int64_t>(M * N, 1))];
+          nb::capsule owner(y, [](void* p) noexcept { delete[] static_cast<float*>(p); });
+          {
+            nb::gil_scoped_release release;
+            qmm::matmul_nbits_int8(static_cast<const float*>(A.data()), M, w,
+                                   bias ? static_cast<const float*>(bias->data()) : nullptr, y);
+          }
+          const size_t shape[2] = {static_cast<size_t>(M), static_cast<size_t>(N)};
+          return nb::ndarray<nb::numpy, float>(y, 2, shape, owner);
+        },
+        nb::arg("A"), nb::arg("codes"), nb::arg("K"), nb::arg("bits"), nb::arg("block_size"), nb::arg("scales"),
+        nb::arg("zero_points"), nb::arg("bias").none());
+
   // The first `count` codes of each row of a contiguous uint8 [rows, bytes] array of LSB-first bitstreams.
   m.def("decode_nbits", [](const In& data, int64_t bits, int64_t count) {
     const int64_t rows = static_cast<int64_t>(data.shape(0)), bytes = static_cast<int64_t>(data.shape(1));

@@ -2,7 +2,10 @@
 #include "matmul_nbits.h"
 
 #include <algorithm>
+#include <cmath>
 #include <cstring>
+#include <limits>
+#include <vector>
 
 #include "qgemm.h"
 #include "thread_pool.h"
@@ -62,6 +65,57 @@ void decode_nbits_range(const uint8_t* row, int64_t bits, int64_t first, int64_t
     if (shift + bits > 8) window |= static_cast<unsigned>(row[byte + 1]) << 8;  // only when needed: no over-read
     out[i] = static_cast<uint8_t>((window >> shift) & mask);
   }
+}
+
+void quantize_a_int8(const float* A, int64_t M, int64_t K, int64_t block_size, int8_t* qa, float* scale,
+                     float* block_sum) {
+  const int64_t k_blocks = (K + block_size - 1) / block_size, padded = k_blocks * block_size;
+  const float tiny = 127.0f / std::numeric_limits<float>::max();  // below it 127 / max|a| overflows
+  for (int64_t m = 0; m < M; ++m) {
+    for (int64_t b = 0; b < k_blocks; ++b) {
+      const float* a = A + m * K + b * block_size;
+      const int64_t count = std::min(block_size, K - b * block_size);
+      int8_t* q = qa + m * padded + b * block_size;
+      float amax = 0.0f;
+      bool finite = true;
+      for (int64_t j = 0; j < count; ++j) {
+        finite &= std::isfinite(a[j]);
+        amax = std::max(amax, std::fabs(a[j]));
+      }
+      int32_t sum = 0;
+      if (!finite) {
+        std::fill(q, q + block_size, int8_t{0});
+        scale[m * k_blocks + b] = std::numeric_limits<float>::quiet_NaN();
+        block_sum[m * k_blocks + b] = std::numeric_limits<float>::quiet_NaN();
+        continue;
+      }
+      const float inverse = amax != 0.0f ? 127.0f / amax : 0.0f;
+      for (int64_t j = 0; j < count; ++j) {
+        const float v = amax > 0.0f && amax < tiny
+                            ? static_cast<float>(std::nearbyint(static_cast<double>(a[j]) * 127.0 / amax))
+                            : std::nearbyint(a[j] * inverse);  // float32 product, round half to even
+        q[j] = static_cast<int8_t>(v);
+        sum += q[j];
+      }
+      std::fill(q + count, q + block_size, int8_t{0});
+      scale[m * k_blocks + b] = amax / 127.0f;
+      block_sum[m * k_blocks + b] = scale[m * k_blocks + b] * static_cast<float>(sum);
+    }
+  }
+}
+
+void matmul_nbits_int8(const float* A, int64_t M, const NBitsWeight& w, const float* bias, float* Y) {
+  const NBitsRowsInt8 rows = active_kernels().nbits_rows_int8;
+  std::vector<int8_t> qa(static_cast<size_t>(M * w.k_blocks * w.block_size));
+  std::vector<float> scale(static_cast<size_t>(M * w.k_blocks)), block_sum(scale.size());
+  quantize_a_int8(A, M, w.K, w.block_size, qa.data(), scale.data(), block_sum.data());
+  const QuantizedA a{qa.data(), scale.data(), block_sum.data(), M, w.k_blocks * w.block_size};
+  constexpr int64_t kColumnsPerTask = 16;
+  const int64_t tasks = (w.N + kColumnsPerTask - 1) / kColumnsPerTask;
+  parallel_for(tasks, [&](int64_t task) {
+    const int64_t n0 = task * kColumnsPerTask;
+    rows(a, w, n0, std::min(w.N, n0 + kColumnsPerTask), bias, Y);
+  });
 }
 
 void matmul_nbits_f32(const float* A, int64_t M, const NBitsWeight& w, const float* bias, float* Y) {

@@ -27,4 +27,22 @@ void decode_nbits_range(const uint8_t* row, int64_t bits, int64_t first, int64_t
 // A is [M, K], Y is [M, N], bias may be null. Columns are split across the thread pool.
 void matmul_nbits_f32(const float* A, int64_t M, const NBitsWeight& w, const float* bias, float* Y);
 
+// Level 4: A quantized per row and per block of block_size exactly as ONNX Runtime does
+// (QuantizeARow_CompInt8: scale = max|a| / 127, qa = round_half_even(a * (127 / max|a|)) in float32;
+// a block whose 127 / max|a| overflows uses the exact ratio; a block holding NaN or infinity gets
+// qa = 0 and a NaN scale). qa is [M, k_blocks * block_size] (zero past K), scale and block_sum
+// (= scale * sum qa) are [M, k_blocks].
+struct QuantizedA {
+  const int8_t* qa;
+  const float* scale;
+  const float* block_sum;
+  int64_t M, padded_K;
+};
+void quantize_a_int8(const float* A, int64_t M, int64_t K, int64_t block_size, int8_t* qa, float* scale,
+                     float* block_sum);
+
+// Y = sum_b scale_a * scale_b * dot_b(qa, q) - sum_b block_sum_a * (scale_b * zero_point_b) (+ bias),
+// exact integer dot products per block, float32 elsewhere (docs/matmul_nbits.md, level 4).
+void matmul_nbits_int8(const float* A, int64_t M, const NBitsWeight& w, const float* bias, float* Y);
+
 }  // namespace qmm

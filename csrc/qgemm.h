@@ -55,9 +55,14 @@ using RequantizeRow = void (*)(const int32_t* acc, const float* multiplier, cons
 using SgemmRows = void (*)(const float* a, const float* b, float* y, int64_t rows, int64_t N, int64_t K);
 
 struct NBitsWeight;
+struct QuantizedA;
 // MatMulNBits level 0/1 (csrc/matmul_nbits.h): Y[:, n0:n1] for all M rows of A.
 using NBitsRows = void (*)(const float* A, int64_t M, const NBitsWeight& w, int64_t n0, int64_t n1,
                            const float* bias, float* Y);
+
+// MatMulNBits level 4 (csrc/matmul_nbits.h): Y[:, n0:n1] from A quantized to int8 per block.
+using NBitsRowsInt8 = void (*)(const QuantizedA& a, const NBitsWeight& w, int64_t n0, int64_t n1, const float* bias,
+                               float* Y);
 
 struct QGemmKernels {
   Isa isa;
@@ -65,6 +70,7 @@ struct QGemmKernels {
   RequantizeRow requantize_onnxruntime;
   SgemmRows sgemm_rows;
   NBitsRows nbits_rows;
+  NBitsRowsInt8 nbits_rows_int8;
 };
 
 extern const QGemmKernels kPortableKernels;

@@ -611,7 +611,7 @@ def test_onnxruntime_deviation_no_bfloat16_on_cpu():
 
 
 # --------------------------------------------------------------------------------------------------
-# The native kernels (levels 0 and 1): every kernel path this machine has, within the same bounds.
+# The native kernels (levels 0, 1 and 4): every kernel path this machine has, within the same bounds.
 
 
 @pytest.mark.parametrize("isa", __import__("quantmatmul").available_isas())
@@ -630,7 +630,7 @@ def test_native_paths_within_the_documented_bounds(isa):
                     case = Case(rng, bits, block_size, K=K, N=N, batch=(int(rng.integers(1, 6)),), zp=zp,
                                 bias=bool(rng.integers(0, 2)))
                     exact = case.exact()
-                    for level in (0, 1):
+                    for level in (0, 1, 4):
                         assert_within(case.run(level), exact, case.bound(level), f"{isa} {case} level {level}")
                         y_eff, tol = tight_tolerance(case, level)
                         assert_within(case.run(level), y_eff, tol, f"{isa} {case} level {level} tight")

@@ -276,6 +276,62 @@ void nbits_rows_dequantized(const float* A, int64_t M, const NBitsWeight& w, int
   }
 }
 
+// MatMulNBits level 4: per 32 codes, one exact integer dot product with the int8 A.
+//   codes <= 127 (2..7 bits): vpmaddubsw (u8 code x s8 qa, pairs <= 2 * 127 * 128 < 2^15: no
+//   saturation), then vpmaddwd with ones into 8 int32; 8-bit codes: both widened to int16, vpmaddwd.
+// A block's int32 sum is converted once and scaled by scale_a * scale_b into an 8-lane float sum.
+inline __m256i codes32_bytes(const uint8_t* row, bool nibbles, int64_t k0) {
+  if (nibbles) {
+    const __m128i packed = _mm_loadu_si128(reinterpret_cast<const __m128i*>(row + k0 / 2));
+    const __m128i mask = _mm_set1_epi8(0x0F);
+    const __m128i lo = _mm_and_si128(packed, mask), hi = _mm_and_si128(_mm_srli_epi16(packed, 4), mask);
+    return _mm256_set_m128i(_mm_unpackhi_epi8(lo, hi), _mm_unpacklo_epi8(lo, hi));
+  }
+  return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(row + k0));
+}
+
+inline __m256i dot32(__m256i codes, const int8_t* qa, bool wide_codes) {
+  const __m256i a = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(qa));
+  if (!wide_codes) return _mm256_madd_epi16(_mm256_maddubs_epi16(codes, a), _mm256_set1_epi16(1));
+  const __m256i c_lo = _mm256_cvtepu8_epi16(_mm256_castsi256_si128(codes));
+  const __m256i c_hi = _mm256_cvtepu8_epi16(_mm256_extracti128_si256(codes, 1));
+  const __m256i a_lo = _mm256_cvtepi8_epi16(_mm256_castsi256_si128(a));
+  const __m256i a_hi = _mm256_cvtepi8_epi16(_mm256_extracti128_si256(a, 1));
+  return _mm256_add_epi32(_mm256_madd_epi16(c_lo, a_lo), _mm256_madd_epi16(c_hi, a_hi));
+}
+
+void nbits_rows_int8_avx2(const QuantizedA& a, const NBitsWeight& w, int64_t n0, int64_t n1, const float* bias,
+                          float* Y) {
+  const int64_t kb = w.k_blocks, bs = w.block_size, padded = kb * bs;
+  if (bs < 32) return kPortableKernels.nbits_rows_int8(a, w, n0, n1, bias, Y);
+  const bool nibbles = w.bits == 4, wide = w.bits == 8;
+  thread_local std::vector<uint8_t> codes;
+  codes.resize(static_cast<size_t>(padded));
+  for (int64_t n = n0; n < n1; ++n) {
+    const uint8_t* row = w.codes + n * w.row_bytes;
+    if (!nibbles && !wide) {  // 2, 3, 5, 6, 7 bits: one byte per code first (padded codes meet qa = 0)
+      decode_nbits(row, w.bits, padded, codes.data());
+      row = codes.data();
+    }
+    const float* scales = w.scales + n * kb;
+    const float* zero_points = w.zero_points + n * kb;
+    for (int64_t m = 0; m < a.M; ++m) {
+      const int8_t* qa = a.qa + m * padded;
+      __m256 acc = _mm256_setzero_ps();
+      float correction = 0.0f;
+      for (int64_t b = 0; b < kb; ++b) {
+        __m256i dot = _mm256_setzero_si256();
+        for (int64_t k = b * bs; k < (b + 1) * bs; k += 32)
+          dot = _mm256_add_epi32(dot, dot32(codes32_bytes(row, nibbles, k), qa + k, wide));
+        acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot), _mm256_set1_ps(a.scale[m * kb + b] * scales[b]), acc);
+        correction += a.block_sum[m * kb + b] * (scales[b] * zero_points[b]);
+      }
+      const float y = horizontal_sum(acc) - correction;
+      Y[m * w.N + n] = bias ? y + bias[n] : y;
+    }
+  }
+}
+
 void nbits_rows_avx2(const float* A, int64_t M, const NBitsWeight& w, int64_t n0, int64_t n1, const float* bias,
                      float* Y) {
   if (w.block_size < 32) return nbits_rows_dequantized(A, M, w, n0, n1, bias, Y);  // the factored loop takes 32 codes
@@ -291,7 +347,7 @@ void nbits_rows_avx2(const float* A, int64_t M, const NBitsWeight& w, int64_t n0
 }  // namespace
 
 const QGemmKernels kAvx2Kernels = {Isa::kAvx2, kernel_avx2, requantize_row_avx2, sgemm_rows_avx2,
-                                 nbits_rows_avx2};
+                                 nbits_rows_avx2,     nbits_rows_int8_avx2};
 bool avx2_kernels_built() { return true; }
 
 }  // namespace qmm

@@ -189,9 +189,34 @@ void nbits_rows_portable(const float* A, int64_t M, const NBitsWeight& w, int64_
   }
 }
 
+// MatMulNBits level 4, portable: codes decoded to bytes per column, exact int32 dot per block.
+void nbits_rows_int8_portable(const QuantizedA& a, const NBitsWeight& w, int64_t n0, int64_t n1, const float* bias,
+                              float* Y) {
+  const int64_t kb = w.k_blocks, bs = w.block_size, padded = kb * bs;
+  thread_local std::vector<uint8_t> codes;
+  codes.resize(static_cast<size_t>(padded));
+  for (int64_t n = n0; n < n1; ++n) {
+    decode_nbits(w.codes + n * w.row_bytes, w.bits, padded, codes.data());  // padded codes meet qa = 0
+    const float* scales = w.scales + n * kb;
+    const float* zero_points = w.zero_points + n * kb;
+    for (int64_t m = 0; m < a.M; ++m) {
+      const int8_t* qa = a.qa + m * padded;
+      float y = 0.0f, correction = 0.0f;
+      for (int64_t b = 0; b < kb; ++b) {
+        int32_t dot = 0;
+        for (int64_t j = b * bs; j < (b + 1) * bs; ++j) dot += int32_t(qa[j]) * int32_t(codes[j]);
+        y += a.scale[m * kb + b] * scales[b] * static_cast<float>(dot);
+        correction += a.block_sum[m * kb + b] * (scales[b] * zero_points[b]);
+      }
+      y -= correction;
+      Y[m * w.N + n] = bias ? y + bias[n] : y;
+    }
+  }
+}
+
 }  // namespace
 
 const QGemmKernels kPortableKernels = {Isa::kPortable, kernel_portable, requantize_row_portable, sgemm_rows_impl,
-                                     nbits_rows_portable};
+                                     nbits_rows_portable,     nbits_rows_int8_portable};
 
 }  // namespace qmm

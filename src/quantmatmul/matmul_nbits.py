@@ -16,7 +16,6 @@ ACCURACY_LEVELS = (0, 1, 2, 3, 4)
 _F32, _F64 = np.dtype(np.float32), np.dtype(np.float64)
 _BF16 = np.dtype(ml_dtypes.bfloat16)
 _CHUNK = 1 << 18  # elements of dequantized weight held at once (1 MiB of float32)
-_INT8_EXACT_SPAN = 512  # 512 * 127 * 255 < 2**24: int8 x code dot products of this length are exact in float32
 _TINY_AMAX = np.float32(127.0) / np.finfo(np.float32).max  # below it ORT's 127 / max|a| overflows
 
 
@@ -441,38 +440,21 @@ def _quantize_a(a32, block_size, k_blocks):
 
 def _product_int8(a2, w, bias):
     """Level 4: float32 [M, N] (float64 with a non-trivial g_idx), bias added; docs/matmul_nbits.md."""
+    if w.g_idx is None:  # the C++ kernels (csrc/matmul_nbits.h): A quantized there exactly as below
+        return _core.matmul_nbits_int8(np.ascontiguousarray(a2, dtype=_F32), np.ascontiguousarray(w.B), w.K, w.bits,
+                                       w.block_size, np.ascontiguousarray(w.scales),
+                                       np.ascontiguousarray(w.zero_points),
+                                       None if bias is None else np.ascontiguousarray(bias, dtype=_F32))
+    # A non-trivial g_idx changes the scales inside an A block, so the integer form does not factor:
+    # the exactly dequantized int8 A times the float64 W.
     M, kb, bs = a2.shape[0], w.k_blocks, w.block_size
     qa, scale_a = _quantize_a(a2.astype(_F32), bs, kb)
-    if w.g_idx is not None:
-        # The scales change inside an A block: exactly dequantized int8 A times the float64 W.
-        y = np.empty((M, w.N), _F64)
-        a_fq = (qa.astype(_F64) * scale_a.astype(_F64)[:, :, None]).reshape(M, w.padded_K)[:, : w.K]
-        for n0, n1 in _chunks(w.N, w.chunk_rows()):
-            q = w.codes(n0, n1)[:, : w.K].astype(_F64)
-            wt = (q - w.zero_points[n0:n1, w.g_idx].astype(_F64)) * w.scales[n0:n1, w.g_idx].astype(_F64)
-            y[:, n0:n1] = a_fq @ wt.T
-    else:
-        # dots[b, m, n] = sum_j qa[m, b, j] * q[n, b, j]: float32 BLAS on integers whose every partial
-        # sum stays below 2**24 (spans of <= 512 codes), hence exact; longer blocks add spans in float64.
-        # Then, in float32 as ORT: y = sum_b scale_a * scale_b * dots - (scale_a * sum qa) @ (scale_b * zp).
-        y = np.empty((M, w.N), _F32)
-        span = min(bs, _INT8_EXACT_SPAN)
-        parts = bs // span
-        qa_t = np.ascontiguousarray(qa.reshape(M, kb * parts, span).transpose(1, 0, 2))  # [kb*parts, M, span]
-        sa_t = np.ascontiguousarray(scale_a.T)  # [kb, M]
-        block_sums = scale_a * qa.sum(axis=2, dtype=_F64).astype(_F32)  # scale_a * sum(qa), [M, kb]
-        s_t = np.ascontiguousarray(w.scales.T)  # [kb, N]
-        zs = w.scales * w.zero_points  # scale_b * zp_b, [N, kb]
-        rows = w.chunk_rows()
-        m_rows = max(1, 8 * _CHUNK // (kb * parts * min(rows, w.N)))  # dots: [kb*parts, m_rows, rows]
-        for n0, n1 in _chunks(w.N, rows):
-            q = w.codes(n0, n1).astype(_F32).reshape(n1 - n0, kb * parts, span).transpose(1, 2, 0)
-            for m0, m1 in _chunks(M, m_rows):
-                dots = np.matmul(qa_t[:, m0:m1], q)  # [kb*parts, m, n]
-                if parts > 1:
-                    dots = dots.reshape(kb, parts, m1 - m0, n1 - n0).sum(axis=1, dtype=_F64).astype(_F32)
-                dots *= sa_t[:, m0:m1, None]
-                y[m0:m1, n0:n1] = np.einsum("bmn,bn->mn", dots, s_t[:, n0:n1]) - block_sums[m0:m1] @ zs[n0:n1].T
+    y = np.empty((M, w.N), _F64)
+    a_fq = (qa.astype(_F64) * scale_a.astype(_F64)[:, :, None]).reshape(M, w.padded_K)[:, : w.K]
+    for n0, n1 in _chunks(w.N, w.chunk_rows()):
+        q = w.codes(n0, n1)[:, : w.K].astype(_F64)
+        wt = (q - w.zero_points[n0:n1, w.g_idx].astype(_F64)) * w.scales[n0:n1, w.g_idx].astype(_F64)
+        y[:, n0:n1] = a_fq @ wt.T
     if bias is not None:
         y += bias.astype(y.dtype)
     return y
