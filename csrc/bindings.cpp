@@ -105,7 +105,7 @@ NB_MODULE(_core, m) {
     d["vendor"] = f.vendor;
     d["brand"] = f.brand;
     const std::pair<const char*, bool> flags[] = {
-        {"avx2", f.avx2}, {"fma", f.fma}, {"f16c", f.f16c}, {"avx512f", f.avx512f}, {"avx512bw", f.avx512bw},
+        {"avx2", f.avx2}, {"fma", f.fma}, {"f16c", f.f16c}, {"bmi2", f.bmi2}, {"avx512f", f.avx512f}, {"avx512bw", f.avx512bw},
         {"avx512vl", f.avx512vl}, {"avx512_vnni", f.avx512vnni}, {"avx512_bf16", f.avx512bf16},
         {"avx_vnni", f.avx_vnni}, {"amx_tile", f.amx_tile}, {"amx_int8", f.amx_int8}, {"amx_bf16", f.amx_bf16},
         {"os_avx", f.os_avx}, {"os_avx512", f.os_avx512}, {"os_amx", f.os_amx}};

@@ -75,6 +75,7 @@ CpuFeatures detect() {
   if (max_leaf >= 7) {
     cpuid(7, 0, r);
     f.avx2 = (r[1] >> 5) & 1;
+    f.bmi2 = (r[1] >> 8) & 1;
     f.avx512f = (r[1] >> 16) & 1;
     f.avx512bw = (r[1] >> 30) & 1;
     f.avx512vl = (r[1] >> 31) & 1;
@@ -104,7 +105,7 @@ bool isa_supported(Isa isa) {
     case Isa::kPortable:
       return true;
     case Isa::kAvx2:
-      return f.os_avx && f.avx2 && f.fma;
+      return f.os_avx && f.avx2 && f.fma && f.f16c && f.bmi2;  // what kernels/qgemm_avx2.cpp is built for
     case Isa::kAvx512Vnni:
       return isa_supported(Isa::kAvx2) && f.os_avx512 && f.avx512f && f.avx512bw && f.avx512vl &&
              f.avx512vnni;

@@ -9,7 +9,7 @@ namespace qmm {
 enum class Isa : int { kPortable = 0, kAvx2 = 1, kAvx512Vnni = 2, kAmx = 3 };
 
 struct CpuFeatures {
-  bool avx2 = false, fma = false, f16c = false;
+  bool avx2 = false, fma = false, f16c = false, bmi2 = false;
   bool avx512f = false, avx512bw = false, avx512vl = false, avx512vnni = false, avx512bf16 = false;
   bool avx_vnni = false;
   bool amx_tile = false, amx_int8 = false, amx_bf16 = false;

@@ -12,6 +12,7 @@
 #include <immintrin.h>
 
 #include <algorithm>
+#include <cstring>
 #include <vector>
 
 #include "matmul_nbits.h"
@@ -135,6 +136,22 @@ void sgemm_rows_avx2(const float* a, const float* b_panels, float* y, int64_t ro
 //   4-bit codes: 16 bytes -> low and high nibbles -> 32 codes in order -> 4 x 8 floats
 //   8-bit codes: 4 x 8 bytes widened directly; other widths go through decode_nbits.
 
+// Codes of 2, 3, 5, 6 or 7 bits to one byte each: every 8 codes fill exactly `bits` bytes, and one
+// pdep (BMI2) deposits their 8 * bits bits into the low bits of 8 bytes. The window is read as one
+// unaligned 8-byte load while that stays inside the row (row_bytes), else byte by byte.
+inline void decode_nbits_avx2(const uint8_t* row, int64_t bits, int64_t count, int64_t row_bytes, uint8_t* out) {
+  const uint64_t mask = 0x0101010101010101ull * ((1ull << bits) - 1);
+  const int64_t groups = count / 8;
+  int64_t g = 0;
+  for (; g < groups && g * bits + 8 <= row_bytes; ++g) {
+    uint64_t window;
+    std::memcpy(&window, row + g * bits, 8);  // little-endian: code 0 in the lowest bits
+    const uint64_t codes = _pdep_u64(window, mask);
+    std::memcpy(out + 8 * g, &codes, 8);
+  }
+  decode_nbits_range(row, bits, 8 * g, count - 8 * g, out + 8 * g);
+}
+
 // The codes of k0 .. k0+31 of one column as 4 x 8 floats: from nibbles (4-bit rows) or from one
 // byte per code (8-bit rows, and rows of other widths decoded to bytes beforehand).
 inline void widen32(const uint8_t* row, bool nibbles, int64_t k0, __m256 out[4]) {
@@ -181,7 +198,7 @@ void nbits_rows_factored(const float* A, const NBitsWeight& w, int64_t n0, int64
   for (int64_t n = n0; n < n1; ++n) {
     const uint8_t* row = w.codes + n * w.row_bytes;
     if (!nibbles && !bytes) {  // 2, 3, 5, 6, 7 bits: decode the column to one byte per code first
-      decode_nbits(row, w.bits, K, codes.data());
+      decode_nbits_avx2(row, w.bits, K, w.row_bytes, codes.data());
       row = codes.data();
     }
     const float* scales = w.scales + n * kb;
@@ -310,7 +327,7 @@ void nbits_rows_int8_avx2(const QuantizedA& a, const NBitsWeight& w, int64_t n0,
   for (int64_t n = n0; n < n1; ++n) {
     const uint8_t* row = w.codes + n * w.row_bytes;
     if (!nibbles && !wide) {  // 2, 3, 5, 6, 7 bits: one byte per code first (padded codes meet qa = 0)
-      decode_nbits(row, w.bits, padded, codes.data());
+      decode_nbits_avx2(row, w.bits, padded, w.row_bytes, codes.data());
       row = codes.data();
     }
     const float* scales = w.scales + n * kb;
