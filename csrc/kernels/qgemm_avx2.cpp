@@ -317,13 +317,54 @@ inline __m256i dot32(__m256i codes, const int8_t* qa, bool wide_codes) {
   return _mm256_add_epi32(_mm256_madd_epi16(c_lo, a_lo), _mm256_madd_epi16(c_hi, a_hi));
 }
 
-void nbits_rows_int8_avx2(const QuantizedA& a, const NBitsWeight& w, int64_t n0, int64_t n1, const float* bias,
+// The 8 int32 partial sums of each of d[0..7] added up: one int32 per vector, in order.
+inline __m256i reduce8(const __m256i d[8]) {
+  const __m256i t0 = _mm256_hadd_epi32(d[0], d[1]), t1 = _mm256_hadd_epi32(d[2], d[3]);
+  const __m256i t2 = _mm256_hadd_epi32(d[4], d[5]), t3 = _mm256_hadd_epi32(d[6], d[7]);
+  const __m256i u0 = _mm256_hadd_epi32(t0, t1), u1 = _mm256_hadd_epi32(t2, t3);
+  return _mm256_add_epi32(_mm256_permute2x128_si256(u0, u1, 0x20), _mm256_permute2x128_si256(u0, u1, 0x31));
+}
+
+// 4-bit codes without interleaving: 16 packed bytes hold the even codes of 32 in their low nibbles
+// and the odd ones in their high nibbles, so [low nibbles | high nibbles] is one broadcast, one
+// variable shift and one mask; the int8 A is reordered to match once per call (even_odd_qa).
+inline __m256i codes32_even_odd(const uint8_t* row, int64_t k0) {
+  const __m256i x = _mm256_broadcastsi128_si256(_mm_loadu_si128(reinterpret_cast<const __m128i*>(row + k0 / 2)));
+  return _mm256_and_si256(_mm256_srlv_epi32(x, _mm256_set_epi32(4, 4, 4, 4, 0, 0, 0, 0)), _mm256_set1_epi8(0x0F));
+}
+
+// qa[k0 .. k0+31] reordered to [the 16 even | the 16 odd], for every 32 of every row.
+void even_odd_qa(const int8_t* qa, int64_t count, int8_t* out) {
+  const __m256i within_lanes = _mm256_setr_epi8(0, 2, 4, 6, 8, 10, 12, 14, 1, 3, 5, 7, 9, 11, 13, 15,
+                                                0, 2, 4, 6, 8, 10, 12, 14, 1, 3, 5, 7, 9, 11, 13, 15);
+  for (int64_t k = 0; k < count; k += 32) {
+    const __m256i x = _mm256_shuffle_epi8(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(qa + k)), within_lanes);
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(out + k), _mm256_permute4x64_epi64(x, 0xD8));  // lanes 0, 2, 1, 3
+  }
+}
+
+void nbits_rows_int8_avx2(const QuantizedA& a_in, const NBitsWeight& w, int64_t n0, int64_t n1, const float* bias,
                           float* Y) {
   const int64_t kb = w.k_blocks, bs = w.block_size, padded = kb * bs;
-  if (bs < 32) return kPortableKernels.nbits_rows_int8(a, w, n0, n1, bias, Y);
+  if (bs < 32) return kPortableKernels.nbits_rows_int8(a_in, w, n0, n1, bias, Y);
   const bool nibbles = w.bits == 4, wide = w.bits == 8;
   thread_local std::vector<uint8_t> codes;
+  thread_local std::vector<int8_t> reordered;
   codes.resize(static_cast<size_t>(padded));
+  QuantizedA a = a_in;
+  if (nibbles) {
+    reordered.resize(static_cast<size_t>(a.M * padded));
+    even_odd_qa(a.qa, a.M * padded, reordered.data());
+    a.qa = reordered.data();
+  }
+  auto block_dot = [&](const uint8_t* row, const int8_t* qa, int64_t b) {
+    __m256i dot = _mm256_setzero_si256();
+    for (int64_t k = b * bs; k < (b + 1) * bs; k += 32) {
+      const __m256i c = nibbles ? codes32_even_odd(row, k) : codes32_bytes(row, false, k);
+      dot = _mm256_add_epi32(dot, dot32(c, qa + k, wide));
+    }
+    return dot;
+  };
   for (int64_t n = n0; n < n1; ++n) {
     const uint8_t* row = w.codes + n * w.row_bytes;
     if (!nibbles && !wide) {  // 2, 3, 5, 6, 7 bits: one byte per code first (padded codes meet qa = 0)
@@ -334,16 +375,28 @@ void nbits_rows_int8_avx2(const QuantizedA& a, const NBitsWeight& w, int64_t n0,
     const float* zero_points = w.zero_points + n * kb;
     for (int64_t m = 0; m < a.M; ++m) {
       const int8_t* qa = a.qa + m * padded;
-      __m256 acc = _mm256_setzero_ps();
-      float correction = 0.0f;
-      for (int64_t b = 0; b < kb; ++b) {
-        __m256i dot = _mm256_setzero_si256();
-        for (int64_t k = b * bs; k < (b + 1) * bs; k += 32)
-          dot = _mm256_add_epi32(dot, dot32(codes32_bytes(row, nibbles, k), qa + k, wide));
-        acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot), _mm256_set1_ps(a.scale[m * kb + b] * scales[b]), acc);
-        correction += a.block_sum[m * kb + b] * (scales[b] * zero_points[b]);
+      const float* scale_a = a.scale + m * kb;
+      const float* block_sum = a.block_sum + m * kb;
+      // Eight blocks at a time: their int32 dot products reduced into one vector, scaled by
+      // scale_a * scale_b lane by lane; the zero-point term likewise.
+      __m256 acc = _mm256_setzero_ps(), correction = _mm256_setzero_ps();
+      int64_t b = 0;
+      for (; b + 8 <= kb; b += 8) {
+        __m256i dots[8];
+        for (int i = 0; i < 8; ++i) dots[i] = block_dot(row, qa, b + i);
+        const __m256 sb = _mm256_loadu_ps(scales + b);
+        acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(reduce8(dots)), _mm256_mul_ps(_mm256_loadu_ps(scale_a + b), sb), acc);
+        correction = _mm256_fmadd_ps(_mm256_loadu_ps(block_sum + b), _mm256_mul_ps(sb, _mm256_loadu_ps(zero_points + b)),
+                                     correction);
       }
-      const float y = horizontal_sum(acc) - correction;
+      float y = horizontal_sum(acc) - horizontal_sum(correction);
+      for (; b < kb; ++b) {
+        const __m256i dot = block_dot(row, qa, b);
+        const __m128i s = _mm_add_epi32(_mm256_castsi256_si128(dot), _mm256_extracti128_si256(dot, 1));
+        const __m128i t = _mm_add_epi32(s, _mm_shuffle_epi32(s, 0x4E));
+        const int32_t total = _mm_cvtsi128_si32(_mm_add_epi32(t, _mm_shuffle_epi32(t, 0xB1)));
+        y += scale_a[b] * scales[b] * static_cast<float>(total) - block_sum[b] * (scales[b] * zero_points[b]);
+      }
       Y[m * w.N + n] = bias ? y + bias[n] : y;
     }
   }
