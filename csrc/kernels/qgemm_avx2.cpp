@@ -249,47 +249,56 @@ void nbits_rows_factored(const float* A, const NBitsWeight& w, int64_t n0, int64
   }
 }
 
-// Many rows of A (prefill): four columns dequantized to float32 (L1/L2-resident), then for each row
-// of A four dot products sharing every load of A, two FMA chains per column.
+// Many rows of A (prefill): the task's (up to) 16 columns dequantized exactly as dequantize_nbits
+// does into a float32 panel [K][16], then 4 x 16 register tiles per 4 rows of A over k-chunks of
+// 256 (16 KB of panel: L1-resident while every row tile passes): per k, two loads of the panel,
+// four broadcasts of A, eight FMAs. Partial sums live in a [M][16] float32 block.
+template <int MR>
+void nbits_tile(const float* a, int64_t K, int64_t k0, int64_t k1, const float* panel, float* partial) {
+  __m256 acc[MR][2];
+  for (int r = 0; r < MR; ++r) {
+    acc[r][0] = _mm256_loadu_ps(partial + r * 16);
+    acc[r][1] = _mm256_loadu_ps(partial + r * 16 + 8);
+  }
+  for (int64_t k = k0; k < k1; ++k) {
+    const __m256 w0 = _mm256_loadu_ps(panel + k * 16), w1 = _mm256_loadu_ps(panel + k * 16 + 8);
+    for (int r = 0; r < MR; ++r) {
+      const __m256 av = _mm256_broadcast_ss(a + r * K + k);
+      acc[r][0] = _mm256_fmadd_ps(av, w0, acc[r][0]);
+      acc[r][1] = _mm256_fmadd_ps(av, w1, acc[r][1]);
+    }
+  }
+  for (int r = 0; r < MR; ++r) {
+    _mm256_storeu_ps(partial + r * 16, acc[r][0]);
+    _mm256_storeu_ps(partial + r * 16 + 8, acc[r][1]);
+  }
+}
+
 void nbits_rows_dequantized(const float* A, int64_t M, const NBitsWeight& w, int64_t n0, int64_t n1,
                             const float* bias, float* Y) {
-  constexpr int64_t kCols = 4;
   const int64_t K = w.K;
   thread_local std::vector<uint8_t> codes;
-  thread_local std::vector<float> wrows;
+  thread_local std::vector<float> wrow, panel, partial;
+  constexpr int64_t kChunk = 256;
   codes.resize(static_cast<size_t>(K));
-  wrows.resize(static_cast<size_t>(kCols * K));
-  for (int64_t n = n0; n < n1; n += kCols) {
-    const int64_t cols = std::min(kCols, n1 - n);
-    for (int64_t c = 0; c < kCols; ++c) {
-      if (c < cols) dequantize_column(w, n + c, codes.data(), wrows.data() + c * K);
-      else std::fill(wrows.begin() + c * K, wrows.begin() + (c + 1) * K, 0.0f);
+  wrow.resize(static_cast<size_t>(K));
+  for (int64_t n = n0; n < n1; n += 16) {
+    const int64_t cols = std::min<int64_t>(16, n1 - n);
+    panel.assign(static_cast<size_t>(K * 16), 0.0f);
+    for (int64_t c = 0; c < cols; ++c) {
+      dequantize_column(w, n + c, codes.data(), wrow.data());
+      for (int64_t k = 0; k < K; ++k) panel[k * 16 + c] = wrow[k];
     }
-    const float* w0 = wrows.data();
-    const float *w1 = w0 + K, *w2 = w1 + K, *w3 = w2 + K;
-    for (int64_t m = 0; m < M; ++m) {
-      const float* a = A + m * K;
-      __m256 acc[kCols][2];
-      for (auto& pair : acc) pair[0] = pair[1] = _mm256_setzero_ps();
-      int64_t k = 0;
-      for (; k + 16 <= K; k += 16) {
-        const __m256 a0 = _mm256_loadu_ps(a + k), a1 = _mm256_loadu_ps(a + k + 8);
-        acc[0][0] = _mm256_fmadd_ps(a0, _mm256_loadu_ps(w0 + k), acc[0][0]);
-        acc[0][1] = _mm256_fmadd_ps(a1, _mm256_loadu_ps(w0 + k + 8), acc[0][1]);
-        acc[1][0] = _mm256_fmadd_ps(a0, _mm256_loadu_ps(w1 + k), acc[1][0]);
-        acc[1][1] = _mm256_fmadd_ps(a1, _mm256_loadu_ps(w1 + k + 8), acc[1][1]);
-        acc[2][0] = _mm256_fmadd_ps(a0, _mm256_loadu_ps(w2 + k), acc[2][0]);
-        acc[2][1] = _mm256_fmadd_ps(a1, _mm256_loadu_ps(w2 + k + 8), acc[2][1]);
-        acc[3][0] = _mm256_fmadd_ps(a0, _mm256_loadu_ps(w3 + k), acc[3][0]);
-        acc[3][1] = _mm256_fmadd_ps(a1, _mm256_loadu_ps(w3 + k + 8), acc[3][1]);
-      }
-      for (int64_t c = 0; c < cols; ++c) {
-        const float* wc = w0 + c * K;
-        float sum = horizontal_sum(_mm256_add_ps(acc[c][0], acc[c][1]));
-        for (int64_t j = k; j < K; ++j) sum += a[j] * wc[j];
-        Y[m * w.N + n + c] = bias ? sum + bias[n + c] : sum;
-      }
+    partial.assign(static_cast<size_t>(M * 16), 0.0f);
+    for (int64_t k0 = 0; k0 < K; k0 += kChunk) {
+      const int64_t k1 = std::min(K, k0 + kChunk);
+      int64_t m = 0;
+      for (; m + 4 <= M; m += 4) nbits_tile<4>(A + m * K, K, k0, k1, panel.data(), partial.data() + m * 16);
+      for (; m < M; ++m) nbits_tile<1>(A + m * K, K, k0, k1, panel.data(), partial.data() + m * 16);
     }
+    for (int64_t m = 0; m < M; ++m)
+      for (int64_t j = 0; j < cols; ++j)
+        Y[m * w.N + n + j] = bias ? partial[m * 16 + j] + bias[n + j] : partial[m * 16 + j];
   }
 }
 
