@@ -63,6 +63,38 @@ qmm::QOutput output(Out& y, bool y_signed, const In& y_zp) {
   return {y.data(), y_signed, view3<int32_t>(y_zp)};
 }
 
+// QLinearMatMul with a multiplier view of type T (float32 for "onnxruntime", float64 for
+// "onnx-reference"), writing into y.
+template <class T, void (*product)(const qmm::QGemmProblem&, qmm::View3<T>, qmm::QOutput)>
+void qlinear_binding(const In& a, bool a_signed, const In& a_index, const In& a_zp, nb::handle b, bool b_signed,
+                     const In& b_index, const In& b_zp, const In& multiplier, Out y, bool y_signed, const In& y_zp) {
+  const auto p = problem(a, a_signed, a_index, a_zp, b, b_signed, b_index, b_zp);
+  const auto out = output(y, y_signed, y_zp);
+  const auto mult = view3<T>(multiplier);
+  nb::gil_scoped_release release;
+  product(p, mult, out);
+}
+
+using NBitsProduct = void (*)(const float*, int64_t, const qmm::NBitsWeight&, const float*, float*);
+
+template <NBitsProduct product>
+nb::ndarray<nb::numpy, float> matmul_nbits_binding(const In& A, const In& codes, int64_t K, int64_t bits,
+                                                   int64_t block_size, const In& scales, const In& zero_points,
+                                                   std::optional<In> bias) {
+  const int64_t M = static_cast<int64_t>(A.shape(0)), N = static_cast<int64_t>(codes.shape(0));
+  const qmm::NBitsWeight w{static_cast<const uint8_t*>(codes.data()), N, K, bits, block_size,
+                           static_cast<int64_t>(scales.shape(1)), static_cast<int64_t>(codes.shape(1)),
+                           static_cast<const float*>(scales.data()), static_cast<const float*>(zero_points.data())};
+  auto* y = new float[static_cast<size_t>(std::max<int64_t>(M * N, 1))];
+  nb::capsule owner(y, [](void* p) noexcept { delete[] static_cast<float*>(p); });
+  {
+    nb::gil_scoped_release release;
+    product(static_cast<const float*>(A.data()), M, w, bias ? static_cast<const float*>(bias->data()) : nullptr, y);
+  }
+  const size_t shape[2] = {static_cast<size_t>(M), static_cast<size_t>(N)};
+  return nb::ndarray<nb::numpy, float>(y, 2, shape, owner);
+}
+
 }  // namespace
 
 NB_MODULE(_core, m) {
@@ -113,16 +145,8 @@ NB_MODULE(_core, m) {
     return d;
   });
 
-  m.def("qlinear_matmul_onnxruntime",
-        [](const In& a, bool a_signed, const In& a_index, const In& a_zp, nb::handle b, bool b_signed,
-           const In& b_index, const In& b_zp, const In& multiplier, Out y,
-           bool y_signed, const In& y_zp) {
-          const auto p = problem(a, a_signed, a_index, a_zp, b, b_signed, b_index, b_zp);
-          const auto out = output(y, y_signed, y_zp);
-          const auto mult = view3<float>(multiplier);
-          nb::gil_scoped_release release;
-          qmm::qlinear_matmul_onnxruntime(p, mult, out);
-        });
+  m.def("qlinear_matmul_onnxruntime", qlinear_binding<float, qmm::qlinear_matmul_onnxruntime>);
+  m.def("qlinear_matmul_onnx_reference", qlinear_binding<double, qmm::qlinear_matmul_onnx_reference>);
 
   // The fast path of the common call: 2-D a, per-tensor a and y, per-tensor or per-column b,
   // numerics "onnxruntime". Allocates and returns y [M, N]; scales are already combined into the
@@ -154,50 +178,14 @@ NB_MODULE(_core, m) {
           return nb::ndarray<nb::numpy>(y, 2, shape, owner, nullptr, dtype);
         });
 
-  // MatMulNBits levels 0/1: A float32 [M, K] contiguous, codes uint8 [N, row_bytes], scales and zero
-  // points float32 [N, k_blocks], bias float32 [N] or None; returns Y float32 [M, N].
-  m.def("matmul_nbits_f32",
-        [](const In& A, const In& codes, int64_t K, int64_t bits, int64_t block_size, const In& scales,
-           const In& zero_points, std::optional<In> bias) {
-          const int64_t M = static_cast<int64_t>(A.shape(0)), N = static_cast<int64_t>(codes.shape(0));
-          const qmm::NBitsWeight w{static_cast<const uint8_t*>(codes.data()), N, K, bits, block_size,
-                                   static_cast<int64_t>(scales.shape(1)), static_cast<int64_t>(codes.shape(1)),
-                                   static_cast<const float*>(scales.data()),
-                                   static_cast<const float*>(zero_points.data())};
-          auto* y = new float[static_cast<size_t>(std::max<int64_t>(M * N, 1))];
-          nb::capsule owner(y, [](void* p) noexcept { delete[] static_cast<float*>(p); });
-          {
-            nb::gil_scoped_release release;
-            qmm::matmul_nbits_f32(static_cast<const float*>(A.data()), M, w,
-                                  bias ? static_cast<const float*>(bias->data()) : nullptr, y);
-          }
-          const size_t shape[2] = {static_cast<size_t>(M), static_cast<size_t>(N)};
-          return nb::ndarray<nb::numpy, float>(y, 2, shape, owner);
-        },
-        nb::arg("A"), nb::arg("codes"), nb::arg("K"), nb::arg("bits"), nb::arg("block_size"), nb::arg("scales"),
-        nb::arg("zero_points"), nb::arg("bias").none());
-
-  // MatMulNBits level 4: as matmul_nbits_f32, with A quantized to int8 per block as ONNX Runtime does.
-  m.def("matmul_nbits_int8",
-        [](const In& A, const In& codes, int64_t K, int64_t bits, int64_t block_size, const In& scales,
-           const In& zero_points, std::optional<In> bias) {
-          const int64_t M = static_cast<int64_t>(A.shape(0)), N = static_cast<int64_t>(codes.shape(0));
-          const qmm::NBitsWeight w{static_cast<const uint8_t*>(codes.data()), N, K, bits, block_size,
-                                   static_cast<int64_t>(scales.shape(1)), static_cast<int64_t>(codes.shape(1)),
-                                   static_cast<const float*>(scales.data()),
-                                   static_cast<const float*>(zero_points.data())};
-          auto* y = new float[static_cast<size_t>(std::max<int64_t>(M * N, 1))];
-          nb::capsule owner(y, [](void* p) noexcept { delete[] static_cast<float*>(p); });
-          {
-            nb::gil_scoped_release release;
-            qmm::matmul_nbits_int8(static_cast<const float*>(A.data()), M, w,
-                                   bias ? static_cast<const float*>(bias->data()) : nullptr, y);
-          }
-          const size_t shape[2] = {static_cast<size_t>(M), static_cast<size_t>(N)};
-          return nb::ndarray<nb::numpy, float>(y, 2, shape, owner);
-        },
-        nb::arg("A"), nb::arg("codes"), nb::arg("K"), nb::arg("bits"), nb::arg("block_size"), nb::arg("scales"),
-        nb::arg("zero_points"), nb::arg("bias").none());
+  // MatMulNBits: A float32 [M, K] contiguous, codes uint8 [N, row_bytes], scales and zero points
+  // float32 [N, k_blocks], bias float32 [N] or None; returns Y float32 [M, N]. Levels 0/1 in
+  // float32, level 4 with A quantized to int8 per block as ONNX Runtime does.
+  m.def("matmul_nbits_f32", matmul_nbits_binding<qmm::matmul_nbits_f32>, nb::arg("A"), nb::arg("codes"), nb::arg("K"),
+        nb::arg("bits"), nb::arg("block_size"), nb::arg("scales"), nb::arg("zero_points"), nb::arg("bias").none());
+  m.def("matmul_nbits_int8", matmul_nbits_binding<qmm::matmul_nbits_int8>, nb::arg("A"), nb::arg("codes"),
+        nb::arg("K"), nb::arg("bits"), nb::arg("block_size"), nb::arg("scales"), nb::arg("zero_points"),
+        nb::arg("bias").none());
 
   // The first `count` codes of each row of a contiguous uint8 [rows, bytes] array of LSB-first bitstreams.
   m.def("decode_nbits", [](const In& data, int64_t bits, int64_t count) {
@@ -212,17 +200,6 @@ NB_MODULE(_core, m) {
     const size_t shape[2] = {static_cast<size_t>(rows), static_cast<size_t>(count)};
     return nb::ndarray<nb::numpy, uint8_t>(out, 2, shape, owner);
   });
-
-  m.def("qlinear_matmul_onnx_reference",
-        [](const In& a, bool a_signed, const In& a_index, const In& a_zp, nb::handle b, bool b_signed,
-           const In& b_index, const In& b_zp, const In& multiplier, Out y,
-           bool y_signed, const In& y_zp) {
-          const auto p = problem(a, a_signed, a_index, a_zp, b, b_signed, b_index, b_zp);
-          const auto out = output(y, y_signed, y_zp);
-          const auto mult = view3<double>(multiplier);
-          nb::gil_scoped_release release;
-          qmm::qlinear_matmul_onnx_reference(p, mult, out);
-        });
 
   m.def("qlinear_matmul_exact",
         [](const In& a, bool a_signed, const In& a_index, const In& a_zp, nb::handle b, bool b_signed,
