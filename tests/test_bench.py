@@ -23,5 +23,7 @@ def test_bench_quick_report(tmp_path, capsys):
     assert set(nbits) == {c.name for c in bench.NBITS_QUICK}
     assert "onnxruntime level 4" in nbits["4-bit b32 level 0 M=1 K=1024 N=1024"]["median_ms"]
     assert "onnxruntime level 4" not in nbits["3-bit b32 level 0 M=16 K=512 N=512"]["median_ms"]  # ORT: no 3-bit
+    cold = report["matmul_nbits_cold"]
+    assert cold["memory_bandwidth_gbps"] > 0 and cold["gbps"]["quantmatmul"] > 0
     printed = capsys.readouterr().out
     assert "u8s8 M=128 K=N=4096" in printed and "GOP/s" in printed

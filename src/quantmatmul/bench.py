@@ -279,6 +279,67 @@ def run_nbits(cases=None, *, threads=None, repeat=15, quick=False, seed=0, progr
     return rows
 
 
+def memory_bandwidth_gbps(megabytes: int = 256, repeat: int = 5) -> float:
+    """This machine's measured memory bandwidth: bytes read + written per second by a large copy (numpy)."""
+    source = np.ones(megabytes * (1 << 20) // 4, np.float32)
+    target = np.empty_like(source)
+    best = min(_time(lambda: np.copyto(target, source)) for _ in range(repeat))
+    return 2 * source.nbytes / best / 1e9
+
+
+def _time(fn) -> float:
+    start = time.perf_counter()
+    fn()
+    return time.perf_counter() - start
+
+
+def run_cold_nbits(*, threads=None, count=8, K=4096, N=4096, bits=4, block_size=32, level=0, rounds=5,
+                   progress=print) -> dict:
+    """Cold weights, as in real decoding: `count` constant weights (together larger than the last-level
+    cache) multiplied in turn by one row each; GB/s of packed codes read, ours and ORT's."""
+    from .matmul_nbits import MatMulNBits
+    from .quantize_nbits import quantize_nbits
+
+    threads = threads or get_num_threads()
+    set_num_threads(threads)
+    rng = np.random.default_rng(1)
+    weights = [quantize_nbits((rng.standard_normal((K, N)) * 0.02).astype(np.float32), bits=bits,
+                              block_size=block_size) for _ in range(count)]
+    A = rng.standard_normal((1, K)).astype(np.float32)
+    total_bytes = sum(q.B.nbytes for q in weights)
+    ours = [MatMulNBits(*q.tensors(), **q.attributes(), accuracy_level=level) for q in weights]
+    sweeps = {"quantmatmul": lambda: [w(A) for w in ours]}
+    try:
+        import onnxruntime as ort
+
+        from .peers import matmul_nbits_model
+
+        sessions = []
+        for q in weights:
+            options = ort.SessionOptions()
+            options.intra_op_num_threads = threads
+            options.log_severity_level = 4
+            options.add_session_config_entry("session.intra_op.allow_spinning", "0")
+            model = matmul_nbits_model(np.float32, *q.tensors(), **q.attributes(), accuracy_level=4)
+            sessions.append(ort.InferenceSession(model.SerializeToString(), options, providers=["CPUExecutionProvider"]))
+        sweeps["onnxruntime level 4"] = lambda: [s.run(None, {"A": A}) for s in sessions]
+    except ImportError:
+        pass
+    for sweep in sweeps.values():
+        sweep()
+    times = {name: [] for name in sweeps}
+    for _ in range(rounds):
+        for name, sweep in sweeps.items():
+            times[name].append(_time(sweep))
+    bandwidth = memory_bandwidth_gbps()
+    result = {"weights": count, "total_mb": total_bytes / 1e6, "level": level, "memory_bandwidth_gbps": bandwidth,
+              "gbps": {name: total_bytes / statistics.median(t) / 1e9 for name, t in times.items()}}
+    progress(f"cold weights: {count} x {bits}-bit [{K}, {N}] b{block_size} ({result['total_mb']:.0f} MB of codes), "
+             f"level {level}, M=1: " + ", ".join(f"{name} {g:.1f} GB/s" for name, g in result["gbps"].items())
+             + f"; memory bandwidth (copy) {bandwidth:.1f} GB/s")
+    return result
+
+
 def plot(report: dict, path: str) -> None:
     import matplotlib
 
@@ -312,6 +373,9 @@ def main(args) -> int:
     if progress is print:
         print("MatMulNBits (constant weights; ratios are ORT time / quantmatmul time)")
     report["matmul_nbits"] = run_nbits(threads=args.threads, repeat=args.repeat, quick=args.quick, progress=progress)
+    report["matmul_nbits_cold"] = run_cold_nbits(threads=args.threads, count=2 if args.quick else 8,
+                                                 K=1024 if args.quick else 4096, N=1024 if args.quick else 4096,
+                                                 rounds=2 if args.quick else 5, progress=progress)
     if args.json == "-":
         print(json.dumps(report, indent=1))
     elif args.json:
