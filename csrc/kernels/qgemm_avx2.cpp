@@ -214,20 +214,21 @@ void nbits_rows_factored(const float* A, const NBitsWeight& w, int64_t n0, int64
     }
     for (int64_t b = 0; b < whole_blocks; ++b) {
       const __m256 scale = _mm256_set1_ps(scales[b]);
-      __m256 dot[MR];
-      for (int m = 0; m < MR; ++m) dot[m] = _mm256_setzero_ps();
+      // Two independent chains per row (FMA latency, not throughput, bounds a single chain).
+      __m256 even[MR], odd[MR];
+      for (int m = 0; m < MR; ++m) even[m] = odd[m] = _mm256_setzero_ps();
       for (int64_t k = b * bs; k < (b + 1) * bs; k += 32) {
         __m256 q[4];
         widen32(row, nibbles, k, q);
         for (int m = 0; m < MR; ++m) {
           const float* a = A + m * K + k;
-          dot[m] = _mm256_fmadd_ps(_mm256_loadu_ps(a), q[0], dot[m]);
-          dot[m] = _mm256_fmadd_ps(_mm256_loadu_ps(a + 8), q[1], dot[m]);
-          dot[m] = _mm256_fmadd_ps(_mm256_loadu_ps(a + 16), q[2], dot[m]);
-          dot[m] = _mm256_fmadd_ps(_mm256_loadu_ps(a + 24), q[3], dot[m]);
+          even[m] = _mm256_fmadd_ps(_mm256_loadu_ps(a), q[0], even[m]);
+          odd[m] = _mm256_fmadd_ps(_mm256_loadu_ps(a + 8), q[1], odd[m]);
+          even[m] = _mm256_fmadd_ps(_mm256_loadu_ps(a + 16), q[2], even[m]);
+          odd[m] = _mm256_fmadd_ps(_mm256_loadu_ps(a + 24), q[3], odd[m]);
         }
       }
-      for (int m = 0; m < MR; ++m) acc[m] = _mm256_fmadd_ps(dot[m], scale, acc[m]);
+      for (int m = 0; m < MR; ++m) acc[m] = _mm256_fmadd_ps(_mm256_add_ps(even[m], odd[m]), scale, acc[m]);
     }
     if (whole_blocks < kb) {  // K's last, partial block
       const int64_t k0 = whole_blocks * bs;
