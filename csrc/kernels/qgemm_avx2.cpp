@@ -307,13 +307,7 @@ void nbits_rows_dequantized(const float* A, int64_t M, const NBitsWeight& w, int
 //   codes <= 127 (2..7 bits): vpmaddubsw (u8 code x s8 qa, pairs <= 2 * 127 * 128 < 2^15: no
 //   saturation), then vpmaddwd with ones into 8 int32; 8-bit codes: both widened to int16, vpmaddwd.
 // A block's int32 sum is converted once and scaled by scale_a * scale_b into an 8-lane float sum.
-inline __m256i codes32_bytes(const uint8_t* row, bool nibbles, int64_t k0) {
-  if (nibbles) {
-    const __m128i packed = _mm_loadu_si128(reinterpret_cast<const __m128i*>(row + k0 / 2));
-    const __m128i mask = _mm_set1_epi8(0x0F);
-    const __m128i lo = _mm_and_si128(packed, mask), hi = _mm_and_si128(_mm_srli_epi16(packed, 4), mask);
-    return _mm256_set_m128i(_mm_unpackhi_epi8(lo, hi), _mm_unpacklo_epi8(lo, hi));
-  }
+inline __m256i codes32_bytes(const uint8_t* row, int64_t k0) {
   return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(row + k0));
 }
 
@@ -370,7 +364,7 @@ void nbits_rows_int8_avx2(const QuantizedA& a_in, const NBitsWeight& w, int64_t 
   auto block_dot = [&](const uint8_t* row, const int8_t* qa, int64_t b) {
     __m256i dot = _mm256_setzero_si256();
     for (int64_t k = b * bs; k < (b + 1) * bs; k += 32) {
-      const __m256i c = nibbles ? codes32_even_odd(row, k) : codes32_bytes(row, false, k);
+      const __m256i c = nibbles ? codes32_even_odd(row, k) : codes32_bytes(row, k);
       dot = _mm256_add_epi32(dot, dot32(c, qa + k, wide));
     }
     return dot;
