@@ -1,4 +1,4 @@
-// qlinear_matmul.h: the portable C++ core of QLinearMatMul (integer accumulation and the three requantization numerics).
+// qlinear_matmul.h: QLinearMatMul in C++: packed weights, the batched problem, and the three requantization numerics.
 //
 // The Python front end (src/quantmatmul/qlinear.py) validates and normalizes every input into the
 // batched problem described below; nothing here checks its arguments. The math is derived once in
