@@ -347,34 +347,29 @@ void even_odd_qa(const int8_t* qa, int64_t count, int8_t* out) {
   }
 }
 
-void nbits_rows_int8_avx2(const QuantizedA& a_in, const NBitsWeight& w, int64_t n0, int64_t n1, const float* bias,
-                          float* Y) {
-  const int64_t kb = w.k_blocks, bs = w.block_size, padded = kb * bs;
-  if (bs < 32) return kPortableKernels.nbits_rows_int8(a_in, w, n0, n1, bias, Y);
-  const bool nibbles = w.bits == 4, wide = w.bits == 8;
-  thread_local std::vector<uint8_t> codes;
-  thread_local std::vector<int8_t> reordered;
-  codes.resize(static_cast<size_t>(padded));
-  QuantizedA a = a_in;
-  if (nibbles) {
-    reordered.resize(static_cast<size_t>(a.M * padded));
-    even_odd_qa(a.qa, a.M * padded, reordered.data());
-    a.qa = reordered.data();
+// The int32 dot product of one block (Chunks x 32 codes, Chunks a compile-time count when the
+// block size is known, else `chunks`) of one column with the int8 A. Kind: 4 = nibbles ([even |
+// odd] order), 8 = 8-bit codes (int16 pairs), 0 = one byte per code of at most 7 bits.
+template <int Kind, int Chunks>
+inline __m256i block_dot(const uint8_t* row, const int8_t* qa, int64_t k0, int64_t chunks) {
+  __m256i dot = _mm256_setzero_si256();
+  const int64_t n = Chunks ? Chunks : chunks;
+  for (int64_t c = 0; c < n; ++c) {
+    const int64_t k = k0 + 32 * c;
+    const __m256i codes = Kind == 4 ? codes32_even_odd(row, k) : codes32_bytes(row, k);
+    dot = _mm256_add_epi32(dot, dot32(codes, qa + k, Kind == 8));
   }
-  auto block_dot = [&](const uint8_t* row, const int8_t* qa, int64_t b) {
-    __m256i dot = _mm256_setzero_si256();
-    for (int64_t k = b * bs; k < (b + 1) * bs; k += 32) {
-      const __m256i c = nibbles ? codes32_even_odd(row, k) : codes32_bytes(row, k);
-      dot = _mm256_add_epi32(dot, dot32(c, qa + k, wide));
-    }
-    return dot;
-  };
+  return dot;
+}
+
+template <int Kind, int Chunks>
+void nbits_rows_int8_impl(const QuantizedA& a, const NBitsWeight& w, int64_t n0, int64_t n1, const float* bias,
+                          float* Y, const uint8_t* (*column)(const NBitsWeight&, int64_t, uint8_t*)) {
+  const int64_t kb = w.k_blocks, bs = w.block_size, padded = kb * bs, chunks = bs / 32;
+  thread_local std::vector<uint8_t> codes;
+  codes.resize(static_cast<size_t>(padded));
   for (int64_t n = n0; n < n1; ++n) {
-    const uint8_t* row = w.codes + n * w.row_bytes;
-    if (!nibbles && !wide) {  // 2, 3, 5, 6, 7 bits: one byte per code first (padded codes meet qa = 0)
-      decode_nbits_avx2(row, w.bits, padded, w.row_bytes, codes.data());
-      row = codes.data();
-    }
+    const uint8_t* row = column(w, n, codes.data());
     const float* scales = w.scales + n * kb;
     const float* zero_points = w.zero_points + n * kb;
     for (int64_t m = 0; m < a.M; ++m) {
@@ -387,7 +382,7 @@ void nbits_rows_int8_avx2(const QuantizedA& a_in, const NBitsWeight& w, int64_t 
       int64_t b = 0;
       for (; b + 8 <= kb; b += 8) {
         __m256i dots[8];
-        for (int i = 0; i < 8; ++i) dots[i] = block_dot(row, qa, b + i);
+        for (int i = 0; i < 8; ++i) dots[i] = block_dot<Kind, Chunks>(row, qa, (b + i) * bs, chunks);
         const __m256 sb = _mm256_loadu_ps(scales + b);
         acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(reduce8(dots)), _mm256_mul_ps(_mm256_loadu_ps(scale_a + b), sb), acc);
         correction = _mm256_fmadd_ps(_mm256_loadu_ps(block_sum + b), _mm256_mul_ps(sb, _mm256_loadu_ps(zero_points + b)),
@@ -395,7 +390,7 @@ void nbits_rows_int8_avx2(const QuantizedA& a_in, const NBitsWeight& w, int64_t 
       }
       float y = horizontal_sum(acc) - horizontal_sum(correction);
       for (; b < kb; ++b) {
-        const __m256i dot = block_dot(row, qa, b);
+        const __m256i dot = block_dot<Kind, Chunks>(row, qa, b * bs, chunks);
         const __m128i s = _mm_add_epi32(_mm256_castsi256_si128(dot), _mm256_extracti128_si256(dot, 1));
         const __m128i t = _mm_add_epi32(s, _mm_shuffle_epi32(s, 0x4E));
         const int32_t total = _mm_cvtsi128_si32(_mm_add_epi32(t, _mm_shuffle_epi32(t, 0xB1)));
@@ -404,6 +399,37 @@ void nbits_rows_int8_avx2(const QuantizedA& a_in, const NBitsWeight& w, int64_t 
       Y[m * w.N + n] = bias ? y + bias[n] : y;
     }
   }
+}
+
+// Column n's codes as the kernels read them: in place for 4 and 8 bits, else decoded to bytes
+// (padded codes meet qa = 0, whatever they hold).
+const uint8_t* column_in_place(const NBitsWeight& w, int64_t n, uint8_t*) { return w.codes + n * w.row_bytes; }
+const uint8_t* column_decoded(const NBitsWeight& w, int64_t n, uint8_t* out) {
+  decode_nbits_avx2(w.codes + n * w.row_bytes, w.bits, w.k_blocks * w.block_size, w.row_bytes, out);
+  return out;
+}
+
+template <int Kind>
+void nbits_rows_int8_kind(const QuantizedA& a, const NBitsWeight& w, int64_t n0, int64_t n1, const float* bias,
+                          float* Y) {
+  const auto column = Kind == 0 ? column_decoded : column_in_place;
+  if (w.block_size == 32) nbits_rows_int8_impl<Kind, 1>(a, w, n0, n1, bias, Y, column);
+  else nbits_rows_int8_impl<Kind, 0>(a, w, n0, n1, bias, Y, column);
+}
+
+void nbits_rows_int8_avx2(const QuantizedA& a_in, const NBitsWeight& w, int64_t n0, int64_t n1, const float* bias,
+                          float* Y) {
+  if (w.block_size < 32) return kPortableKernels.nbits_rows_int8(a_in, w, n0, n1, bias, Y);
+  if (w.bits == 8) return nbits_rows_int8_kind<8>(a_in, w, n0, n1, bias, Y);
+  if (w.bits != 4) return nbits_rows_int8_kind<0>(a_in, w, n0, n1, bias, Y);
+  // 4-bit: the int8 A reordered once per task to match the [even | odd] nibble order.
+  thread_local std::vector<int8_t> reordered;
+  const int64_t padded = w.k_blocks * w.block_size;
+  reordered.resize(static_cast<size_t>(a_in.M * padded));
+  even_odd_qa(a_in.qa, a_in.M * padded, reordered.data());
+  QuantizedA a = a_in;
+  a.qa = reordered.data();
+  nbits_rows_int8_kind<4>(a, w, n0, n1, bias, Y);
 }
 
 void nbits_rows_avx2(const float* A, int64_t M, const NBitsWeight& w, int64_t n0, int64_t n1, const float* bias,
