@@ -180,7 +180,7 @@ float horizontal_sum(__m256 v) {
 
 // Few rows of A (decode): the factored form, codes widened straight from the packed weight, MR
 // running sums in registers.
-template <int MR>
+template <int MR, bool Nibbles>
 void nbits_rows_factored(const float* A, const NBitsWeight& w, int64_t n0, int64_t n1, const float* bias, float* Y) {
   const int64_t K = w.K, bs = w.block_size, kb = w.k_blocks;
   thread_local std::vector<float> asum;
@@ -193,7 +193,8 @@ void nbits_rows_factored(const float* A, const NBitsWeight& w, int64_t n0, int64
       for (int64_t k = b * bs; k < std::min(K, (b + 1) * bs); ++k) sum += A[m * K + k];
       asum[m * kb + b] = sum;
     }
-  const bool nibbles = w.bits == 4, bytes = w.bits == 8;
+  constexpr bool nibbles = Nibbles;
+  const bool bytes = w.bits == 8;
   const int64_t whole_blocks = K / bs;        // blocks with all block_size codes (a multiple of 32)
   for (int64_t n = n0; n < n1; ++n) {
     const uint8_t* row = w.codes + n * w.row_bytes;
@@ -432,14 +433,20 @@ void nbits_rows_int8_avx2(const QuantizedA& a_in, const NBitsWeight& w, int64_t 
   nbits_rows_int8_kind<4>(a, w, n0, n1, bias, Y);
 }
 
+template <int MR>
+void factored(const float* A, const NBitsWeight& w, int64_t n0, int64_t n1, const float* bias, float* Y) {
+  if (w.bits == 4) nbits_rows_factored<MR, true>(A, w, n0, n1, bias, Y);
+  else nbits_rows_factored<MR, false>(A, w, n0, n1, bias, Y);
+}
+
 void nbits_rows_avx2(const float* A, int64_t M, const NBitsWeight& w, int64_t n0, int64_t n1, const float* bias,
                      float* Y) {
   if (w.block_size < 32) return nbits_rows_dequantized(A, M, w, n0, n1, bias, Y);  // the factored loop takes 32 codes
   switch (M) {
-    case 1: return nbits_rows_factored<1>(A, w, n0, n1, bias, Y);
-    case 2: return nbits_rows_factored<2>(A, w, n0, n1, bias, Y);
-    case 3: return nbits_rows_factored<3>(A, w, n0, n1, bias, Y);
-    case 4: return nbits_rows_factored<4>(A, w, n0, n1, bias, Y);
+    case 1: return factored<1>(A, w, n0, n1, bias, Y);
+    case 2: return factored<2>(A, w, n0, n1, bias, Y);
+    case 3: return factored<3>(A, w, n0, n1, bias, Y);
+    case 4: return factored<4>(A, w, n0, n1, bias, Y);
     default: return nbits_rows_dequantized(A, M, w, n0, n1, bias, Y);
   }
 }
