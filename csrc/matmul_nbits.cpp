@@ -120,11 +120,12 @@ void matmul_nbits_int8(const float* A, int64_t M, const NBitsWeight& w, const fl
 
 void matmul_nbits_f32(const float* A, int64_t M, const NBitsWeight& w, const float* bias, float* Y) {
   const NBitsRows rows = active_kernels().nbits_rows;
-  constexpr int64_t kColumnsPerTask = 16;
-  const int64_t tasks = (w.N + kColumnsPerTask - 1) / kColumnsPerTask;
+  // Few rows: wider tasks, so that per-task preparation of A (a reordering) is amortized.
+  const int64_t columns_per_task = M <= 4 ? 64 : 16;
+  const int64_t tasks = (w.N + columns_per_task - 1) / columns_per_task;
   parallel_for(tasks, [&](int64_t task) {
-    const int64_t n0 = task * kColumnsPerTask;
-    rows(A, M, w, n0, std::min(w.N, n0 + kColumnsPerTask), bias, Y);
+    const int64_t n0 = task * columns_per_task;
+    rows(A, M, w, n0, std::min(w.N, n0 + columns_per_task), bias, Y);
   });
 }
 

@@ -178,6 +178,37 @@ float horizontal_sum(__m256 v) {
   return _mm_cvtss_f32(_mm_add_ss(t, _mm_shuffle_ps(t, t, 1)));
 }
 
+// 4-bit codes k0 .. k0+31 as floats in the order [even codes 0..14 | even 16..30 | odd 1..15 |
+// odd 17..31]: one broadcast load, two masks, four in-lane byte shuffles into dwords, four
+// conversions (no cross-lane widening). A is reordered to match (even_odd_a).
+inline void widen32_even_odd(const uint8_t* row, int64_t k0, __m256 out[4]) {
+  const __m256i x = _mm256_broadcastsi128_si256(_mm_loadu_si128(reinterpret_cast<const __m128i*>(row + k0 / 2)));
+  const __m256i mask = _mm256_set1_epi8(0x0F);
+  const __m256i even = _mm256_and_si256(x, mask), odd = _mm256_and_si256(_mm256_srli_epi16(x, 4), mask);
+  constexpr char z = static_cast<char>(0x80);
+  const __m256i first = _mm256_setr_epi8(0, z, z, z, 1, z, z, z, 2, z, z, z, 3, z, z, z,   // bytes 0..3 | 4..7
+                                         4, z, z, z, 5, z, z, z, 6, z, z, z, 7, z, z, z);
+  const __m256i second = _mm256_setr_epi8(8, z, z, z, 9, z, z, z, 10, z, z, z, 11, z, z, z,  // 8..11 | 12..15
+                                          12, z, z, z, 13, z, z, z, 14, z, z, z, 15, z, z, z);
+  out[0] = _mm256_cvtepi32_ps(_mm256_shuffle_epi8(even, first));
+  out[1] = _mm256_cvtepi32_ps(_mm256_shuffle_epi8(even, second));
+  out[2] = _mm256_cvtepi32_ps(_mm256_shuffle_epi8(odd, first));
+  out[3] = _mm256_cvtepi32_ps(_mm256_shuffle_epi8(odd, second));
+}
+
+// a[k0 .. k0+31] reordered to [a0 a2 .. a14 | a16 .. a30 | a1 a3 .. a15 | a17 .. a31].
+inline void even_odd_a(const float* a, float* out) {
+  const __m256 v0 = _mm256_loadu_ps(a), v1 = _mm256_loadu_ps(a + 8);
+  const __m256 v2 = _mm256_loadu_ps(a + 16), v3 = _mm256_loadu_ps(a + 24);
+  auto ordered = [](__m256 x) {  // 64-bit granules 0, 2, 1, 3
+    return _mm256_castpd_ps(_mm256_permute4x64_pd(_mm256_castps_pd(x), 0xD8));
+  };
+  _mm256_storeu_ps(out, ordered(_mm256_shuffle_ps(v0, v1, _MM_SHUFFLE(2, 0, 2, 0))));
+  _mm256_storeu_ps(out + 8, ordered(_mm256_shuffle_ps(v2, v3, _MM_SHUFFLE(2, 0, 2, 0))));
+  _mm256_storeu_ps(out + 16, ordered(_mm256_shuffle_ps(v0, v1, _MM_SHUFFLE(3, 1, 3, 1))));
+  _mm256_storeu_ps(out + 24, ordered(_mm256_shuffle_ps(v2, v3, _MM_SHUFFLE(3, 1, 3, 1))));
+}
+
 // Few rows of A (decode): the factored form, codes widened straight from the packed weight, MR
 // running sums in registers.
 template <int MR, bool Nibbles>
@@ -196,6 +227,15 @@ void nbits_rows_factored(const float* A, const NBitsWeight& w, int64_t n0, int64
   constexpr bool nibbles = Nibbles;
   const bool bytes = w.bits == 8;
   const int64_t whole_blocks = K / bs;        // blocks with all block_size codes (a multiple of 32)
+  // 4-bit: A's whole blocks reordered once per task to the order widen32_even_odd produces.
+  thread_local std::vector<float> reordered;
+  const float* a_main = A;
+  if (nibbles) {
+    reordered.resize(static_cast<size_t>(MR * K));
+    for (int m = 0; m < MR; ++m)
+      for (int64_t k = 0; k < whole_blocks * bs; k += 32) even_odd_a(A + m * K + k, reordered.data() + m * K + k);
+    a_main = reordered.data();
+  }
   for (int64_t n = n0; n < n1; ++n) {
     const uint8_t* row = w.codes + n * w.row_bytes;
     if (!nibbles && !bytes) {  // 2, 3, 5, 6, 7 bits: decode the column to one byte per code first
@@ -220,9 +260,10 @@ void nbits_rows_factored(const float* A, const NBitsWeight& w, int64_t n0, int64
       for (int m = 0; m < MR; ++m) even[m] = odd[m] = _mm256_setzero_ps();
       for (int64_t k = b * bs; k < (b + 1) * bs; k += 32) {
         __m256 q[4];
-        widen32(row, nibbles, k, q);
+        if (nibbles) widen32_even_odd(row, k, q);
+        else widen32(row, false, k, q);
         for (int m = 0; m < MR; ++m) {
-          const float* a = A + m * K + k;
+          const float* a = a_main + m * K + k;
           even[m] = _mm256_fmadd_ps(_mm256_loadu_ps(a), q[0], even[m]);
           odd[m] = _mm256_fmadd_ps(_mm256_loadu_ps(a + 8), q[1], odd[m]);
           even[m] = _mm256_fmadd_ps(_mm256_loadu_ps(a + 16), q[2], even[m]);
