@@ -187,14 +187,11 @@ def _scale(s, name: str, fn: str) -> np.ndarray:
 
 def _scales(a_scale, b_scale, y_scale, fn: str = _FN):
     labels = ("a_scale", "b_scale", "y_scale")
-    arrays = [np.asarray(s) if type(s) is not float else np.float32(s) for s in (a_scale, b_scale, y_scale)]
-    for name, s in zip(labels, arrays):
-        if np.asarray(s).dtype not in SCALE_TYPES:
-            raise TypeError(f"{fn}: {name} dtype {np.asarray(s).dtype} is not supported, expected {names(SCALE_TYPES)}")
-    if len({np.asarray(s).dtype for s in arrays}) > 1:
+    arrays = [_scale(s, name, fn) for name, s in zip(labels, (a_scale, b_scale, y_scale))]
+    if len({s.dtype for s in arrays}) > 1:
         raise TypeError(f"{fn}: the three scales must share one dtype (ONNX type TS), got "
-                        + ", ".join(f"{n} {np.asarray(s).dtype}" for n, s in zip(labels, arrays)))
-    return [_scale(s, name, fn) for name, s in zip(labels, arrays)]
+                        + ", ".join(f"{n} {s.dtype}" for n, s in zip(labels, arrays)))
+    return arrays
 
 
 def _check_pair(scale: np.ndarray, zero_point: np.ndarray, scale_name: str, zp_name: str, fn: str):
