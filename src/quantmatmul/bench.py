@@ -88,21 +88,13 @@ def _quantmatmul_runner(case, args):
 
 def _onnxruntime_runner(case, args, threads):
     try:
-        import onnxruntime as ort
-
-        from .peers import INPUTS, qlinear_model
+        from .peers import INPUTS, qlinear_model, session as ort_session
     except ImportError:
         return None
-    options = ort.SessionOptions()
-    options.intra_op_num_threads = threads
-    options.inter_op_num_threads = 1
-    options.log_severity_level = 3
-    # Interleaved timing: threads that spin after a run would steal the cores from whoever runs
-    # next. quantmatmul's pool sleeps; ask the peers to do the same (docs/benchmarks.md).
-    options.add_session_config_entry("session.intra_op.allow_spinning", "0")
     try:
-        model = qlinear_model(args, 21, b_constant=case.constant_b)
-        session = ort.InferenceSession(model.SerializeToString(), options, providers=["CPUExecutionProvider"])
+        # Interleaved timing: threads that spin after a run would steal the cores from whoever runs
+        # next. quantmatmul's pool sleeps; ask the peers to do the same (docs/benchmarks.md).
+        session = ort_session(qlinear_model(args, 21, b_constant=case.constant_b), threads=threads, spinning=False)
     except Exception:  # NOT_IMPLEMENTED: a type combination ORT does not run
         return None
     feeds = {n: np.asarray(x) for n, x in zip(INPUTS, args) if not (case.constant_b and n.startswith("b"))}
@@ -238,11 +230,9 @@ def run_nbits(cases=None, *, threads=None, repeat=15, quick=False, seed=0, progr
     set_num_threads(threads)
     rng = np.random.default_rng(seed)
     try:
-        import onnxruntime as ort
-
-        from .peers import matmul_nbits_model
+        from .peers import matmul_nbits_model, session as ort_session
     except ImportError:
-        ort = None
+        ort_session = None
     rows = []
     for case in cases or (NBITS_QUICK if quick else NBITS_CASES):
         W = (rng.standard_normal((case.K, case.N)) * 0.02).astype(np.float32)
@@ -250,14 +240,10 @@ def run_nbits(cases=None, *, threads=None, repeat=15, quick=False, seed=0, progr
         A = rng.standard_normal((case.M, case.K)).astype(np.float32)
         ours = MatMulNBits(*q.tensors(), **q.attributes(), accuracy_level=case.level)
         runners = {"quantmatmul": lambda ours=ours: ours(A)}
-        if ort is not None and case.bits in (2, 4, 8):
+        if ort_session is not None and case.bits in (2, 4, 8):
             for level in sorted({case.level, 4}):
-                options = ort.SessionOptions()
-                options.intra_op_num_threads = threads
-                options.log_severity_level = 4
-                options.add_session_config_entry("session.intra_op.allow_spinning", "0")
                 model = matmul_nbits_model(np.float32, *q.tensors(), **q.attributes(), accuracy_level=level)
-                session = ort.InferenceSession(model.SerializeToString(), options, providers=["CPUExecutionProvider"])
+                session = ort_session(model, threads=threads, spinning=False)
                 runners[f"onnxruntime level {level}"] = lambda session=session: session.run(None, {"A": A})[0]
         for fn in runners.values():
             fn()
@@ -310,18 +296,10 @@ def run_cold_nbits(*, threads=None, count=8, K=4096, N=4096, bits=4, block_size=
     ours = [MatMulNBits(*q.tensors(), **q.attributes(), accuracy_level=level) for q in weights]
     sweeps = {"quantmatmul": lambda: [w(A) for w in ours]}
     try:
-        import onnxruntime as ort
+        from .peers import matmul_nbits_model, session as ort_session
 
-        from .peers import matmul_nbits_model
-
-        sessions = []
-        for q in weights:
-            options = ort.SessionOptions()
-            options.intra_op_num_threads = threads
-            options.log_severity_level = 4
-            options.add_session_config_entry("session.intra_op.allow_spinning", "0")
-            model = matmul_nbits_model(np.float32, *q.tensors(), **q.attributes(), accuracy_level=4)
-            sessions.append(ort.InferenceSession(model.SerializeToString(), options, providers=["CPUExecutionProvider"]))
+        sessions = [ort_session(matmul_nbits_model(np.float32, *q.tensors(), **q.attributes(), accuracy_level=4),
+                                threads=threads, spinning=False) for q in weights]
         sweeps["onnxruntime level 4"] = lambda: [s.run(None, {"A": A}) for s in sessions]
     except ImportError:
         pass

@@ -33,12 +33,20 @@ def qlinear_model(args, opset=21, b_constant=False) -> onnx.ModelProto:
     return helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)], ir_version=10)
 
 
-def run_onnxruntime(*args, opset=21, b_constant=False) -> np.ndarray:
-    model = qlinear_model(args, opset, b_constant)
+def session(model: onnx.ModelProto, *, threads: int = 1, spinning: bool = True) -> ort.InferenceSession:
+    """A CPU session for model. spinning=False keeps ORT's idle threads from spinning after a run, so
+    that interleaved benchmarks do not lose cores to them (docs/benchmarks.md)."""
     options = ort.SessionOptions()
-    options.intra_op_num_threads = 1
-    options.log_severity_level = 3
-    sess = ort.InferenceSession(model.SerializeToString(), options, providers=["CPUExecutionProvider"])
+    options.intra_op_num_threads = threads
+    options.inter_op_num_threads = 1
+    options.log_severity_level = 4
+    if not spinning:
+        options.add_session_config_entry("session.intra_op.allow_spinning", "0")
+    return ort.InferenceSession(model.SerializeToString(), options, providers=["CPUExecutionProvider"])
+
+
+def run_onnxruntime(*args, opset=21, b_constant=False) -> np.ndarray:
+    sess = session(qlinear_model(args, opset, b_constant))
     feeds = {n: np.asarray(x) for n, x in zip(INPUTS, args) if not (b_constant and n.startswith("b"))}
     return sess.run(None, feeds)[0]
 
@@ -77,9 +85,5 @@ def matmul_nbits_model(A_dtype, B, scales, zero_points=None, g_idx=None, bias=No
 
 def run_matmul_nbits_onnxruntime(A, B, scales, zero_points=None, g_idx=None, bias=None, *, threads=1, **attributes):
     """ONNX Runtime's MatMulNBits on A, the weight given as constant initializers (as real models do)."""
-    options = ort.SessionOptions()
-    options.intra_op_num_threads = threads
-    options.log_severity_level = 4
     model = matmul_nbits_model(np.asarray(A).dtype, B, scales, zero_points, g_idx, bias, **attributes)
-    session = ort.InferenceSession(model.SerializeToString(), options, providers=["CPUExecutionProvider"])
-    return session.run(None, {"A": np.asarray(A)})[0]
+    return session(model, threads=threads).run(None, {"A": np.asarray(A)})[0]
