@@ -349,35 +349,12 @@ def _chunks(total, size):
 
 
 # ---------------------------------------------------------------------------------------------------
-# Decoding codes: the LSB-first bitstream (nbits_layout.py), vectorized per width.
+# Decoding codes: the LSB-first bitstream (nbits_layout.py), by the C++ decoder the kernels use.
 
 
 def _decode(rows, bits, count):
-    """The first count codes of each row of rows (uint8 [n, bytes]) as uint8 [n, count]; count * bits % 64 == 0."""
-    n = rows.shape[0]
-    if bits == 8:
-        return np.ascontiguousarray(rows[:, :count])
-    if bits == 4:
-        out = np.empty((n, count // 2, 2), np.uint8)
-        np.bitwise_and(rows, 0x0F, out=out[:, :, 0])
-        np.right_shift(rows, 4, out=out[:, :, 1])
-        return out.reshape(n, count)
-    if bits == 2:
-        out = np.empty((n, count // 4, 4), np.uint8)
-        for i in range(4):
-            np.right_shift(rows, 2 * i, out=out[:, :, i])
-        out &= 3
-        return out.reshape(n, count)
-    # 3, 5, 6, 7 bits: every 8 codes fill exactly `bits` bytes; read each group as a little-endian integer.
-    groups = rows.reshape(n, count // 8, bits)
-    padded = np.zeros((n, count // 8, 8), np.uint8)
-    padded[:, :, :bits] = groups
-    words = padded.view("<u8")[:, :, 0]
-    out = np.empty((n, count // 8, 8), np.uint8)
-    mask = np.uint64((1 << bits) - 1)
-    for i in range(8):
-        out[:, :, i] = (words >> np.uint64(bits * i)) & mask
-    return out.reshape(n, count)
+    """The first count codes of each row of rows (uint8 [n, bytes]) as uint8 [n, count]."""
+    return _core.decode_nbits(np.ascontiguousarray(rows), bits, count)
 
 
 # ---------------------------------------------------------------------------------------------------
