@@ -24,8 +24,8 @@ double measure_peak_gops(double seconds) {
     while (std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count() < seconds) {
       for (int rep = 0; rep < 16; ++rep) {
         for (int64_t j = 0; j < panels; ++j)
-          kernels.kernel(a.data(), kMr, b.data() + j * pairs * 2 * kNr, 1, pairs, 0, pairs, true,
-                         c.data() + j * kNr, panels * kNr);
+          kernels.kernel(a.data(), kMr, b.data() + j * pairs * 2 * kNr, 0, pairs, true, c.data() + j * kNr,
+                         panels * kNr);
         done += 1;
       }
     }

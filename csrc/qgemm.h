@@ -37,12 +37,11 @@ void pack_b_panels(const void* b, bool b_signed, int64_t K, int64_t N, int64_t p
 void pack_b_panel_rows(const void* b, bool b_signed, int64_t K, int64_t N, int64_t panel, int64_t p_begin,
                        int64_t p_end, int8_t* out_panel, int32_t* colsum, bool first);
 
-// C[r, j] = sum over k-pairs [p0, p1) of rows [0, rows) of the packed A group at a times columns
-// [0, kNr * panels) of the panels starting at b_panels. rows <= kMr. C is row-major with row stride
-// ldc (int32, wrapping: exact while the sum fits).
-using QGemmKernel = void (*)(const int32_t* a, int64_t rows, const int8_t* b_panels,
-                             int64_t panels, int64_t pairs_total, int64_t p0, int64_t p1, bool b_signed,
-                             int32_t* c, int64_t ldc);
+// C[r, j] = sum over k-pairs [p0, p1) of rows [0, rows) of the packed A group at a times the
+// kNr columns of the B panel at b_panel. rows <= kMr. C is row-major with row stride ldc (int32,
+// wrapping: exact while the sum fits).
+using QGemmKernel = void (*)(const int32_t* a, int64_t rows, const int8_t* b_panel, int64_t p0, int64_t p1,
+                             bool b_signed, int32_t* c, int64_t ldc);
 
 // y[j] = saturate(rne(max/min-clamped(f32(acc[j]) * multiplier[j])) + zp[j]) for j < count: the
 // ONNX Runtime epilogue of csrc/requantize.h, vectorized.

@@ -101,8 +101,8 @@ void accumulate(const QGemmProblem& p, Epilogue&& epilogue) {
       const int64_t q1 = std::min(pairs, q0 + kPairsPerChunk);
       for (int64_t j = 0; j < panels; ++j) {
         for (int64_t r0 = 0; r0 < rows; r0 += kMr) {
-          kernels.kernel(a_block + r0 * pairs, std::min(kMr, rows - r0), b_panels + j * panel_bytes, 1, pairs, q0, q1,
-                         b_signed, c32.data() + r0 * ldc + j * kNr, ldc);
+          kernels.kernel(a_block + r0 * pairs, std::min(kMr, rows - r0), b_panels + j * panel_bytes, q0, q1, b_signed,
+                         c32.data() + r0 * ldc + j * kNr, ldc);
         }
       }
       if (chunked)

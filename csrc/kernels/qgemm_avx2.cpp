@@ -49,24 +49,19 @@ void micro_tile(const int32_t* a, const int8_t* b, int64_t p0, int64_t p1, int32
 }
 
 template <bool BSigned>
-void kernel_avx2_t(const int32_t* a, int64_t rows, const int8_t* b_panels, int64_t panels,
-                   int64_t pairs_total, int64_t p0, int64_t p1, int32_t* c, int64_t ldc) {
-  for (int64_t panel = 0; panel < panels; ++panel) {
-    const int8_t* b = b_panels + panel * pairs_total * 2 * kNr;
-    int32_t* cp = c + panel * kNr;
-    switch (rows) {
-      case 1: micro_tile<1, BSigned>(a, b, p0, p1, cp, ldc); break;
-      case 2: micro_tile<2, BSigned>(a, b, p0, p1, cp, ldc); break;
-      case 3: micro_tile<3, BSigned>(a, b, p0, p1, cp, ldc); break;
-      default: micro_tile<4, BSigned>(a, b, p0, p1, cp, ldc); break;
-    }
+void kernel_avx2_t(const int32_t* a, int64_t rows, const int8_t* b, int64_t p0, int64_t p1, int32_t* c, int64_t ldc) {
+  switch (rows) {
+    case 1: return micro_tile<1, BSigned>(a, b, p0, p1, c, ldc);
+    case 2: return micro_tile<2, BSigned>(a, b, p0, p1, c, ldc);
+    case 3: return micro_tile<3, BSigned>(a, b, p0, p1, c, ldc);
+    default: return micro_tile<4, BSigned>(a, b, p0, p1, c, ldc);
   }
 }
 
-void kernel_avx2(const int32_t* a, int64_t rows, const int8_t* b_panels, int64_t panels,
-                 int64_t pairs_total, int64_t p0, int64_t p1, bool b_signed, int32_t* c, int64_t ldc) {
-  if (b_signed) kernel_avx2_t<true>(a, rows, b_panels, panels, pairs_total, p0, p1, c, ldc);
-  else kernel_avx2_t<false>(a, rows, b_panels, panels, pairs_total, p0, p1, c, ldc);
+void kernel_avx2(const int32_t* a, int64_t rows, const int8_t* b_panel, int64_t p0, int64_t p1, bool b_signed,
+                 int32_t* c, int64_t ldc) {
+  if (b_signed) kernel_avx2_t<true>(a, rows, b_panel, p0, p1, c, ldc);
+  else kernel_avx2_t<false>(a, rows, b_panel, p0, p1, c, ldc);
 }
 
 void requantize_row_avx2(const int32_t* acc, const float* multiplier, const int32_t* zp, int64_t count,
@@ -152,22 +147,11 @@ inline void decode_nbits_avx2(const uint8_t* row, int64_t bits, int64_t count, i
   decode_nbits_range(row, bits, 8 * g, count - 8 * g, out + 8 * g);
 }
 
-// The codes of k0 .. k0+31 of one column as 4 x 8 floats: from nibbles (4-bit rows) or from one
-// byte per code (8-bit rows, and rows of other widths decoded to bytes beforehand).
-inline void widen32(const uint8_t* row, bool nibbles, int64_t k0, __m256 out[4]) {
-  if (nibbles) {
-    const __m128i packed = _mm_loadu_si128(reinterpret_cast<const __m128i*>(row + k0 / 2));
-    const __m128i mask = _mm_set1_epi8(0x0F);
-    const __m128i lo = _mm_and_si128(packed, mask), hi = _mm_and_si128(_mm_srli_epi16(packed, 4), mask);
-    const __m128i first = _mm_unpacklo_epi8(lo, hi), second = _mm_unpackhi_epi8(lo, hi);  // codes 0..15, 16..31
-    out[0] = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(first));
-    out[1] = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_srli_si128(first, 8)));
-    out[2] = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(second));
-    out[3] = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_srli_si128(second, 8)));
-    return;
-  }
+// The codes k0 .. k0+31 of a column held one byte per code (8-bit rows, and rows of other widths
+// decoded beforehand) as 4 x 8 floats, in order.
+inline void widen32(const uint8_t* codes, int64_t k0, __m256 out[4]) {
   for (int i = 0; i < 4; ++i) {
-    const __m128i bytes = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(row + k0 + 8 * i));
+    const __m128i bytes = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(codes + k0 + 8 * i));
     out[i] = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(bytes));
   }
 }
@@ -261,7 +245,7 @@ void nbits_rows_factored(const float* A, const NBitsWeight& w, int64_t n0, int64
       for (int64_t k = b * bs; k < (b + 1) * bs; k += 32) {
         __m256 q[4];
         if (nibbles) widen32_even_odd(row, k, q);
-        else widen32(row, false, k, q);
+        else widen32(row, k, q);
         for (int m = 0; m < MR; ++m) {
           const float* a = a_main + m * K + k;
           even[m] = _mm256_fmadd_ps(_mm256_loadu_ps(a), q[0], even[m]);

@@ -130,28 +130,26 @@ void pack_b_panels(const void* b, bool b_signed, int64_t K, int64_t N, int64_t p
 namespace {
 
 template <class TB>
-void kernel_portable_t(const int32_t* a, int64_t rows, const int8_t* b_panels,
-                       int64_t panels, int64_t pairs_total, int64_t p0, int64_t p1, int32_t* c, int64_t ldc) {
+void kernel_portable_t(const int32_t* a, int64_t rows, const int8_t* b_panel, int64_t p0, int64_t p1, int32_t* c,
+                       int64_t ldc) {
+  const auto* b = reinterpret_cast<const TB*>(b_panel);
   for (int64_t r = 0; r < rows; ++r) {
-    for (int64_t panel = 0; panel < panels; ++panel) {
-      uint32_t acc[kNr] = {};
-      const auto* b = reinterpret_cast<const TB*>(b_panels + panel * pairs_total * 2 * kNr);
-      for (int64_t p = p0; p < p1; ++p) {
-        const uint32_t pair = static_cast<uint32_t>(a[p * kMr + r]);
-        const int32_t a0 = static_cast<int16_t>(pair & 0xFFFFu), a1 = static_cast<int16_t>(pair >> 16);
-        const TB* bp = b + p * 2 * kNr;
-        for (int64_t j = 0; j < kNr; ++j)
-          acc[j] += static_cast<uint32_t>(a0 * int32_t(bp[2 * j]) + a1 * int32_t(bp[2 * j + 1]));
-      }
-      for (int64_t j = 0; j < kNr; ++j) c[r * ldc + panel * kNr + j] = static_cast<int32_t>(acc[j]);
+    uint32_t acc[kNr] = {};
+    for (int64_t p = p0; p < p1; ++p) {
+      const uint32_t pair = static_cast<uint32_t>(a[p * kMr + r]);
+      const int32_t a0 = static_cast<int16_t>(pair & 0xFFFFu), a1 = static_cast<int16_t>(pair >> 16);
+      const TB* bp = b + p * 2 * kNr;
+      for (int64_t j = 0; j < kNr; ++j)
+        acc[j] += static_cast<uint32_t>(a0 * int32_t(bp[2 * j]) + a1 * int32_t(bp[2 * j + 1]));
     }
+    for (int64_t j = 0; j < kNr; ++j) c[r * ldc + j] = static_cast<int32_t>(acc[j]);
   }
 }
 
-void kernel_portable(const int32_t* a, int64_t rows, const int8_t* b_panels, int64_t panels,
-                     int64_t pairs_total, int64_t p0, int64_t p1, bool b_signed, int32_t* c, int64_t ldc) {
-  if (b_signed) kernel_portable_t<int8_t>(a, rows, b_panels, panels, pairs_total, p0, p1, c, ldc);
-  else kernel_portable_t<uint8_t>(a, rows, b_panels, panels, pairs_total, p0, p1, c, ldc);
+void kernel_portable(const int32_t* a, int64_t rows, const int8_t* b_panel, int64_t p0, int64_t p1, bool b_signed,
+                     int32_t* c, int64_t ldc) {
+  if (b_signed) kernel_portable_t<int8_t>(a, rows, b_panel, p0, p1, c, ldc);
+  else kernel_portable_t<uint8_t>(a, rows, b_panel, p0, p1, c, ldc);
 }
 
 void requantize_row_portable(const int32_t* acc, const float* multiplier, const int32_t* zp, int64_t count,
