@@ -105,10 +105,12 @@ void quantize_a_int8(const float* A, int64_t M, int64_t K, int64_t block_size, i
 }
 
 void matmul_nbits_int8(const float* A, int64_t M, const NBitsWeight& w, const float* bias, float* Y) {
-  const NBitsRowsInt8 rows = active_kernels().nbits_rows_int8;
+  const QGemmKernels& kernels = active_kernels();  // one table for the preparation and the products
   std::vector<int8_t> qa(static_cast<size_t>(M * w.k_blocks * w.block_size));
   std::vector<float> scale(static_cast<size_t>(M * w.k_blocks)), block_sum(scale.size());
   quantize_a_int8(A, M, w.K, w.block_size, qa.data(), scale.data(), block_sum.data());
+  if (kernels.nbits_prepare_int8) kernels.nbits_prepare_int8(qa.data(), M, w);
+  const NBitsRowsInt8 rows = kernels.nbits_rows_int8;
   const QuantizedA a{qa.data(), scale.data(), block_sum.data(), M, w.k_blocks * w.block_size};
   constexpr int64_t kColumnsPerTask = 16;
   const int64_t tasks = (w.N + kColumnsPerTask - 1) / kColumnsPerTask;

@@ -63,6 +63,10 @@ using NBitsRows = void (*)(const float* A, int64_t M, const NBitsWeight& w, int6
 using NBitsRowsInt8 = void (*)(const QuantizedA& a, const NBitsWeight& w, int64_t n0, int64_t n1, const float* bias,
                                float* Y);
 
+// Level 4: rearranges the int8 A [M, k_blocks * block_size] in place, once per call, into the
+// order the same table's nbits_rows_int8 reads for this weight (null: the natural order).
+using NBitsPrepareInt8 = void (*)(int8_t* qa, int64_t M, const NBitsWeight& w);
+
 struct QGemmKernels {
   Isa isa;
   QGemmKernel kernel;
@@ -70,6 +74,7 @@ struct QGemmKernels {
   SgemmRows sgemm_rows;
   NBitsRows nbits_rows;
   NBitsRowsInt8 nbits_rows_int8;
+  NBitsPrepareInt8 nbits_prepare_int8;
 };
 
 extern const QGemmKernels kPortableKernels;

@@ -443,19 +443,21 @@ void nbits_rows_int8_kind(const QuantizedA& a, const NBitsWeight& w, int64_t n0,
   else nbits_rows_int8_impl<Kind, 0>(a, w, n0, n1, bias, Y, column);
 }
 
-void nbits_rows_int8_avx2(const QuantizedA& a_in, const NBitsWeight& w, int64_t n0, int64_t n1, const float* bias,
+void nbits_rows_int8_avx2(const QuantizedA& a, const NBitsWeight& w, int64_t n0, int64_t n1, const float* bias,
                           float* Y) {
-  if (w.block_size < 32) return kPortableKernels.nbits_rows_int8(a_in, w, n0, n1, bias, Y);
-  if (w.bits == 8) return nbits_rows_int8_kind<8>(a_in, w, n0, n1, bias, Y);
-  if (w.bits != 4) return nbits_rows_int8_kind<0>(a_in, w, n0, n1, bias, Y);
-  // 4-bit: the int8 A reordered once per task to match the [even | odd] nibble order.
-  thread_local std::vector<int8_t> reordered;
-  const int64_t padded = w.k_blocks * w.block_size;
-  reordered.resize(static_cast<size_t>(a_in.M * padded));
-  even_odd_qa(a_in.qa, a_in.M * padded, reordered.data());
-  QuantizedA a = a_in;
-  a.qa = reordered.data();
-  nbits_rows_int8_kind<4>(a, w, n0, n1, bias, Y);
+  if (w.block_size < 32) return kPortableKernels.nbits_rows_int8(a, w, n0, n1, bias, Y);
+  if (w.bits == 8) return nbits_rows_int8_kind<8>(a, w, n0, n1, bias, Y);
+  if (w.bits != 4) return nbits_rows_int8_kind<0>(a, w, n0, n1, bias, Y);
+  nbits_rows_int8_kind<4>(a, w, n0, n1, bias, Y);  // A in [even | odd] order: nbits_prepare_int8_avx2
+}
+
+// 4-bit weights with blocks of 32 or more: the int8 A reordered once per call to the [even | odd]
+// order of every 32 that codes32_even_odd produces.
+void nbits_prepare_int8_avx2(int8_t* qa, int64_t M, const NBitsWeight& w) {
+  if (w.bits != 4 || w.block_size < 32) return;
+  const int64_t count = M * w.k_blocks * w.block_size;
+  std::vector<int8_t> natural(qa, qa + count);
+  even_odd_qa(natural.data(), count, qa);
 }
 
 template <int MR>
@@ -479,7 +481,8 @@ void nbits_rows_avx2(const float* A, int64_t M, const NBitsWeight& w, int64_t n0
 }  // namespace
 
 const QGemmKernels kAvx2Kernels = {Isa::kAvx2, kernel_avx2, requantize_row_avx2, sgemm_rows_avx2,
-                                 nbits_rows_avx2,     nbits_rows_int8_avx2};
+                                 nbits_rows_avx2,     nbits_rows_int8_avx2,
+                                 nbits_prepare_int8_avx2};
 bool avx2_kernels_built() { return true; }
 
 }  // namespace qmm
