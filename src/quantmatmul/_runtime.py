@@ -30,7 +30,7 @@ def cpu_info() -> dict:
 def available_isas() -> list[str]:
     """Kernel paths this machine supports and this build has, lowest first."""
     best = ISAS.index(_core.best_isa())
-    return [isa for isa in ISAS[: best + 1]]
+    return list(ISAS[: best + 1])
 
 
 def set_isa(isa: str) -> None:

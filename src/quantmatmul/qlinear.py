@@ -313,17 +313,18 @@ class _Problem:
         common = (a3, a3.dtype == np.int8, self.a_index, a_zp2, packed, self.b.dtype == np.int8, self.b_index, b_zp2)
         if numerics == "onnxruntime":
             f32 = [s.astype(np.float32) for s in (a_scale, b_scale, y_scale)]
-            multiplier = self._finite_multiplier(f32, "float32")
+            multiplier = self._multiplier(f32, "float32")
             _core.qlinear_matmul_onnxruntime(*common, self.view3(multiplier, np.float32), y, y.dtype == np.int8, y_zp3)
         elif numerics == "onnx-reference":
-            multiplier = self._finite_multiplier((a_scale, b_scale, y_scale), str(self.scale_dtype))
+            multiplier = self._multiplier((a_scale, b_scale, y_scale), str(self.scale_dtype))
             _core.qlinear_matmul_onnx_reference(*common, self.view3(multiplier, np.float64), y, y.dtype == np.int8, y_zp3)
         else:
             scales = [self.view3(s, np.float32) for s in (a_scale, b_scale, y_scale)]
             _core.qlinear_matmul_exact(*common, *scales, y, y.dtype == np.int8, y_zp3)
         return y
 
-    def _finite_multiplier(self, scales, precision):
+    def _multiplier(self, scales, precision):
+        """a_scale * b_scale / y_scale in the scales' dtype; a ValueError if it overflows."""
         a_scale, b_scale, y_scale = scales
         with np.errstate(over="ignore", under="ignore"):
             multiplier = (a_scale * b_scale) / y_scale
