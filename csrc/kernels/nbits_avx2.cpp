@@ -1,0 +1,384 @@
+// nbits_avx2.cpp: AVX2 MatMulNBits kernels: code decoding, level 0/1 float32 products (decode and prefill), level 4 int8 block dot products.
+#include "nbits_avx2.h"
+
+#include <immintrin.h>
+
+#include <algorithm>
+#include <cstring>
+#include <vector>
+
+namespace qmm {
+#include "nbits_dequantize.inc"
+}  // namespace qmm
+
+namespace qmm {
+namespace {
+// MatMulNBits level 0/1, factored by block (docs/matmul_nbits.md, error bound of any order):
+//   y[m, n] = sum_b scale[n, b] * (sum_{k in b} a[m, k] * q[n, k] - zero_point[n, b] * asum[m, b])
+// with asum[m, b] = sum_{k in b} a[m, k] computed once per call. The codes of a block are widened
+// to float32 once and reused by every row of A; each row keeps an 8-lane running sum, scaled per
+// block with one FMA, and one horizontal sum per output.
+//
+//   4-bit codes: 16 bytes -> low and high nibbles -> 32 codes in order -> 4 x 8 floats
+//   8-bit codes: 4 x 8 bytes widened directly; other widths go through decode_nbits.
+
+// Codes of 2, 3, 5, 6 or 7 bits to one byte each: every 8 codes fill exactly `bits` bytes, and one
+// pdep (BMI2) deposits their 8 * bits bits into the low bits of 8 bytes. The window is read as one
+// unaligned 8-byte load while that stays inside the row (row_bytes), else byte by byte.
+inline void decode_nbits_avx2(const uint8_t* row, int64_t bits, int64_t count, int64_t row_bytes, uint8_t* out) {
+  const uint64_t mask = 0x0101010101010101ull * ((1ull << bits) - 1);
+  const int64_t groups = count / 8;
+  int64_t g = 0;
+  for (; g < groups && g * bits + 8 <= row_bytes; ++g) {
+    uint64_t window;
+    std::memcpy(&window, row + g * bits, 8);  // little-endian: code 0 in the lowest bits
+    const uint64_t codes = _pdep_u64(window, mask);
+    std::memcpy(out + 8 * g, &codes, 8);
+  }
+  decode_nbits_range(row, bits, 8 * g, count - 8 * g, out + 8 * g);
+}
+
+// The codes k0 .. k0+31 of a column held one byte per code (8-bit rows, and rows of other widths
+// decoded beforehand) as 4 x 8 floats, in order.
+inline void widen32(const uint8_t* codes, int64_t k0, __m256 out[4]) {
+  for (int i = 0; i < 4; ++i) {
+    const __m128i bytes = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(codes + k0 + 8 * i));
+    out[i] = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(bytes));
+  }
+}
+
+float horizontal_sum(__m256 v) {
+  const __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+  const __m128 t = _mm_add_ps(s, _mm_movehl_ps(s, s));
+  return _mm_cvtss_f32(_mm_add_ss(t, _mm_shuffle_ps(t, t, 1)));
+}
+
+// 4-bit codes k0 .. k0+31 as floats in the order [even codes 0..14 | even 16..30 | odd 1..15 |
+// odd 17..31]: one broadcast load, two masks, four in-lane byte shuffles into dwords, four
+// conversions (no cross-lane widening). A is reordered to match (even_odd_a).
+inline void widen32_even_odd(const uint8_t* row, int64_t k0, __m256 out[4]) {
+  const __m256i x = _mm256_broadcastsi128_si256(_mm_loadu_si128(reinterpret_cast<const __m128i*>(row + k0 / 2)));
+  const __m256i mask = _mm256_set1_epi8(0x0F);
+  const __m256i even = _mm256_and_si256(x, mask), odd = _mm256_and_si256(_mm256_srli_epi16(x, 4), mask);
+  constexpr char z = static_cast<char>(0x80);
+  const __m256i first = _mm256_setr_epi8(0, z, z, z, 1, z, z, z, 2, z, z, z, 3, z, z, z,   // bytes 0..3 | 4..7
+                                         4, z, z, z, 5, z, z, z, 6, z, z, z, 7, z, z, z);
+  const __m256i second = _mm256_setr_epi8(8, z, z, z, 9, z, z, z, 10, z, z, z, 11, z, z, z,  // 8..11 | 12..15
+                                          12, z, z, z, 13, z, z, z, 14, z, z, z, 15, z, z, z);
+  out[0] = _mm256_cvtepi32_ps(_mm256_shuffle_epi8(even, first));
+  out[1] = _mm256_cvtepi32_ps(_mm256_shuffle_epi8(even, second));
+  out[2] = _mm256_cvtepi32_ps(_mm256_shuffle_epi8(odd, first));
+  out[3] = _mm256_cvtepi32_ps(_mm256_shuffle_epi8(odd, second));
+}
+
+// a[k0 .. k0+31] reordered to [a0 a2 .. a14 | a16 .. a30 | a1 a3 .. a15 | a17 .. a31].
+inline void even_odd_a(const float* a, float* out) {
+  const __m256 v0 = _mm256_loadu_ps(a), v1 = _mm256_loadu_ps(a + 8);
+  const __m256 v2 = _mm256_loadu_ps(a + 16), v3 = _mm256_loadu_ps(a + 24);
+  auto ordered = [](__m256 x) {  // 64-bit granules 0, 2, 1, 3
+    return _mm256_castpd_ps(_mm256_permute4x64_pd(_mm256_castps_pd(x), 0xD8));
+  };
+  _mm256_storeu_ps(out, ordered(_mm256_shuffle_ps(v0, v1, _MM_SHUFFLE(2, 0, 2, 0))));
+  _mm256_storeu_ps(out + 8, ordered(_mm256_shuffle_ps(v2, v3, _MM_SHUFFLE(2, 0, 2, 0))));
+  _mm256_storeu_ps(out + 16, ordered(_mm256_shuffle_ps(v0, v1, _MM_SHUFFLE(3, 1, 3, 1))));
+  _mm256_storeu_ps(out + 24, ordered(_mm256_shuffle_ps(v2, v3, _MM_SHUFFLE(3, 1, 3, 1))));
+}
+
+// Few rows of A (decode): the factored form, codes widened straight from the packed weight, MR
+// running sums in registers.
+template <int MR, bool Nibbles>
+void nbits_rows_factored(const float* A, const NBitsWeight& w, int64_t n0, int64_t n1, const float* bias, float* Y) {
+  const int64_t K = w.K, bs = w.block_size, kb = w.k_blocks;
+  thread_local std::vector<float> asum;
+  thread_local std::vector<uint8_t> codes;
+  asum.resize(static_cast<size_t>(MR * kb));
+  codes.resize(static_cast<size_t>(K + 32));
+  for (int m = 0; m < MR; ++m)
+    for (int64_t b = 0; b < kb; ++b) {
+      float sum = 0.0f;
+      for (int64_t k = b * bs; k < std::min(K, (b + 1) * bs); ++k) sum += A[m * K + k];
+      asum[m * kb + b] = sum;
+    }
+  constexpr bool nibbles = Nibbles;
+  const bool bytes = w.bits == 8;
+  const int64_t whole_blocks = K / bs;        // blocks with all block_size codes (a multiple of 32)
+  // 4-bit: A's whole blocks reordered once per task to the order widen32_even_odd produces.
+  thread_local std::vector<float> reordered;
+  const float* a_main = A;
+  if (nibbles) {
+    reordered.resize(static_cast<size_t>(MR * K));
+    for (int m = 0; m < MR; ++m)
+      for (int64_t k = 0; k < whole_blocks * bs; k += 32) even_odd_a(A + m * K + k, reordered.data() + m * K + k);
+    a_main = reordered.data();
+  }
+  for (int64_t n = n0; n < n1; ++n) {
+    const uint8_t* row = w.codes + n * w.row_bytes;
+    if (!nibbles && !bytes) {  // 2, 3, 5, 6, 7 bits: decode the column to one byte per code first
+      decode_nbits_avx2(row, w.bits, K, w.row_bytes, codes.data());
+      row = codes.data();
+    }
+    const float* scales = w.scales + n * kb;
+    const float* zero_points = w.zero_points + n * kb;
+    __m256 acc[MR];
+    float correction[MR], tail[MR];
+    for (int m = 0; m < MR; ++m) {
+      acc[m] = _mm256_setzero_ps();
+      tail[m] = 0.0f;
+      float c = 0.0f;
+      for (int64_t b = 0; b < kb; ++b) c += zero_points[b] * scales[b] * asum[m * kb + b];
+      correction[m] = c;
+    }
+    for (int64_t b = 0; b < whole_blocks; ++b) {
+      const __m256 scale = _mm256_set1_ps(scales[b]);
+      // Two independent chains per row (FMA latency, not throughput, bounds a single chain).
+      __m256 even[MR], odd[MR];
+      for (int m = 0; m < MR; ++m) even[m] = odd[m] = _mm256_setzero_ps();
+      for (int64_t k = b * bs; k < (b + 1) * bs; k += 32) {
+        __m256 q[4];
+        if (nibbles) widen32_even_odd(row, k, q);
+        else widen32(row, k, q);
+        for (int m = 0; m < MR; ++m) {
+          const float* a = a_main + m * K + k;
+          even[m] = _mm256_fmadd_ps(_mm256_loadu_ps(a), q[0], even[m]);
+          odd[m] = _mm256_fmadd_ps(_mm256_loadu_ps(a + 8), q[1], odd[m]);
+          even[m] = _mm256_fmadd_ps(_mm256_loadu_ps(a + 16), q[2], even[m]);
+          odd[m] = _mm256_fmadd_ps(_mm256_loadu_ps(a + 24), q[3], odd[m]);
+        }
+      }
+      for (int m = 0; m < MR; ++m) acc[m] = _mm256_fmadd_ps(_mm256_add_ps(even[m], odd[m]), scale, acc[m]);
+    }
+    if (whole_blocks < kb) {  // K's last, partial block
+      const int64_t k0 = whole_blocks * bs;
+      uint8_t rest_codes[1024];
+      for (int64_t k = k0; k < K; k += 1024) {
+        const int64_t count = std::min<int64_t>(1024, K - k);
+        decode_nbits_range(nibbles || bytes ? row : codes.data(), nibbles ? 4 : 8, k, count, rest_codes);
+        for (int m = 0; m < MR; ++m) {
+          float dot = 0.0f;
+          for (int64_t j = 0; j < count; ++j) dot += A[m * K + k + j] * static_cast<float>(rest_codes[j]);
+          tail[m] += dot * scales[whole_blocks];
+        }
+      }
+    }
+    for (int m = 0; m < MR; ++m) {
+      const float y = horizontal_sum(acc[m]) + tail[m] - correction[m];
+      Y[m * w.N + n] = bias ? y + bias[n] : y;
+    }
+  }
+}
+
+// Many rows of A (prefill): the task's (up to) 16 columns dequantized exactly as dequantize_nbits
+// does into a float32 panel [K][16], then 4 x 16 register tiles per 4 rows of A over k-chunks of
+// 256 (16 KB of panel: L1-resident while every row tile passes): per k, two loads of the panel,
+// four broadcasts of A, eight FMAs. Partial sums live in a [M][16] float32 block.
+template <int MR>
+void nbits_tile(const float* a, int64_t K, int64_t k0, int64_t k1, const float* panel, float* partial) {
+  __m256 acc[MR][2];
+  for (int r = 0; r < MR; ++r) {
+    acc[r][0] = _mm256_loadu_ps(partial + r * 16);
+    acc[r][1] = _mm256_loadu_ps(partial + r * 16 + 8);
+  }
+  for (int64_t k = k0; k < k1; ++k) {
+    const __m256 w0 = _mm256_loadu_ps(panel + k * 16), w1 = _mm256_loadu_ps(panel + k * 16 + 8);
+    for (int r = 0; r < MR; ++r) {
+      const __m256 av = _mm256_broadcast_ss(a + r * K + k);
+      acc[r][0] = _mm256_fmadd_ps(av, w0, acc[r][0]);
+      acc[r][1] = _mm256_fmadd_ps(av, w1, acc[r][1]);
+    }
+  }
+  for (int r = 0; r < MR; ++r) {
+    _mm256_storeu_ps(partial + r * 16, acc[r][0]);
+    _mm256_storeu_ps(partial + r * 16 + 8, acc[r][1]);
+  }
+}
+
+void nbits_rows_dequantized(const float* A, int64_t M, const NBitsWeight& w, int64_t n0, int64_t n1,
+                            const float* bias, float* Y) {
+  const int64_t K = w.K;
+  thread_local std::vector<uint8_t> codes;
+  thread_local std::vector<float> wrow, panel, partial;
+  constexpr int64_t kChunk = 256;
+  codes.resize(static_cast<size_t>(K));
+  wrow.resize(static_cast<size_t>(K));
+  for (int64_t n = n0; n < n1; n += 16) {
+    const int64_t cols = std::min<int64_t>(16, n1 - n);
+    panel.assign(static_cast<size_t>(K * 16), 0.0f);
+    for (int64_t c = 0; c < cols; ++c) {
+      dequantize_column(w, n + c, codes.data(), wrow.data());
+      for (int64_t k = 0; k < K; ++k) panel[k * 16 + c] = wrow[k];
+    }
+    partial.assign(static_cast<size_t>(M * 16), 0.0f);
+    for (int64_t k0 = 0; k0 < K; k0 += kChunk) {
+      const int64_t k1 = std::min(K, k0 + kChunk);
+      int64_t m = 0;
+      for (; m + 4 <= M; m += 4) nbits_tile<4>(A + m * K, K, k0, k1, panel.data(), partial.data() + m * 16);
+      for (; m < M; ++m) nbits_tile<1>(A + m * K, K, k0, k1, panel.data(), partial.data() + m * 16);
+    }
+    for (int64_t m = 0; m < M; ++m)
+      for (int64_t j = 0; j < cols; ++j)
+        Y[m * w.N + n + j] = bias ? partial[m * 16 + j] + bias[n + j] : partial[m * 16 + j];
+  }
+}
+
+// MatMulNBits level 4: per 32 codes, one exact integer dot product with the int8 A.
+//   codes <= 127 (2..7 bits): vpmaddubsw (u8 code x s8 qa, pairs <= 2 * 127 * 128 < 2^15: no
+//   saturation), then vpmaddwd with ones into 8 int32; 8-bit codes: both widened to int16, vpmaddwd.
+// A block's int32 sum is converted once and scaled by scale_a * scale_b into an 8-lane float sum.
+inline __m256i codes32_bytes(const uint8_t* row, int64_t k0) {
+  return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(row + k0));
+}
+
+inline __m256i dot32(__m256i codes, const int8_t* qa, bool wide_codes) {
+  const __m256i a = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(qa));
+  if (!wide_codes) return _mm256_madd_epi16(_mm256_maddubs_epi16(codes, a), _mm256_set1_epi16(1));
+  const __m256i c_lo = _mm256_cvtepu8_epi16(_mm256_castsi256_si128(codes));
+  const __m256i c_hi = _mm256_cvtepu8_epi16(_mm256_extracti128_si256(codes, 1));
+  const __m256i a_lo = _mm256_cvtepi8_epi16(_mm256_castsi256_si128(a));
+  const __m256i a_hi = _mm256_cvtepi8_epi16(_mm256_extracti128_si256(a, 1));
+  return _mm256_add_epi32(_mm256_madd_epi16(c_lo, a_lo), _mm256_madd_epi16(c_hi, a_hi));
+}
+
+// The 8 int32 partial sums of each of d[0..7] added up: one int32 per vector, in order.
+inline __m256i reduce8(const __m256i d[8]) {
+  const __m256i t0 = _mm256_hadd_epi32(d[0], d[1]), t1 = _mm256_hadd_epi32(d[2], d[3]);
+  const __m256i t2 = _mm256_hadd_epi32(d[4], d[5]), t3 = _mm256_hadd_epi32(d[6], d[7]);
+  const __m256i u0 = _mm256_hadd_epi32(t0, t1), u1 = _mm256_hadd_epi32(t2, t3);
+  return _mm256_add_epi32(_mm256_permute2x128_si256(u0, u1, 0x20), _mm256_permute2x128_si256(u0, u1, 0x31));
+}
+
+// 4-bit codes without interleaving: 16 packed bytes hold the even codes of 32 in their low nibbles
+// and the odd ones in their high nibbles, so [low nibbles | high nibbles] is one broadcast, one
+// variable shift and one mask; the int8 A is reordered to match once per call (even_odd_qa).
+inline __m256i codes32_even_odd(const uint8_t* row, int64_t k0) {
+  const __m256i x = _mm256_broadcastsi128_si256(_mm_loadu_si128(reinterpret_cast<const __m128i*>(row + k0 / 2)));
+  return _mm256_and_si256(_mm256_srlv_epi32(x, _mm256_set_epi32(4, 4, 4, 4, 0, 0, 0, 0)), _mm256_set1_epi8(0x0F));
+}
+
+// qa[k0 .. k0+31] reordered to [the 16 even | the 16 odd], for every 32 of every row.
+void even_odd_qa(const int8_t* qa, int64_t count, int8_t* out) {
+  const __m256i within_lanes = _mm256_setr_epi8(0, 2, 4, 6, 8, 10, 12, 14, 1, 3, 5, 7, 9, 11, 13, 15,
+                                                0, 2, 4, 6, 8, 10, 12, 14, 1, 3, 5, 7, 9, 11, 13, 15);
+  for (int64_t k = 0; k < count; k += 32) {
+    const __m256i x = _mm256_shuffle_epi8(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(qa + k)), within_lanes);
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(out + k), _mm256_permute4x64_epi64(x, 0xD8));  // lanes 0, 2, 1, 3
+  }
+}
+
+// The int32 dot product of one block (Chunks x 32 codes, Chunks a compile-time count when the
+// block size is known, else `chunks`) of one column with the int8 A. Kind: 4 = nibbles ([even |
+// odd] order), 8 = 8-bit codes (int16 pairs), 0 = one byte per code of at most 7 bits.
+template <int Kind, int Chunks>
+inline __m256i block_dot(const uint8_t* row, const int8_t* qa, int64_t k0, int64_t chunks) {
+  __m256i dot = _mm256_setzero_si256();
+  const int64_t n = Chunks ? Chunks : chunks;
+  for (int64_t c = 0; c < n; ++c) {
+    const int64_t k = k0 + 32 * c;
+    const __m256i codes = Kind == 4 ? codes32_even_odd(row, k) : codes32_bytes(row, k);
+    dot = _mm256_add_epi32(dot, dot32(codes, qa + k, Kind == 8));
+  }
+  return dot;
+}
+
+template <int Kind, int Chunks>
+void nbits_rows_int8_impl(const QuantizedA& a, const NBitsWeight& w, int64_t n0, int64_t n1, const float* bias,
+                          float* Y, const uint8_t* (*column)(const NBitsWeight&, int64_t, uint8_t*)) {
+  const int64_t kb = w.k_blocks, bs = w.block_size, padded = kb * bs, chunks = bs / 32;
+  thread_local std::vector<uint8_t> codes;
+  codes.resize(static_cast<size_t>(padded));
+  for (int64_t n = n0; n < n1; ++n) {
+    const uint8_t* row = column(w, n, codes.data());
+    const float* scales = w.scales + n * kb;
+    const float* zero_points = w.zero_points + n * kb;
+    for (int64_t m = 0; m < a.M; ++m) {
+      const int8_t* qa = a.qa + m * padded;
+      const float* scale_a = a.scale + m * kb;
+      const float* block_sum = a.block_sum + m * kb;
+      // Eight blocks at a time: their int32 dot products reduced into one vector, scaled by
+      // scale_a * scale_b lane by lane; the zero-point term likewise.
+      __m256 acc = _mm256_setzero_ps(), correction = _mm256_setzero_ps();
+      int64_t b = 0;
+      for (; b + 8 <= kb; b += 8) {
+        __m256i dots[8];
+        for (int i = 0; i < 8; ++i) dots[i] = block_dot<Kind, Chunks>(row, qa, (b + i) * bs, chunks);
+        const __m256 sb = _mm256_loadu_ps(scales + b);
+        acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(reduce8(dots)), _mm256_mul_ps(_mm256_loadu_ps(scale_a + b), sb), acc);
+        correction = _mm256_fmadd_ps(_mm256_loadu_ps(block_sum + b), _mm256_mul_ps(sb, _mm256_loadu_ps(zero_points + b)),
+                                     correction);
+      }
+      float y = horizontal_sum(acc) - horizontal_sum(correction);
+      for (; b < kb; ++b) {
+        const __m256i dot = block_dot<Kind, Chunks>(row, qa, b * bs, chunks);
+        const __m128i s = _mm_add_epi32(_mm256_castsi256_si128(dot), _mm256_extracti128_si256(dot, 1));
+        const __m128i t = _mm_add_epi32(s, _mm_shuffle_epi32(s, 0x4E));
+        const int32_t total = _mm_cvtsi128_si32(_mm_add_epi32(t, _mm_shuffle_epi32(t, 0xB1)));
+        y += scale_a[b] * scales[b] * static_cast<float>(total) - block_sum[b] * (scales[b] * zero_points[b]);
+      }
+      Y[m * w.N + n] = bias ? y + bias[n] : y;
+    }
+  }
+}
+
+// Column n's codes as the kernels read them: in place for 4 and 8 bits, else decoded to bytes
+// (padded codes meet qa = 0, whatever they hold).
+const uint8_t* column_in_place(const NBitsWeight& w, int64_t n, uint8_t*) { return w.codes + n * w.row_bytes; }
+const uint8_t* column_decoded(const NBitsWeight& w, int64_t n, uint8_t* out) {
+  decode_nbits_avx2(w.codes + n * w.row_bytes, w.bits, w.k_blocks * w.block_size, w.row_bytes, out);
+  return out;
+}
+
+template <int Kind>
+void nbits_rows_int8_kind(const QuantizedA& a, const NBitsWeight& w, int64_t n0, int64_t n1, const float* bias,
+                          float* Y) {
+  const auto column = Kind == 0 ? column_decoded : column_in_place;
+  if (w.block_size == 32) nbits_rows_int8_impl<Kind, 1>(a, w, n0, n1, bias, Y, column);
+  else nbits_rows_int8_impl<Kind, 0>(a, w, n0, n1, bias, Y, column);
+}
+
+void nbits_rows_int8_avx2(const QuantizedA& a, const NBitsWeight& w, int64_t n0, int64_t n1, const float* bias,
+                          float* Y) {
+  if (w.block_size < 32) return kPortableKernels.nbits_rows_int8(a, w, n0, n1, bias, Y);
+  if (w.bits == 8) return nbits_rows_int8_kind<8>(a, w, n0, n1, bias, Y);
+  if (w.bits != 4) return nbits_rows_int8_kind<0>(a, w, n0, n1, bias, Y);
+  nbits_rows_int8_kind<4>(a, w, n0, n1, bias, Y);  // A in [even | odd] order: nbits_prepare_int8_avx2
+}
+
+// 4-bit weights with blocks of 32 or more: the int8 A reordered once per call to the [even | odd]
+// order of every 32 that codes32_even_odd produces.
+void nbits_prepare_int8_avx2(int8_t* qa, int64_t M, const NBitsWeight& w) {
+  if (w.bits != 4 || w.block_size < 32) return;
+  const int64_t count = M * w.k_blocks * w.block_size;
+  std::vector<int8_t> natural(qa, qa + count);
+  even_odd_qa(natural.data(), count, qa);
+}
+
+template <int MR>
+void factored(const float* A, const NBitsWeight& w, int64_t n0, int64_t n1, const float* bias, float* Y) {
+  if (w.bits == 4) nbits_rows_factored<MR, true>(A, w, n0, n1, bias, Y);
+  else nbits_rows_factored<MR, false>(A, w, n0, n1, bias, Y);
+}
+
+void nbits_rows_avx2(const float* A, int64_t M, const NBitsWeight& w, int64_t n0, int64_t n1, const float* bias,
+                     float* Y) {
+  if (w.block_size < 32) return nbits_rows_dequantized(A, M, w, n0, n1, bias, Y);  // the factored loop takes 32 codes
+  switch (M) {
+    case 1: return factored<1>(A, w, n0, n1, bias, Y);
+    case 2: return factored<2>(A, w, n0, n1, bias, Y);
+    case 3: return factored<3>(A, w, n0, n1, bias, Y);
+    case 4: return factored<4>(A, w, n0, n1, bias, Y);
+    default: return nbits_rows_dequantized(A, M, w, n0, n1, bias, Y);
+  }
+}
+}  // namespace
+
+namespace avx2 {
+
+void nbits_rows(const float* A, int64_t M, const NBitsWeight& w, int64_t n0, int64_t n1, const float* bias, float* Y) {
+  nbits_rows_avx2(A, M, w, n0, n1, bias, Y);
+}
+void nbits_rows_int8(const QuantizedA& a, const NBitsWeight& w, int64_t n0, int64_t n1, const float* bias, float* Y) {
+  nbits_rows_int8_avx2(a, w, n0, n1, bias, Y);
+}
+void nbits_prepare_int8(int8_t* qa, int64_t M, const NBitsWeight& w) { nbits_prepare_int8_avx2(qa, M, w); }
+
+}  // namespace avx2
+}  // namespace qmm
