@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <type_traits>
 #include <vector>
 
 namespace qmm {
@@ -334,8 +335,168 @@ void nbits_rows_int8_kind(const QuantizedA& a, const NBitsWeight& w, int64_t n0,
   else nbits_rows_int8_impl<Kind, 0>(a, w, n0, n1, bias, Y, column);
 }
 
+// Level 4 with many rows of A (prefill): a register-tiled int8 GEMM over each task's 16 columns.
+//
+// The task's codes are decoded once to one byte each and laid out by quads of k:
+//   panel[q][c][j] = code of column c at k = 4q + j        (64 bytes per quad: 16 columns x 4)
+// so that one 32-byte load holds 8 columns x 4 codes, and one broadcast of 4 int8 of a row of A
+// meets them in vpmaddubsw (u8 code x s8 qa, adjacent pairs added into int16).
+//
+// A pair sum is at most 2 * 127 * qmax (|qa| <= 127, qmax = 2^bits - 1), so `steps` =
+// floor(32767 / (254 * qmax)) of them add up in int16 without overflow (8 for 4-bit codes, 43 for
+// 2-bit, 1 for 7-bit); then one vpmaddwd with ones widens to int32, and the block's int32 sum is
+// exact. The block then enters float32 as the per-row formula does: acc += D * (sa * sb) and
+// acc -= block_sum_a * (sb * zp). 8-bit codes (pairs up to 64770) keep the per-row kernel.
+//
+// Per quad of k, a 4 x 16 tile does 2 loads of codes, 4 broadcasts of A, 8 vpmaddubsw and 8 int16
+// adds for 256 multiply-adds: the widening, conversion and scaling run once per `steps` quads.
+constexpr int64_t kInt8GemmMinRows = 4;  // below it the per-row kernel, which streams each code once per row, wins
+
+inline int64_t int16_steps(int64_t bits) { return 32767 / (254 * ((int64_t{1} << bits) - 1)); }
+
+template <int MR>
+void int8_gemm_tile(const int8_t* qa, int64_t lda, const float* sa, const float* bsum, int64_t kb,
+                    const uint8_t* panel, const float* sb, const float* szb, int64_t b0, int64_t b1,
+                    int64_t quads_per_block, int64_t steps, float* acc) {
+  const __m256i ones = _mm256_set1_epi16(1);
+  for (int64_t b = b0; b < b1; ++b) {
+    __m256i dot[MR][2];
+    for (int r = 0; r < MR; ++r) dot[r][0] = dot[r][1] = _mm256_setzero_si256();
+    const uint8_t* p = panel + b * quads_per_block * 64;
+    const int8_t* a = qa + b * quads_per_block * 4;
+    for (int64_t q0 = 0; q0 < quads_per_block; q0 += steps) {
+      const int64_t q1 = std::min(quads_per_block, q0 + steps);
+      __m256i sum16[MR][2];
+      for (int r = 0; r < MR; ++r) sum16[r][0] = sum16[r][1] = _mm256_setzero_si256();
+      for (int64_t q = q0; q < q1; ++q) {
+        const __m256i c0 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p + q * 64));
+        const __m256i c1 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p + q * 64 + 32));
+        for (int r = 0; r < MR; ++r) {
+          int32_t four;
+          std::memcpy(&four, a + r * lda + q * 4, 4);
+          const __m256i av = _mm256_set1_epi32(four);
+          sum16[r][0] = _mm256_add_epi16(sum16[r][0], _mm256_maddubs_epi16(c0, av));
+          sum16[r][1] = _mm256_add_epi16(sum16[r][1], _mm256_maddubs_epi16(c1, av));
+        }
+      }
+      for (int r = 0; r < MR; ++r)
+        for (int v = 0; v < 2; ++v) dot[r][v] = _mm256_add_epi32(dot[r][v], _mm256_madd_epi16(sum16[r][v], ones));
+    }
+    for (int r = 0; r < MR; ++r) {
+      const __m256 scale_a = _mm256_set1_ps(sa[r * kb + b]), block_sum = _mm256_set1_ps(bsum[r * kb + b]);
+      for (int v = 0; v < 2; ++v) {
+        float* out = acc + r * 16 + 8 * v;
+        __m256 f = _mm256_loadu_ps(out);
+        f = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot[r][v]), _mm256_mul_ps(scale_a, _mm256_loadu_ps(sb + b * 16 + 8 * v)), f);
+        f = _mm256_fnmadd_ps(block_sum, _mm256_loadu_ps(szb + b * 16 + 8 * v), f);
+        _mm256_storeu_ps(out, f);
+      }
+    }
+  }
+}
+
+// Column n's codes k < count (a multiple of 32) as one byte each: 4-bit rows split into nibbles
+// with SIMD, other widths through decode_nbits_avx2.
+inline void decode_column(const NBitsWeight& w, int64_t n, int64_t count, uint8_t* out) {
+  const uint8_t* row = w.codes + n * w.row_bytes;
+  if (w.bits != 4) return decode_nbits_avx2(row, w.bits, count, w.row_bytes, out);
+  const __m128i mask = _mm_set1_epi8(0x0F);
+  for (int64_t k = 0; k < count; k += 32) {
+    const __m128i x = _mm_loadu_si128(reinterpret_cast<const __m128i*>(row + k / 2));
+    const __m128i lo = _mm_and_si128(x, mask), hi = _mm_and_si128(_mm_srli_epi16(x, 4), mask);
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(out + k), _mm_unpacklo_epi8(lo, hi));
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(out + k + 16), _mm_unpackhi_epi8(lo, hi));
+  }
+}
+
+// 8 columns x 32 codes (rows[c] + k) into the panel's quads q = k/4 .. k/4+7 (8 dwords each
+// side): an 8 x 8 transpose of 32-bit elements.
+inline void transpose_8x32(const uint8_t* const rows[8], int64_t k, uint8_t* panel_half) {
+  __m256i r[8];
+  for (int c = 0; c < 8; ++c) r[c] = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(rows[c] + k));
+  const __m256i t0 = _mm256_unpacklo_epi32(r[0], r[1]), t1 = _mm256_unpackhi_epi32(r[0], r[1]);
+  const __m256i t2 = _mm256_unpacklo_epi32(r[2], r[3]), t3 = _mm256_unpackhi_epi32(r[2], r[3]);
+  const __m256i t4 = _mm256_unpacklo_epi32(r[4], r[5]), t5 = _mm256_unpackhi_epi32(r[4], r[5]);
+  const __m256i t6 = _mm256_unpacklo_epi32(r[6], r[7]), t7 = _mm256_unpackhi_epi32(r[6], r[7]);
+  const __m256i u0 = _mm256_unpacklo_epi64(t0, t2), u1 = _mm256_unpackhi_epi64(t0, t2);
+  const __m256i u2 = _mm256_unpacklo_epi64(t1, t3), u3 = _mm256_unpackhi_epi64(t1, t3);
+  const __m256i u4 = _mm256_unpacklo_epi64(t4, t6), u5 = _mm256_unpackhi_epi64(t4, t6);
+  const __m256i u6 = _mm256_unpacklo_epi64(t5, t7), u7 = _mm256_unpackhi_epi64(t5, t7);
+  // u0: quad 0 of columns 0-3 | quad 4 of columns 0-3 (lanes), u4 the same for columns 4-7, ...
+  const __m256i quads[8] = {
+      _mm256_permute2x128_si256(u0, u4, 0x20), _mm256_permute2x128_si256(u1, u5, 0x20),
+      _mm256_permute2x128_si256(u2, u6, 0x20), _mm256_permute2x128_si256(u3, u7, 0x20),
+      _mm256_permute2x128_si256(u0, u4, 0x31), _mm256_permute2x128_si256(u1, u5, 0x31),
+      _mm256_permute2x128_si256(u2, u6, 0x31), _mm256_permute2x128_si256(u3, u7, 0x31)};
+  for (int q = 0; q < 8; ++q)
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(panel_half + (k / 4 + q) * 64), quads[q]);
+}
+
+void nbits_int8_gemm(const QuantizedA& a, const NBitsWeight& w, int64_t n0, int64_t n1, const float* bias, float* Y) {
+  const int64_t kb = w.k_blocks, bs = w.block_size, padded = kb * bs, M = a.M, cols = n1 - n0;
+  const int64_t decoded_len = (padded + 31) / 32 * 32;  // whole 32s for the transpose; the extra codes meet no A
+  thread_local std::vector<uint8_t> panel_storage, columns_storage;
+  thread_local std::vector<float> sb_storage, szb_storage, acc_storage;
+  panel_storage.resize(static_cast<size_t>(decoded_len / 4 * 64));
+  columns_storage.resize(static_cast<size_t>(16 * decoded_len));
+  sb_storage.assign(static_cast<size_t>(kb * 16), 0.0f);
+  szb_storage.assign(static_cast<size_t>(kb * 16), 0.0f);
+  acc_storage.assign(static_cast<size_t>(M * 16), 0.0f);
+  // Plain pointers: thread_local storage is looked up on every access the compiler cannot hoist.
+  uint8_t* const panel = panel_storage.data();
+  uint8_t* const columns = columns_storage.data();
+  float* const sb = sb_storage.data();
+  float* const szb = szb_storage.data();
+  float* const acc = acc_storage.data();
+  for (int64_t c = 0; c < 16; ++c) {
+    uint8_t* column = columns + c * decoded_len;
+    if (c >= cols) {  // past N: codes 0 (their scales are 0 too)
+      std::memset(column, 0, static_cast<size_t>(decoded_len));
+      continue;
+    }
+    const int64_t n = n0 + c;
+    if (padded % 32 == 0) decode_column(w, n, padded, column);
+    else {  // block size 16 with an odd block count: the last 16 codes one by one
+      decode_column(w, n, padded - 16, column);
+      decode_nbits_range(w.codes + n * w.row_bytes, w.bits, padded - 16, 16, column + padded - 16);
+      std::memset(column + padded, 0, 16);
+    }
+    for (int64_t b = 0; b < kb; ++b) {
+      sb[b * 16 + c] = w.scales[n * kb + b];
+      szb[b * 16 + c] = w.scales[n * kb + b] * w.zero_points[n * kb + b];
+    }
+  }
+  for (int half = 0; half < 2; ++half) {
+    const uint8_t* rows[8];
+    for (int c = 0; c < 8; ++c) rows[c] = columns + (8 * half + c) * decoded_len;
+    for (int64_t k = 0; k < decoded_len; k += 32) transpose_8x32(rows, k, panel + 32 * half);
+  }
+  const int64_t quads_per_block = bs / 4, steps = int16_steps(w.bits);
+  const int64_t chunk = std::max<int64_t>(1, 256 / bs);  // blocks per pass: 16 KB of codes at most stay in L1
+  for (int64_t b0 = 0; b0 < kb; b0 += chunk) {
+    const int64_t b1 = std::min(kb, b0 + chunk);
+    int64_t m = 0;
+    auto tile = [&](auto rows) {
+      constexpr int MR = decltype(rows)::value;
+      int8_gemm_tile<MR>(a.qa + m * padded, padded, a.scale + m * kb, a.block_sum + m * kb, kb, panel,
+                         sb, szb, b0, b1, quads_per_block, steps, acc + m * 16);
+      m += MR;
+    };
+    while (m + 4 <= M) tile(std::integral_constant<int, 4>{});
+    if (M - m == 3) tile(std::integral_constant<int, 3>{});
+    if (M - m == 2) tile(std::integral_constant<int, 2>{});
+    if (M - m == 1) tile(std::integral_constant<int, 1>{});
+  }
+  for (int64_t r = 0; r < M; ++r)
+    for (int64_t n = n0; n < n1; ++n) {
+      const float y = acc[r * 16 + (n - n0)];
+      Y[r * w.N + n] = bias ? y + bias[n] : y;
+    }
+}
+
 void nbits_rows_int8_avx2(const QuantizedA& a, const NBitsWeight& w, int64_t n0, int64_t n1, const float* bias,
                           float* Y) {
+  if (w.bits != 8 && a.M >= kInt8GemmMinRows) return nbits_int8_gemm(a, w, n0, n1, bias, Y);
   if (w.block_size < 32) return kPortableKernels.nbits_rows_int8(a, w, n0, n1, bias, Y);
   if (w.bits == 8) return nbits_rows_int8_kind<8>(a, w, n0, n1, bias, Y);
   if (w.bits != 4) return nbits_rows_int8_kind<0>(a, w, n0, n1, bias, Y);
@@ -345,7 +506,7 @@ void nbits_rows_int8_avx2(const QuantizedA& a, const NBitsWeight& w, int64_t n0,
 // 4-bit weights with blocks of 32 or more: the int8 A reordered once per call to the [even | odd]
 // order of every 32 that codes32_even_odd produces.
 void nbits_prepare_int8_avx2(int8_t* qa, int64_t M, const NBitsWeight& w) {
-  if (w.bits != 4 || w.block_size < 32) return;
+  if (w.bits != 4 || w.block_size < 32 || M >= kInt8GemmMinRows) return;  // the GEMM reads A in order
   const int64_t count = M * w.k_blocks * w.block_size;
   std::vector<int8_t> natural(qa, qa + count);
   even_odd_qa(natural.data(), count, qa);
