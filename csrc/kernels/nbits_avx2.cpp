@@ -354,40 +354,117 @@ constexpr int64_t kInt8GemmMinRows = 4;  // below it the per-row kernel, which s
 
 inline int64_t int16_steps(int64_t bits) { return 32767 / (254 * ((int64_t{1} << bits) - 1)); }
 
-template <int MR>
-void int8_gemm_tile(const int8_t* qa, int64_t lda, const float* sa, const float* bsum, int64_t kb,
-                    const uint8_t* panel, const float* sb, const float* szb, int64_t b0, int64_t b1,
-                    int64_t quads_per_block, int64_t steps, float* acc) {
+// The int16 sums of quads [q0, q1) of the tile, widened to int32 with vpmaddwd: out[r][v] for
+// rows r < MR and the 8-column vectors v < NV of the panel (from p, which points at the first).
+template <int MR, int NV>
+inline void int8_segment(const int8_t* a, int64_t row_stride, int64_t quad_stride, const uint8_t* p, int64_t q0,
+                         int64_t q1, __m256i out[MR][NV]) {
+  __m256i sum16[MR][NV];
+  for (int r = 0; r < MR; ++r)
+    for (int v = 0; v < NV; ++v) sum16[r][v] = _mm256_setzero_si256();
+  for (int64_t q = q0; q < q1; ++q) {
+    __m256i c[NV];
+    for (int v = 0; v < NV; ++v) c[v] = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p + q * 64 + 32 * v));
+    for (int r = 0; r < MR; ++r) {
+      int32_t four;
+      std::memcpy(&four, a + r * row_stride + q * quad_stride, 4);
+      const __m256i av = _mm256_set1_epi32(four);
+      for (int v = 0; v < NV; ++v) sum16[r][v] = _mm256_add_epi16(sum16[r][v], _mm256_maddubs_epi16(c[v], av));
+    }
+  }
   const __m256i ones = _mm256_set1_epi16(1);
+  for (int r = 0; r < MR; ++r)
+    for (int v = 0; v < NV; ++v) out[r][v] = _mm256_madd_epi16(sum16[r][v], ones);
+}
+
+// The 4 x 16 tile over quads [q0, q1) of 4 grouped rows ([quad][row][4] int8, nbits_prepare_int8_avx2),
+// its 8 int16 sums pinned to registers: written with intrinsics, GCC keeps one of them on the stack
+// and the loop then waits on store-to-load forwarding every quad (measured: 1.4x slower).
+inline void int8_segment_4x16(const int8_t* a, const uint8_t* p, int64_t q0, int64_t q1, __m256i out[4][2]) {
+  __m256i s0 = _mm256_setzero_si256(), s1 = s0, s2 = s0, s3 = s0, s4 = s0, s5 = s0, s6 = s0, s7 = s0;
+  const uint8_t* codes = p + q0 * 64;
+  const int8_t* rows = a + q0 * 16;
+  int64_t n = q1 - q0;
+  // AT&T order: vpmaddubsw signed, unsigned, destination.
+  __asm__(
+      "1:\n\t"
+      "vmovdqu (%[codes]), %%ymm8\n\t"
+      "vmovdqu 32(%[codes]), %%ymm9\n\t"
+      "vpbroadcastd (%[rows]), %%ymm10\n\t"
+      "vpbroadcastd 4(%[rows]), %%ymm11\n\t"
+      "vpmaddubsw %%ymm10, %%ymm8, %%ymm12\n\t"
+      "vpmaddubsw %%ymm10, %%ymm9, %%ymm13\n\t"
+      "vpmaddubsw %%ymm11, %%ymm8, %%ymm14\n\t"
+      "vpmaddubsw %%ymm11, %%ymm9, %%ymm15\n\t"
+      "vpaddw %%ymm12, %[s0], %[s0]\n\t"
+      "vpaddw %%ymm13, %[s1], %[s1]\n\t"
+      "vpaddw %%ymm14, %[s2], %[s2]\n\t"
+      "vpaddw %%ymm15, %[s3], %[s3]\n\t"
+      "vpbroadcastd 8(%[rows]), %%ymm10\n\t"
+      "vpbroadcastd 12(%[rows]), %%ymm11\n\t"
+      "vpmaddubsw %%ymm10, %%ymm8, %%ymm12\n\t"
+      "vpmaddubsw %%ymm10, %%ymm9, %%ymm13\n\t"
+      "vpmaddubsw %%ymm11, %%ymm8, %%ymm14\n\t"
+      "vpmaddubsw %%ymm11, %%ymm9, %%ymm15\n\t"
+      "vpaddw %%ymm12, %[s4], %[s4]\n\t"
+      "vpaddw %%ymm13, %[s5], %[s5]\n\t"
+      "vpaddw %%ymm14, %[s6], %[s6]\n\t"
+      "vpaddw %%ymm15, %[s7], %[s7]\n\t"
+      "add $64, %[codes]\n\t"
+      "add $16, %[rows]\n\t"
+      "dec %[n]\n\t"
+      "jnz 1b\n\t"
+      : [s0] "+x"(s0), [s1] "+x"(s1), [s2] "+x"(s2), [s3] "+x"(s3), [s4] "+x"(s4), [s5] "+x"(s5), [s6] "+x"(s6),
+        [s7] "+x"(s7), [codes] "+r"(codes), [rows] "+r"(rows), [n] "+r"(n)
+      :
+      : "xmm8", "xmm9", "xmm10", "xmm11", "xmm12", "xmm13", "xmm14", "xmm15", "cc", "memory");
+  const __m256i ones = _mm256_set1_epi16(1);
+  const __m256i sums[8] = {s0, s1, s2, s3, s4, s5, s6, s7};
+  for (int r = 0; r < 4; ++r)
+    for (int v = 0; v < 2; ++v) out[r][v] = _mm256_madd_epi16(sums[2 * r + v], ones);
+}
+
+template <int MR>
+inline void int8_segment_tile(const int8_t* a, int64_t row_stride, int64_t quad_stride, const uint8_t* p, int64_t q0,
+                              int64_t q1, __m256i out[MR][2]) {
+  if constexpr (MR == 4) int8_segment_4x16(a, p, q0, q1, out);  // grouped rows: row_stride 4, quad_stride 16
+  else int8_segment<MR, 2>(a, row_stride, quad_stride, p, q0, q1, out);
+}
+
+// Blocks [b0, b1) of rows [0, MR) of the tile into acc ([MR][16] float32). A block of more than
+// `steps` quads adds its segments' int32 sums in `dot`, kept in memory: the 2 * MR int16 sums
+// already take 2 * MR of the 16 ymm registers (int32 sums in registers too spill worse, and a
+// 4 x 8 tile that has room for them measured slower).
+template <int MR>
+void int8_gemm_tile(const int8_t* qa, int64_t row_stride, int64_t quad_stride, const float* sa, const float* bsum, int64_t kb,
+                    const uint8_t* panel, const float* sb, const float* szb, int64_t b0, int64_t b1,
+                    int64_t quads_per_block, int64_t steps, float* acc, int32_t* dot) {
   for (int64_t b = b0; b < b1; ++b) {
-    __m256i dot[MR][2];
-    for (int r = 0; r < MR; ++r) dot[r][0] = dot[r][1] = _mm256_setzero_si256();
     const uint8_t* p = panel + b * quads_per_block * 64;
-    const int8_t* a = qa + b * quads_per_block * 4;
-    for (int64_t q0 = 0; q0 < quads_per_block; q0 += steps) {
-      const int64_t q1 = std::min(quads_per_block, q0 + steps);
-      __m256i sum16[MR][2];
-      for (int r = 0; r < MR; ++r) sum16[r][0] = sum16[r][1] = _mm256_setzero_si256();
-      for (int64_t q = q0; q < q1; ++q) {
-        const __m256i c0 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p + q * 64));
-        const __m256i c1 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p + q * 64 + 32));
-        for (int r = 0; r < MR; ++r) {
-          int32_t four;
-          std::memcpy(&four, a + r * lda + q * 4, 4);
-          const __m256i av = _mm256_set1_epi32(four);
-          sum16[r][0] = _mm256_add_epi16(sum16[r][0], _mm256_maddubs_epi16(c0, av));
-          sum16[r][1] = _mm256_add_epi16(sum16[r][1], _mm256_maddubs_epi16(c1, av));
-        }
+    const int8_t* a = qa + b * quads_per_block * quad_stride;
+    __m256i sum[MR][2];
+    int8_segment_tile<MR>(a, row_stride, quad_stride, p, 0, std::min(steps, quads_per_block), sum);
+    if (steps < quads_per_block) {
+      for (int r = 0; r < MR; ++r)
+        for (int v = 0; v < 2; ++v) _mm256_store_si256(reinterpret_cast<__m256i*>(dot + r * 16 + 8 * v), sum[r][v]);
+      for (int64_t q0 = steps; q0 < quads_per_block; q0 += steps) {
+        int8_segment_tile<MR>(a, row_stride, quad_stride, p, q0, std::min(quads_per_block, q0 + steps), sum);
+        for (int r = 0; r < MR; ++r)
+          for (int v = 0; v < 2; ++v) {
+            auto* d = reinterpret_cast<__m256i*>(dot + r * 16 + 8 * v);
+            _mm256_store_si256(d, _mm256_add_epi32(_mm256_load_si256(d), sum[r][v]));
+          }
+        __asm__ volatile("" : : "r"(dot) : "memory");  // dot stays in memory
       }
       for (int r = 0; r < MR; ++r)
-        for (int v = 0; v < 2; ++v) dot[r][v] = _mm256_add_epi32(dot[r][v], _mm256_madd_epi16(sum16[r][v], ones));
+        for (int v = 0; v < 2; ++v) sum[r][v] = _mm256_load_si256(reinterpret_cast<const __m256i*>(dot + r * 16 + 8 * v));
     }
     for (int r = 0; r < MR; ++r) {
       const __m256 scale_a = _mm256_set1_ps(sa[r * kb + b]), block_sum = _mm256_set1_ps(bsum[r * kb + b]);
       for (int v = 0; v < 2; ++v) {
         float* out = acc + r * 16 + 8 * v;
         __m256 f = _mm256_loadu_ps(out);
-        f = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot[r][v]), _mm256_mul_ps(scale_a, _mm256_loadu_ps(sb + b * 16 + 8 * v)), f);
+        f = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sum[r][v]), _mm256_mul_ps(scale_a, _mm256_loadu_ps(sb + b * 16 + 8 * v)), f);
         f = _mm256_fnmadd_ps(block_sum, _mm256_loadu_ps(szb + b * 16 + 8 * v), f);
         _mm256_storeu_ps(out, f);
       }
@@ -473,13 +550,16 @@ void nbits_int8_gemm(const QuantizedA& a, const NBitsWeight& w, int64_t n0, int6
   }
   const int64_t quads_per_block = bs / 4, steps = int16_steps(w.bits);
   const int64_t chunk = std::max<int64_t>(1, 256 / bs);  // blocks per pass: 16 KB of codes at most stay in L1
+  alignas(32) int32_t dot[4 * 16];
   for (int64_t b0 = 0; b0 < kb; b0 += chunk) {
     const int64_t b1 = std::min(kb, b0 + chunk);
     int64_t m = 0;
     auto tile = [&](auto rows) {
       constexpr int MR = decltype(rows)::value;
-      int8_gemm_tile<MR>(a.qa + m * padded, padded, a.scale + m * kb, a.block_sum + m * kb, kb, panel,
-                         sb, szb, b0, b1, quads_per_block, steps, acc + m * 16);
+      // Whole groups of 4 rows come interleaved by quads (nbits_prepare_int8_avx2), the rest in order.
+      const bool grouped = MR == 4;
+      int8_gemm_tile<MR>(a.qa + m * padded, grouped ? 4 : padded, grouped ? 16 : 4, a.scale + m * kb, a.block_sum + m * kb, kb, panel, sb, szb, b0,
+                         b1, quads_per_block, steps, acc + m * 16, dot);
       m += MR;
     };
     while (m + 4 <= M) tile(std::integral_constant<int, 4>{});
@@ -503,11 +583,26 @@ void nbits_rows_int8_avx2(const QuantizedA& a, const NBitsWeight& w, int64_t n0,
   nbits_rows_int8_kind<4>(a, w, n0, n1, bias, Y);  // A in [even | odd] order: nbits_prepare_int8_avx2
 }
 
-// 4-bit weights with blocks of 32 or more: the int8 A reordered once per call to the [even | odd]
-// order of every 32 that codes32_even_odd produces.
+// Level 4's int8 A, rearranged once per call for the kernel that will read it:
+//  - the GEMM (4+ rows, codes up to 7 bits): every whole group of 4 rows interleaved by quads of k,
+//    [quad][row][4], so that a tile's broadcasts read one 16-byte run per quad (rows 4096 bytes
+//    apart would also share L1 sets); the last M % 4 rows stay in order;
+//  - the per-row 4-bit kernel (blocks of 32 or more): each 32 to the [even | odd] order of
+//    codes32_even_odd.
 void nbits_prepare_int8_avx2(int8_t* qa, int64_t M, const NBitsWeight& w) {
-  if (w.bits != 4 || w.block_size < 32 || M >= kInt8GemmMinRows) return;  // the GEMM reads A in order
-  const int64_t count = M * w.k_blocks * w.block_size;
+  const int64_t padded = w.k_blocks * w.block_size;
+  if (w.bits != 8 && M >= kInt8GemmMinRows) {
+    std::vector<int8_t> group(static_cast<size_t>(4 * padded));
+    for (int64_t g = 0; g + 4 <= M; g += 4) {
+      int8_t* rows = qa + g * padded;
+      std::memcpy(group.data(), rows, group.size());
+      for (int64_t q = 0; q < padded / 4; ++q)
+        for (int r = 0; r < 4; ++r) std::memcpy(rows + q * 16 + r * 4, group.data() + r * padded + q * 4, 4);
+    }
+    return;
+  }
+  if (w.bits != 4 || w.block_size < 32) return;
+  const int64_t count = M * padded;
   std::vector<int8_t> natural(qa, qa + count);
   even_odd_qa(natural.data(), count, qa);
 }
