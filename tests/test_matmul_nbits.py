@@ -638,6 +638,30 @@ def test_native_paths_within_the_documented_bounds(isa):
         quantmatmul.set_isa(before)
 
 
+@pytest.mark.parametrize("isa", __import__("quantmatmul").available_isas())
+def test_native_prefill_paths_within_the_documented_bounds(isa):
+    """Many rows of A: the prefill kernels (level 4's int8 GEMM over groups of 4 rows and its row
+    tails, level 0's dequantized panels), every width, short and long blocks, columns past 16."""
+    import quantmatmul
+
+    before = quantmatmul.cpu_info()["isa"]
+    quantmatmul.set_isa(isa)
+    try:
+        rng = np.random.default_rng(78)
+        for bits in BITS:
+            for block_size in (16, 32, 64, 256):
+                M = int(rng.integers(4, 40))
+                K = int(rng.integers(block_size // 2, 5 * block_size))
+                case = Case(rng, bits, block_size, K=K, N=int(rng.integers(1, 50)), batch=(M,),
+                            zp=ZP_FORMS[int(rng.integers(0, len(ZP_FORMS)))], bias=bool(rng.integers(0, 2)))
+                for level in (0, 4):
+                    y_eff, tol = tight_tolerance(case, level)
+                    assert_within(case.run(level), y_eff, tol, f"{isa} {case} level {level} tight")
+                    assert_within(case.run(level), case.exact(), case.bound(level), f"{isa} {case} level {level}")
+    finally:
+        quantmatmul.set_isa(before)
+
+
 # --------------------------------------------------------------------------------------------------
 # MatMulNBits: a constant weight prepared once
 
