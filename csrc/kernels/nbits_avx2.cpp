@@ -58,7 +58,7 @@ float horizontal_sum(__m256 v) {
 // odd 17..31]: one broadcast load, two masks, four in-lane byte shuffles into dwords, four
 // conversions (no cross-lane widening). A is reordered to match (even_odd_a).
 inline void widen32_even_odd(const uint8_t* row, int64_t k0, __m256 out[4]) {
-  const __m256i x = _mm256_broadcastsi128_si256(_mm_loadu_si128(reinterpret_cast<const __m128i*>(row + k0 / 2)));
+  const __m256i x = _mm256_broadcastsi128_si256(_mm_loadu_si128(reinterpret_cast<const __m128i*>(row + (static_cast<uint64_t>(k0) >> 1))));
   const __m256i mask = _mm256_set1_epi8(0x0F);
   const __m256i even = _mm256_and_si256(x, mask), odd = _mm256_and_si256(_mm256_srli_epi16(x, 4), mask);
   constexpr char z = static_cast<char>(0x80);
@@ -112,48 +112,68 @@ void nbits_rows_factored(const float* A, const NBitsWeight& w, int64_t n0, int64
       for (int64_t k = 0; k < whole_blocks * bs; k += 32) even_odd_a(A + m * K + k, reordered.data() + m * K + k);
     a_main = reordered.data();
   }
+  // Plain pointers: thread_local storage is looked up again on every access the compiler cannot hoist.
+  const float* const block_sums = asum.data();
+  uint8_t* const decoded = codes.data();
   for (int64_t n = n0; n < n1; ++n) {
     const uint8_t* row = w.codes + n * w.row_bytes;
     if (!nibbles && !bytes) {  // 2, 3, 5, 6, 7 bits: decode the column to one byte per code first
-      decode_nbits_avx2(row, w.bits, K, w.row_bytes, codes.data());
-      row = codes.data();
+      decode_nbits_avx2(row, w.bits, K, w.row_bytes, decoded);
+      row = decoded;
     }
     const float* scales = w.scales + n * kb;
     const float* zero_points = w.zero_points + n * kb;
-    __m256 acc[MR];
     float correction[MR], tail[MR];
-    for (int m = 0; m < MR; ++m) {
-      acc[m] = _mm256_setzero_ps();
+    for (int m = 0; m < MR; ++m) {  // sum_b zero_point * scale * asum, 8 blocks per FMA
       tail[m] = 0.0f;
-      float c = 0.0f;
-      for (int64_t b = 0; b < kb; ++b) c += zero_points[b] * scales[b] * asum[m * kb + b];
+      __m256 c8 = _mm256_setzero_ps();
+      int64_t b = 0;
+      for (; b + 8 <= kb; b += 8)
+        c8 = _mm256_fmadd_ps(_mm256_mul_ps(_mm256_loadu_ps(zero_points + b), _mm256_loadu_ps(scales + b)),
+                             _mm256_loadu_ps(block_sums + m * kb + b), c8);
+      float c = horizontal_sum(c8);
+      for (; b < kb; ++b) c += zero_points[b] * scales[b] * block_sums[m * kb + b];
       correction[m] = c;
     }
-    for (int64_t b = 0; b < whole_blocks; ++b) {
+    // Block b's sum per row, in independent chains (FMA latency, not throughput, would bound a
+    // single one: 4 cycles per FMA); even and odd blocks then scale into separate accumulators,
+    // for the same reason.
+    constexpr int Chains = 2;  // 4 measured no faster at blocks of 128, slower at 32
+    auto block = [&](int64_t b, __m256 acc[MR]) {
       const __m256 scale = _mm256_set1_ps(scales[b]);
-      // Two independent chains per row (FMA latency, not throughput, bounds a single chain).
-      __m256 even[MR], odd[MR];
-      for (int m = 0; m < MR; ++m) even[m] = odd[m] = _mm256_setzero_ps();
+      __m256 chain[MR][Chains];
+      for (int m = 0; m < MR; ++m)
+        for (int c = 0; c < Chains; ++c) chain[m][c] = _mm256_setzero_ps();
       for (int64_t k = b * bs; k < (b + 1) * bs; k += 32) {
         __m256 q[4];
         if (nibbles) widen32_even_odd(row, k, q);
         else widen32(row, k, q);
         for (int m = 0; m < MR; ++m) {
           const float* a = a_main + m * K + k;
-          even[m] = _mm256_fmadd_ps(_mm256_loadu_ps(a), q[0], even[m]);
-          odd[m] = _mm256_fmadd_ps(_mm256_loadu_ps(a + 8), q[1], odd[m]);
-          even[m] = _mm256_fmadd_ps(_mm256_loadu_ps(a + 16), q[2], even[m]);
-          odd[m] = _mm256_fmadd_ps(_mm256_loadu_ps(a + 24), q[3], odd[m]);
+          for (int i = 0; i < 4; ++i)
+            chain[m][i % Chains] = _mm256_fmadd_ps(_mm256_loadu_ps(a + 8 * i), q[i], chain[m][i % Chains]);
         }
       }
-      for (int m = 0; m < MR; ++m) acc[m] = _mm256_fmadd_ps(_mm256_add_ps(even[m], odd[m]), scale, acc[m]);
+      for (int m = 0; m < MR; ++m) {
+        __m256 sum = _mm256_add_ps(chain[m][0], chain[m][1]);
+        acc[m] = _mm256_fmadd_ps(sum, scale, acc[m]);
+      }
+    };
+    __m256 acc[MR], acc_odd[MR];
+    for (int m = 0; m < MR; ++m) acc[m] = acc_odd[m] = _mm256_setzero_ps();
+    int64_t b = 0;
+    for (; b + 2 <= whole_blocks; b += 2) {
+      block(b, acc);
+      block(b + 1, acc_odd);
     }
+    if (b < whole_blocks) block(b, acc);
+    for (int m = 0; m < MR; ++m) acc[m] = _mm256_add_ps(acc[m], acc_odd[m]);
     if (whole_blocks < kb) {  // K's last, partial block
       const int64_t k0 = whole_blocks * bs;
       uint8_t rest_codes[1024];
       for (int64_t k = k0; k < K; k += 1024) {
         const int64_t count = std::min<int64_t>(1024, K - k);
-        decode_nbits_range(nibbles || bytes ? row : codes.data(), nibbles ? 4 : 8, k, count, rest_codes);
+        decode_nbits_range(row, nibbles ? 4 : 8, k, count, rest_codes);
         for (int m = 0; m < MR; ++m) {
           float dot = 0.0f;
           for (int64_t j = 0; j < count; ++j) dot += A[m * K + k + j] * static_cast<float>(rest_codes[j]);
