@@ -121,7 +121,13 @@ void matmul_nbits_int8(const float* A, int64_t M, const NBitsWeight& w, const fl
 }
 
 void matmul_nbits_f32(const float* A, int64_t M, const NBitsWeight& w, const float* bias, float* Y) {
-  const NBitsRows rows = active_kernels().nbits_rows;
+  const QGemmKernels& kernels = active_kernels();  // one table for the preparation and the products
+  const NBitsRows rows = kernels.nbits_rows;
+  std::vector<float> prepared;
+  if (kernels.nbits_prepare_f32 && M > 1) {
+    prepared.resize(static_cast<size_t>(M * w.K));
+    if (kernels.nbits_prepare_f32(A, M, w.K, prepared.data())) A = prepared.data();
+  }
   // Few rows: wider tasks, so that per-task preparation of A (a reordering) is amortized.
   const int64_t columns_per_task = M <= 4 ? 64 : 16;
   const int64_t tasks = (w.N + columns_per_task - 1) / columns_per_task;

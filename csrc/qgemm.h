@@ -67,6 +67,10 @@ using NBitsRowsInt8 = void (*)(const QuantizedA& a, const NBitsWeight& w, int64_
 // order the same table's nbits_rows_int8 reads for this weight (null: the natural order).
 using NBitsPrepareInt8 = void (*)(int8_t* qa, int64_t M, const NBitsWeight& w);
 
+// Level 0/1: rearranges A [M, K] once per call into out (M * K floats) in the order the same
+// table's nbits_rows reads for M rows; returns false (out unused) where it reads A as it is.
+using NBitsPrepareF32 = bool (*)(const float* A, int64_t M, int64_t K, float* out);
+
 struct QGemmKernels {
   Isa isa;
   QGemmKernel kernel;
@@ -75,6 +79,7 @@ struct QGemmKernels {
   NBitsRows nbits_rows;
   NBitsRowsInt8 nbits_rows_int8;
   NBitsPrepareInt8 nbits_prepare_int8;
+  NBitsPrepareF32 nbits_prepare_f32;
 };
 
 extern const QGemmKernels kPortableKernels;

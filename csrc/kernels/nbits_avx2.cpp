@@ -189,11 +189,20 @@ void nbits_rows_factored(const float* A, const NBitsWeight& w, int64_t n0, int64
 }
 
 // Many rows of A (prefill): the task's (up to) 16 columns dequantized exactly as dequantize_nbits
-// does into a float32 panel [K][16], then 4 x 16 register tiles per 4 rows of A over k-chunks of
-// 256 (16 KB of panel: L1-resident while every row tile passes): per k, two loads of the panel,
-// four broadcasts of A, eight FMAs. Partial sums live in a [M][16] float32 block.
+// does into a float32 panel [K][16] (column by column, then 8 x 8 transposes), then register tiles
+// over k-chunks of 256 (16 KB of panel: L1-resident while every row tile passes). Partial sums live
+// in a [M][16] float32 block.
+//
+// Rows come in groups of kRowGroup, interleaved by k once per call (nbits_prepare_f32_avx2:
+// [k][6] per group, so that a tile's broadcasts read one run per k instead of 6 rows K floats
+// apart, which share L1 sets): per k, two loads of the panel, six broadcasts, twelve FMAs into
+// 12 accumulators. The last M % 6 rows stay in order and take 4 x 16 and 1 x 16 tiles.
+constexpr int64_t kRowGroup = 6;
+constexpr int64_t kFactoredMaxRows = 4;  // up to this many rows, the factored kernel (blocks of 32+)
+
 template <int MR>
-void nbits_tile(const float* a, int64_t K, int64_t k0, int64_t k1, const float* panel, float* partial) {
+void nbits_tile(const float* a, int64_t row_stride, int64_t k_stride, int64_t k0, int64_t k1, const float* panel,
+                float* partial) {
   __m256 acc[MR][2];
   for (int r = 0; r < MR; ++r) {
     acc[r][0] = _mm256_loadu_ps(partial + r * 16);
@@ -202,7 +211,7 @@ void nbits_tile(const float* a, int64_t K, int64_t k0, int64_t k1, const float* 
   for (int64_t k = k0; k < k1; ++k) {
     const __m256 w0 = _mm256_loadu_ps(panel + k * 16), w1 = _mm256_loadu_ps(panel + k * 16 + 8);
     for (int r = 0; r < MR; ++r) {
-      const __m256 av = _mm256_broadcast_ss(a + r * K + k);
+      const __m256 av = _mm256_broadcast_ss(a + r * row_stride + k * k_stride);
       acc[r][0] = _mm256_fmadd_ps(av, w0, acc[r][0]);
       acc[r][1] = _mm256_fmadd_ps(av, w1, acc[r][1]);
     }
@@ -213,32 +222,78 @@ void nbits_tile(const float* a, int64_t K, int64_t k0, int64_t k1, const float* 
   }
 }
 
+// rows[c][k .. k+7] for 8 columns c into panel[k .. k+7][8 columns] (row stride 16 floats).
+inline void transpose_8x8(const float* const rows[8], int64_t k, float* panel) {
+  __m256 r[8];
+  for (int c = 0; c < 8; ++c) r[c] = _mm256_loadu_ps(rows[c] + k);
+  const __m256 t0 = _mm256_unpacklo_ps(r[0], r[1]), t1 = _mm256_unpackhi_ps(r[0], r[1]);
+  const __m256 t2 = _mm256_unpacklo_ps(r[2], r[3]), t3 = _mm256_unpackhi_ps(r[2], r[3]);
+  const __m256 t4 = _mm256_unpacklo_ps(r[4], r[5]), t5 = _mm256_unpackhi_ps(r[4], r[5]);
+  const __m256 t6 = _mm256_unpacklo_ps(r[6], r[7]), t7 = _mm256_unpackhi_ps(r[6], r[7]);
+  const __m256 u0 = _mm256_shuffle_ps(t0, t2, _MM_SHUFFLE(1, 0, 1, 0)), u1 = _mm256_shuffle_ps(t0, t2, _MM_SHUFFLE(3, 2, 3, 2));
+  const __m256 u2 = _mm256_shuffle_ps(t1, t3, _MM_SHUFFLE(1, 0, 1, 0)), u3 = _mm256_shuffle_ps(t1, t3, _MM_SHUFFLE(3, 2, 3, 2));
+  const __m256 u4 = _mm256_shuffle_ps(t4, t6, _MM_SHUFFLE(1, 0, 1, 0)), u5 = _mm256_shuffle_ps(t4, t6, _MM_SHUFFLE(3, 2, 3, 2));
+  const __m256 u6 = _mm256_shuffle_ps(t5, t7, _MM_SHUFFLE(1, 0, 1, 0)), u7 = _mm256_shuffle_ps(t5, t7, _MM_SHUFFLE(3, 2, 3, 2));
+  const __m256 out[8] = {_mm256_permute2f128_ps(u0, u4, 0x20), _mm256_permute2f128_ps(u1, u5, 0x20),
+                         _mm256_permute2f128_ps(u2, u6, 0x20), _mm256_permute2f128_ps(u3, u7, 0x20),
+                         _mm256_permute2f128_ps(u0, u4, 0x31), _mm256_permute2f128_ps(u1, u5, 0x31),
+                         _mm256_permute2f128_ps(u2, u6, 0x31), _mm256_permute2f128_ps(u3, u7, 0x31)};
+  for (int i = 0; i < 8; ++i) _mm256_storeu_ps(panel + (k + i) * 16, out[i]);
+}
+
 void nbits_rows_dequantized(const float* A, int64_t M, const NBitsWeight& w, int64_t n0, int64_t n1,
                             const float* bias, float* Y) {
-  const int64_t K = w.K;
-  thread_local std::vector<uint8_t> codes;
-  thread_local std::vector<float> wrow, panel, partial;
+  const int64_t K = w.K, K8 = (K + 7) / 8 * 8;
+  thread_local std::vector<uint8_t> codes_storage;
+  thread_local std::vector<float> columns_storage, panel_storage, partial_storage;
   constexpr int64_t kChunk = 256;
-  codes.resize(static_cast<size_t>(K));
-  wrow.resize(static_cast<size_t>(K));
+  codes_storage.resize(static_cast<size_t>(K));
+  columns_storage.assign(static_cast<size_t>(16 * K8), 0.0f);  // k past K stays 0
+  panel_storage.resize(static_cast<size_t>(K8 * 16));
+  partial_storage.resize(static_cast<size_t>(M * 16));
+  // Plain pointers: thread_local storage is looked up again on every access the compiler cannot hoist.
+  uint8_t* const codes = codes_storage.data();
+  float* const columns = columns_storage.data();
+  float* const panel = panel_storage.data();
+  float* const partial = partial_storage.data();
+  const bool grouped = M > kFactoredMaxRows;  // as nbits_prepare_f32_avx2 decided
+  const int64_t groups = grouped ? M / kRowGroup : 0;
   for (int64_t n = n0; n < n1; n += 16) {
     const int64_t cols = std::min<int64_t>(16, n1 - n);
-    panel.assign(static_cast<size_t>(K * 16), 0.0f);
-    for (int64_t c = 0; c < cols; ++c) {
-      dequantize_column(w, n + c, codes.data(), wrow.data());
-      for (int64_t k = 0; k < K; ++k) panel[k * 16 + c] = wrow[k];
+    for (int64_t c = 0; c < 16; ++c) {
+      if (c < cols) dequantize_column(w, n + c, codes, columns + c * K8);
+      else std::fill(columns + c * K8, columns + (c + 1) * K8, 0.0f);
     }
-    partial.assign(static_cast<size_t>(M * 16), 0.0f);
+    for (int half = 0; half < 2; ++half) {
+      const float* rows[8];
+      for (int c = 0; c < 8; ++c) rows[c] = columns + (8 * half + c) * K8;
+      for (int64_t k = 0; k < K8; k += 8) transpose_8x8(rows, k, panel + 8 * half);
+    }
+    std::fill(partial, partial + M * 16, 0.0f);
     for (int64_t k0 = 0; k0 < K; k0 += kChunk) {
       const int64_t k1 = std::min(K, k0 + kChunk);
-      int64_t m = 0;
-      for (; m + 4 <= M; m += 4) nbits_tile<4>(A + m * K, K, k0, k1, panel.data(), partial.data() + m * 16);
-      for (; m < M; ++m) nbits_tile<1>(A + m * K, K, k0, k1, panel.data(), partial.data() + m * 16);
+      for (int64_t g = 0; g < groups; ++g)
+        nbits_tile<kRowGroup>(A + g * kRowGroup * K, 1, kRowGroup, k0, k1, panel, partial + g * kRowGroup * 16);
+      int64_t m = groups * kRowGroup;
+      for (; m + 4 <= M; m += 4) nbits_tile<4>(A + m * K, K, 1, k0, k1, panel, partial + m * 16);
+      for (; m < M; ++m) nbits_tile<1>(A + m * K, K, 1, k0, k1, panel, partial + m * 16);
     }
     for (int64_t m = 0; m < M; ++m)
       for (int64_t j = 0; j < cols; ++j)
         Y[m * w.N + n + j] = bias ? partial[m * 16 + j] + bias[n + j] : partial[m * 16 + j];
   }
+}
+
+// Level 0/1 with more than kFactoredMaxRows rows: every whole group of kRowGroup rows of A
+// interleaved by k ([k][row]) into out, the last M % kRowGroup rows copied in order after them.
+bool nbits_prepare_f32_avx2(const float* A, int64_t M, int64_t K, float* out) {
+  if (M <= kFactoredMaxRows) return false;
+  int64_t m = 0;
+  for (; m + kRowGroup <= M; m += kRowGroup)
+    for (int64_t k = 0; k < K; ++k)
+      for (int64_t r = 0; r < kRowGroup; ++r) out[m * K + k * kRowGroup + r] = A[(m + r) * K + k];
+  std::memcpy(out + m * K, A + m * K, static_cast<size_t>((M - m) * K) * sizeof(float));
+  return true;
 }
 
 // MatMulNBits level 4: per 32 codes, one exact integer dot product with the int8 A.
@@ -640,7 +695,7 @@ void nbits_rows_avx2(const float* A, int64_t M, const NBitsWeight& w, int64_t n0
     case 1: return factored<1>(A, w, n0, n1, bias, Y);
     case 2: return factored<2>(A, w, n0, n1, bias, Y);
     case 3: return factored<3>(A, w, n0, n1, bias, Y);
-    case 4: return factored<4>(A, w, n0, n1, bias, Y);
+    case 4: return factored<4>(A, w, n0, n1, bias, Y);  // kFactoredMaxRows
     default: return nbits_rows_dequantized(A, M, w, n0, n1, bias, Y);
   }
 }
@@ -655,6 +710,7 @@ void nbits_rows_int8(const QuantizedA& a, const NBitsWeight& w, int64_t n0, int6
   nbits_rows_int8_avx2(a, w, n0, n1, bias, Y);
 }
 void nbits_prepare_int8(int8_t* qa, int64_t M, const NBitsWeight& w) { nbits_prepare_int8_avx2(qa, M, w); }
+bool nbits_prepare_f32(const float* A, int64_t M, int64_t K, float* out) { return nbits_prepare_f32_avx2(A, M, K, out); }
 
 }  // namespace avx2
 }  // namespace qmm

@@ -120,7 +120,8 @@ void sgemm_rows_avx2(const float* a, const float* b_panels, float* y, int64_t ro
 }  // namespace
 
 const QGemmKernels kAvx2Kernels = {Isa::kAvx2,          kernel_avx2,           requantize_row_avx2, sgemm_rows_avx2,
-                                 avx2::nbits_rows,    avx2::nbits_rows_int8, avx2::nbits_prepare_int8};
+                                 avx2::nbits_rows,    avx2::nbits_rows_int8, avx2::nbits_prepare_int8,
+                                 avx2::nbits_prepare_f32};
 bool avx2_kernels_built() { return true; }
 
 }  // namespace qmm

@@ -216,6 +216,6 @@ void nbits_rows_int8_portable(const QuantizedA& a, const NBitsWeight& w, int64_t
 
 const QGemmKernels kPortableKernels = {Isa::kPortable, kernel_portable, requantize_row_portable, sgemm_rows_impl,
                                      nbits_rows_portable,     nbits_rows_int8_portable,
-                                     nullptr};
+                                     nullptr,                 nullptr};
 
 }  // namespace qmm
