@@ -9,10 +9,6 @@
 #include <vector>
 
 namespace qmm {
-#include "nbits_dequantize.inc"
-}  // namespace qmm
-
-namespace qmm {
 namespace {
 // MatMulNBits level 0/1, factored by block (docs/matmul_nbits.md, error bound of any order):
 //   y[m, n] = sum_b scale[n, b] * (sum_{k in b} a[m, k] * q[n, k] - zero_point[n, b] * asum[m, b])
@@ -37,6 +33,31 @@ inline void decode_nbits_avx2(const uint8_t* row, int64_t bits, int64_t count, i
     std::memcpy(out + 8 * g, &codes, 8);
   }
   decode_nbits_range(row, bits, 8 * g, count - 8 * g, out + 8 * g);
+}
+
+// Column n's codes k < count (a multiple of 32) as one byte each: 4-bit rows split into nibbles
+// with SIMD, other widths through decode_nbits_avx2.
+inline void decode_column(const NBitsWeight& w, int64_t n, int64_t count, uint8_t* out) {
+  const uint8_t* row = w.codes + n * w.row_bytes;
+  if (w.bits != 4) return decode_nbits_avx2(row, w.bits, count, w.row_bytes, out);
+  const __m128i mask = _mm_set1_epi8(0x0F);
+  for (int64_t k = 0; k < count; k += 32) {
+    const __m128i x = _mm_loadu_si128(reinterpret_cast<const __m128i*>(row + k / 2));
+    const __m128i lo = _mm_and_si128(x, mask), hi = _mm_and_si128(_mm_srli_epi16(x, 4), mask);
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(out + k), _mm_unpacklo_epi8(lo, hi));
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(out + k + 16), _mm_unpackhi_epi8(lo, hi));
+  }
+}
+
+// All k_blocks * block_size codes of column n as bytes, then zeros up to the next multiple of 32
+// (out holds that many).
+inline void decode_padded_column(const NBitsWeight& w, int64_t n, uint8_t* out) {
+  const int64_t padded = w.k_blocks * w.block_size;
+  if (padded % 32 == 0) return decode_column(w, n, padded, out);
+  // block size 16 with an odd block count: the last 16 codes one by one
+  decode_column(w, n, padded - 16, out);
+  decode_nbits_range(w.codes + n * w.row_bytes, w.bits, padded - 16, 16, out + padded - 16);
+  std::memset(out + padded, 0, 16);
 }
 
 // The codes k0 .. k0+31 of a column held one byte per code (8-bit rows, and rows of other widths
@@ -222,6 +243,24 @@ void nbits_tile(const float* a, int64_t row_stride, int64_t k_stride, int64_t k0
   }
 }
 
+// wrow[k] = float32(q[k] - zero_point[block]) * scale[block] for k < K, 8 at a time: the same two
+// roundings, in the same order, as dequantize_column (nbits_dequantize.inc) and dequantize_nbits.
+inline void dequantize_column_avx2(const NBitsWeight& w, int64_t n, uint8_t* codes, float* wrow) {
+  decode_padded_column(w, n, codes);
+  const float* scales = w.scales + n * w.k_blocks;
+  const float* zero_points = w.zero_points + n * w.k_blocks;
+  for (int64_t b = 0; b < w.k_blocks; ++b) {
+    const int64_t k0 = b * w.block_size, k1 = std::min(w.K, k0 + w.block_size);
+    const __m256 scale = _mm256_set1_ps(scales[b]), zp = _mm256_set1_ps(zero_points[b]);
+    int64_t k = k0;
+    for (; k + 8 <= k1; k += 8) {
+      const __m256i q = _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(codes + k)));
+      _mm256_storeu_ps(wrow + k, _mm256_mul_ps(_mm256_sub_ps(_mm256_cvtepi32_ps(q), zp), scale));
+    }
+    for (; k < k1; ++k) wrow[k] = (static_cast<float>(codes[k]) - zero_points[b]) * scales[b];
+  }
+}
+
 // rows[c][k .. k+7] for 8 columns c into panel[k .. k+7][8 columns] (row stride 16 floats).
 inline void transpose_8x8(const float* const rows[8], int64_t k, float* panel) {
   __m256 r[8];
@@ -247,7 +286,7 @@ void nbits_rows_dequantized(const float* A, int64_t M, const NBitsWeight& w, int
   thread_local std::vector<uint8_t> codes_storage;
   thread_local std::vector<float> columns_storage, panel_storage, partial_storage;
   constexpr int64_t kChunk = 256;
-  codes_storage.resize(static_cast<size_t>(K));
+  codes_storage.resize(static_cast<size_t>((w.k_blocks * w.block_size + 31) / 32 * 32));
   columns_storage.assign(static_cast<size_t>(16 * K8), 0.0f);  // k past K stays 0
   panel_storage.resize(static_cast<size_t>(K8 * 16));
   partial_storage.resize(static_cast<size_t>(M * 16));
@@ -261,7 +300,7 @@ void nbits_rows_dequantized(const float* A, int64_t M, const NBitsWeight& w, int
   for (int64_t n = n0; n < n1; n += 16) {
     const int64_t cols = std::min<int64_t>(16, n1 - n);
     for (int64_t c = 0; c < 16; ++c) {
-      if (c < cols) dequantize_column(w, n + c, codes, columns + c * K8);
+      if (c < cols) dequantize_column_avx2(w, n + c, codes, columns + c * K8);
       else std::fill(columns + c * K8, columns + (c + 1) * K8, 0.0f);
     }
     for (int half = 0; half < 2; ++half) {
@@ -547,20 +586,6 @@ void int8_gemm_tile(const int8_t* qa, int64_t row_stride, int64_t quad_stride, c
   }
 }
 
-// Column n's codes k < count (a multiple of 32) as one byte each: 4-bit rows split into nibbles
-// with SIMD, other widths through decode_nbits_avx2.
-inline void decode_column(const NBitsWeight& w, int64_t n, int64_t count, uint8_t* out) {
-  const uint8_t* row = w.codes + n * w.row_bytes;
-  if (w.bits != 4) return decode_nbits_avx2(row, w.bits, count, w.row_bytes, out);
-  const __m128i mask = _mm_set1_epi8(0x0F);
-  for (int64_t k = 0; k < count; k += 32) {
-    const __m128i x = _mm_loadu_si128(reinterpret_cast<const __m128i*>(row + k / 2));
-    const __m128i lo = _mm_and_si128(x, mask), hi = _mm_and_si128(_mm_srli_epi16(x, 4), mask);
-    _mm_storeu_si128(reinterpret_cast<__m128i*>(out + k), _mm_unpacklo_epi8(lo, hi));
-    _mm_storeu_si128(reinterpret_cast<__m128i*>(out + k + 16), _mm_unpackhi_epi8(lo, hi));
-  }
-}
-
 // 8 columns x 32 codes (rows[c] + k) into the panel's quads q = k/4 .. k/4+7 (8 dwords each
 // side): an 8 x 8 transpose of 32-bit elements.
 inline void transpose_8x32(const uint8_t* const rows[8], int64_t k, uint8_t* panel_half) {
@@ -607,12 +632,7 @@ void nbits_int8_gemm(const QuantizedA& a, const NBitsWeight& w, int64_t n0, int6
       continue;
     }
     const int64_t n = n0 + c;
-    if (padded % 32 == 0) decode_column(w, n, padded, column);
-    else {  // block size 16 with an odd block count: the last 16 codes one by one
-      decode_column(w, n, padded - 16, column);
-      decode_nbits_range(w.codes + n * w.row_bytes, w.bits, padded - 16, 16, column + padded - 16);
-      std::memset(column + padded, 0, 16);
-    }
+    decode_padded_column(w, n, column);
     for (int64_t b = 0; b < kb; ++b) {
       sb[b * 16 + c] = w.scales[n * kb + b];
       szb[b * 16 + c] = w.scales[n * kb + b] * w.zero_points[n * kb + b];
