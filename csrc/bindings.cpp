@@ -82,9 +82,17 @@ nb::ndarray<nb::numpy, float> matmul_nbits_binding(const In& A, const In& codes,
                                                    int64_t block_size, const In& scales, const In& zero_points,
                                                    std::optional<In> bias) {
   const int64_t M = static_cast<int64_t>(A.shape(0)), N = static_cast<int64_t>(codes.shape(0));
-  const qmm::NBitsWeight w{static_cast<const uint8_t*>(codes.data()), N, K, bits, block_size,
-                           static_cast<int64_t>(scales.shape(1)), static_cast<int64_t>(codes.shape(1)),
-                           static_cast<const float*>(scales.data()), static_cast<const float*>(zero_points.data())};
+  const bool integer_zero_points = zero_points.dtype() == nb::dtype<uint8_t>();
+  const qmm::NBitsWeight w{static_cast<const uint8_t*>(codes.data()),
+                           N,
+                           K,
+                           bits,
+                           block_size,
+                           static_cast<int64_t>(scales.shape(1)),
+                           static_cast<int64_t>(codes.shape(1)),
+                           static_cast<const float*>(scales.data()),
+                           integer_zero_points ? nullptr : static_cast<const float*>(zero_points.data()),
+                           integer_zero_points ? static_cast<const uint8_t*>(zero_points.data()) : nullptr};
   auto* y = new float[static_cast<size_t>(std::max<int64_t>(M * N, 1))];
   nb::capsule owner(y, [](void* p) noexcept { delete[] static_cast<float*>(p); });
   {
@@ -178,8 +186,8 @@ NB_MODULE(_core, m) {
           return nb::ndarray<nb::numpy>(y, 2, shape, owner, nullptr, dtype);
         });
 
-  // MatMulNBits: A float32 [M, K] contiguous, codes uint8 [N, row_bytes], scales and zero points
-  // float32 [N, k_blocks], bias float32 [N] or None; returns Y float32 [M, N]. Levels 0/1 in
+  // MatMulNBits: A float32 [M, K] contiguous, codes uint8 [N, row_bytes], scales float32 and zero
+  // points uint8 or float32 [N, k_blocks], bias float32 [N] or None; returns Y float32 [M, N]. Levels 0/1 in
   // float32, level 4 with A quantized to int8 per block as ONNX Runtime does.
   m.def("matmul_nbits_f32", matmul_nbits_binding<qmm::matmul_nbits_f32>, nb::arg("A"), nb::arg("codes"), nb::arg("K"),
         nb::arg("bits"), nb::arg("block_size"), nb::arg("scales"), nb::arg("zero_points"), nb::arg("bias").none());

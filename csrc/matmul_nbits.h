@@ -13,9 +13,17 @@ namespace qmm {
 struct NBitsWeight {
   const uint8_t* codes;       // [N, row_bytes]: row n holds k_blocks * block_size codes of `bits` bits
   int64_t N, K, bits, block_size, k_blocks, row_bytes;
-  const float* scales;        // [N, k_blocks]
-  const float* zero_points;   // [N, k_blocks]
+  const float* scales;            // [N, k_blocks]
+  // Zero points [N, k_blocks]: integer ones as uint8 (the usual case: packed or default zero
+  // points, a quarter of the bytes), float ones as float32. Exactly one of the two is set.
+  const float* zero_points;
+  const uint8_t* zero_points_u8;
 };
+
+// The zero point of block `index` (= n * k_blocks + b) as float32.
+inline float zero_point(const NBitsWeight& w, int64_t index) {
+  return w.zero_points_u8 ? static_cast<float>(w.zero_points_u8[index]) : w.zero_points[index];
+}
 
 // Writes the first `count` codes of one LSB-first bitstream as bytes.
 void decode_nbits(const uint8_t* row, int64_t bits, int64_t count, uint8_t* out);

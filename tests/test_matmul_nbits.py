@@ -681,6 +681,21 @@ def test_constant_weight_class_equals_the_function():
                     assert np.array_equal(w(case.A[0, 0]), case.run(level, case.A[0, 0]))
 
 
+def test_constant_weight_holds_at_most_a_quarter_more_than_its_codes_and_scales():
+    """The issue's memory bound: integer zero points are held as one byte per block, so the worst case
+    (2-bit codes in blocks of 16: 4 bytes of codes per block) is exactly 1.25x; float zero points, which
+    are part of the input, are held as float32."""
+    import quantmatmul
+
+    rng = np.random.default_rng(90)
+    for bits in BITS:
+        for block_size in (16, 32, 128):
+            for zp in ("packed", "none"):
+                case = Case(rng, bits, block_size, K=2 * block_size + 3, N=5, zp=zp)
+                w = quantmatmul.MatMulNBits(case.B, case.scales, case.zero_points, **case.kw)
+                assert w.nbytes <= 1.25 * case.B.nbytes + case.scales.astype(np.float32).nbytes, (bits, block_size, zp)
+
+
 def test_constant_weight_class_from_float_copies_and_errors():
     import quantmatmul
 
@@ -695,7 +710,7 @@ def test_constant_weight_class_from_float_copies_and_errors():
     before = w2(A)
     B[:] = 0  # the caller's codes change; the held weight does not
     assert np.array_equal(w2(A), before)
-    assert w2.nbytes == q.B.nbytes + 2 * 4 * q.scales.size  # codes + float32 scales and zero points
+    assert w2.nbytes == q.B.nbytes + 4 * q.scales.size + q.scales.size  # codes + float32 scales + uint8 zero points
     assert "MatMulNBits(K=96, N=40, bits=4" in repr(w2)
     with pytest.raises(TypeError, match="^MatMulNBits: A dtype float16 does not match the weight's scales dtype"):
         w(A.astype(np.float16))

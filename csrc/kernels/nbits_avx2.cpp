@@ -60,6 +60,12 @@ inline void decode_padded_column(const NBitsWeight& w, int64_t n, uint8_t* out) 
   std::memset(out + padded, 0, 16);
 }
 
+// The zero points of blocks index .. index+7 (index = n * k_blocks + b) as float32.
+inline __m256 zero_points8(const NBitsWeight& w, int64_t index) {
+  if (!w.zero_points_u8) return _mm256_loadu_ps(w.zero_points + index);
+  return _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(w.zero_points_u8 + index))));
+}
+
 // The codes k0 .. k0+31 of a column held one byte per code (8-bit rows, and rows of other widths
 // decoded beforehand) as 4 x 8 floats, in order.
 inline void widen32(const uint8_t* codes, int64_t k0, __m256 out[4]) {
@@ -143,17 +149,16 @@ void nbits_rows_factored(const float* A, const NBitsWeight& w, int64_t n0, int64
       row = decoded;
     }
     const float* scales = w.scales + n * kb;
-    const float* zero_points = w.zero_points + n * kb;
     float correction[MR], tail[MR];
     for (int m = 0; m < MR; ++m) {  // sum_b zero_point * scale * asum, 8 blocks per FMA
       tail[m] = 0.0f;
       __m256 c8 = _mm256_setzero_ps();
       int64_t b = 0;
       for (; b + 8 <= kb; b += 8)
-        c8 = _mm256_fmadd_ps(_mm256_mul_ps(_mm256_loadu_ps(zero_points + b), _mm256_loadu_ps(scales + b)),
+        c8 = _mm256_fmadd_ps(_mm256_mul_ps(zero_points8(w, n * kb + b), _mm256_loadu_ps(scales + b)),
                              _mm256_loadu_ps(block_sums + m * kb + b), c8);
       float c = horizontal_sum(c8);
-      for (; b < kb; ++b) c += zero_points[b] * scales[b] * block_sums[m * kb + b];
+      for (; b < kb; ++b) c += zero_point(w, n * kb + b) * scales[b] * block_sums[m * kb + b];
       correction[m] = c;
     }
     // Block b's sum per row, in independent chains (FMA latency, not throughput, would bound a
@@ -248,16 +253,16 @@ void nbits_tile(const float* a, int64_t row_stride, int64_t k_stride, int64_t k0
 inline void dequantize_column_avx2(const NBitsWeight& w, int64_t n, uint8_t* codes, float* wrow) {
   decode_padded_column(w, n, codes);
   const float* scales = w.scales + n * w.k_blocks;
-  const float* zero_points = w.zero_points + n * w.k_blocks;
   for (int64_t b = 0; b < w.k_blocks; ++b) {
     const int64_t k0 = b * w.block_size, k1 = std::min(w.K, k0 + w.block_size);
-    const __m256 scale = _mm256_set1_ps(scales[b]), zp = _mm256_set1_ps(zero_points[b]);
+    const float zero_point_b = zero_point(w, n * w.k_blocks + b);
+    const __m256 scale = _mm256_set1_ps(scales[b]), zp = _mm256_set1_ps(zero_point_b);
     int64_t k = k0;
     for (; k + 8 <= k1; k += 8) {
       const __m256i q = _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(codes + k)));
       _mm256_storeu_ps(wrow + k, _mm256_mul_ps(_mm256_sub_ps(_mm256_cvtepi32_ps(q), zp), scale));
     }
-    for (; k < k1; ++k) wrow[k] = (static_cast<float>(codes[k]) - zero_points[b]) * scales[b];
+    for (; k < k1; ++k) wrow[k] = (static_cast<float>(codes[k]) - zero_point_b) * scales[b];
   }
 }
 
@@ -403,7 +408,6 @@ void nbits_rows_int8_impl(const QuantizedA& a, const NBitsWeight& w, int64_t n0,
   for (int64_t n = n0; n < n1; ++n) {
     const uint8_t* row = column(w, n, codes.data());
     const float* scales = w.scales + n * kb;
-    const float* zero_points = w.zero_points + n * kb;
     for (int64_t m = 0; m < a.M; ++m) {
       const int8_t* qa = a.qa + m * padded;
       const float* scale_a = a.scale + m * kb;
@@ -417,7 +421,7 @@ void nbits_rows_int8_impl(const QuantizedA& a, const NBitsWeight& w, int64_t n0,
         for (int i = 0; i < 8; ++i) dots[i] = block_dot<Kind, Chunks>(row, qa, (b + i) * bs, chunks);
         const __m256 sb = _mm256_loadu_ps(scales + b);
         acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(reduce8(dots)), _mm256_mul_ps(_mm256_loadu_ps(scale_a + b), sb), acc);
-        correction = _mm256_fmadd_ps(_mm256_loadu_ps(block_sum + b), _mm256_mul_ps(sb, _mm256_loadu_ps(zero_points + b)),
+        correction = _mm256_fmadd_ps(_mm256_loadu_ps(block_sum + b), _mm256_mul_ps(sb, zero_points8(w, n * kb + b)),
                                      correction);
       }
       float y = horizontal_sum(acc) - horizontal_sum(correction);
@@ -426,7 +430,7 @@ void nbits_rows_int8_impl(const QuantizedA& a, const NBitsWeight& w, int64_t n0,
         const __m128i s = _mm_add_epi32(_mm256_castsi256_si128(dot), _mm256_extracti128_si256(dot, 1));
         const __m128i t = _mm_add_epi32(s, _mm_shuffle_epi32(s, 0x4E));
         const int32_t total = _mm_cvtsi128_si32(_mm_add_epi32(t, _mm_shuffle_epi32(t, 0xB1)));
-        y += scale_a[b] * scales[b] * static_cast<float>(total) - block_sum[b] * (scales[b] * zero_points[b]);
+        y += scale_a[b] * scales[b] * static_cast<float>(total) - block_sum[b] * (scales[b] * zero_point(w, n * kb + b));
       }
       Y[m * w.N + n] = bias ? y + bias[n] : y;
     }
@@ -635,7 +639,7 @@ void nbits_int8_gemm(const QuantizedA& a, const NBitsWeight& w, int64_t n0, int6
     decode_padded_column(w, n, column);
     for (int64_t b = 0; b < kb; ++b) {
       sb[b * 16 + c] = w.scales[n * kb + b];
-      szb[b * 16 + c] = w.scales[n * kb + b] * w.zero_points[n * kb + b];
+      szb[b * 16 + c] = w.scales[n * kb + b] * zero_point(w, n * kb + b);
     }
   }
   for (int half = 0; half < 2; ++half) {

@@ -196,7 +196,6 @@ void nbits_rows_int8_portable(const QuantizedA& a, const NBitsWeight& w, int64_t
   for (int64_t n = n0; n < n1; ++n) {
     decode_nbits(w.codes + n * w.row_bytes, w.bits, padded, codes.data());  // padded codes meet qa = 0
     const float* scales = w.scales + n * kb;
-    const float* zero_points = w.zero_points + n * kb;
     for (int64_t m = 0; m < a.M; ++m) {
       const int8_t* qa = a.qa + m * padded;
       float y = 0.0f, correction = 0.0f;
@@ -204,7 +203,7 @@ void nbits_rows_int8_portable(const QuantizedA& a, const NBitsWeight& w, int64_t
         int32_t dot = 0;
         for (int64_t j = b * bs; j < (b + 1) * bs; ++j) dot += int32_t(qa[j]) * int32_t(codes[j]);
         y += a.scale[m * kb + b] * scales[b] * static_cast<float>(dot);
-        correction += a.block_sum[m * kb + b] * (scales[b] * zero_points[b]);
+        correction += a.block_sum[m * kb + b] * (scales[b] * zero_point(w, n * kb + b));
       }
       y -= correction;
       Y[m * w.N + n] = bias ? y + bias[n] : y;

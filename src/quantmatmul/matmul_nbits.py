@@ -147,9 +147,10 @@ class MatMulNBits:
 
     @property
     def nbytes(self) -> int:
-        """Bytes held: the codes, float32 scales and zero points, and the bias."""
+        """Bytes held: the codes, float32 scales, the zero points (uint8, or float32 when given as floats) and the bias."""
         w = self._weights
-        return w.B.nbytes + w.scales.nbytes + w.zero_points.nbytes + (0 if self._bias is None else self._bias.nbytes)
+        held = w.B.nbytes + w.scales.nbytes + w.kernel_zero_points.nbytes
+        return held + (0 if self._bias is None else self._bias.nbytes)
 
     def __call__(self, A) -> np.ndarray:
         return _apply(_activations(self._FN, A, self.K, self.dtype), self._weights, self._bias, self.accuracy_level)
@@ -278,8 +279,10 @@ class _Weights:
                              f"for N={N}, K={K}, block_size={block_size}")
         self.scales = scales.reshape(N, kb).astype(_F32)
 
+        # Zero points as the kernels take them, [N, k_blocks]: integer ones as uint8 (a quarter of
+        # the bytes of float32), float ones as float32.
         if zero_points is None:
-            self.zero_points = np.full((N, kb), 1 << (bits - 1), _F32)
+            self.kernel_zero_points = np.full((N, kb), 1 << (bits - 1), np.uint8)
             self.integer_zero_points = True
         else:
             zp = np.asarray(zero_points)
@@ -290,7 +293,7 @@ class _Weights:
                             if zp.shape in ((N, kb), (N * kb,)) else "")
                     raise ValueError(f"{fn}: zero_points has shape {zp.shape}, expected packed uint8 {(N, row)} "
                                      f"or ({N * row},) for N={N}, k_blocks={kb}, bits={bits}{hint}")
-                self.zero_points = unpack_nbits(zp.reshape(N, row), bits, kb).astype(_F32)
+                self.kernel_zero_points = np.ascontiguousarray(unpack_nbits(zp.reshape(N, row), bits, kb), np.uint8)
                 self.integer_zero_points = True
             elif zp.dtype in SCALE_TYPES:
                 if zp.dtype != scales.dtype:
@@ -299,7 +302,7 @@ class _Weights:
                 if zp.shape not in ((N, kb), (N * kb,)):
                     raise ValueError(f"{fn}: zero_points has shape {zp.shape}, expected {(N, kb)} or ({N * kb},) "
                                      f"for unpacked {zp.dtype} zero points, N={N}, k_blocks={kb}")
-                self.zero_points = zp.reshape(N, kb).astype(_F32)
+                self.kernel_zero_points = zp.reshape(N, kb).astype(_F32)
                 self.integer_zero_points = False
             else:
                 raise TypeError(f"{fn}: zero_points dtype {zp.dtype} is not supported, expected uint8 (packed) "
@@ -324,6 +327,10 @@ class _Weights:
     def chunk_rows(self, minimum=16):
         return max(minimum, _CHUNK // self.padded_K)
 
+    def zero_points(self, n0, n1):
+        """float32 zero points of output rows n0..n1, [n1 - n0, k_blocks]."""
+        return self.kernel_zero_points[n0:n1].astype(_F32)
+
     def codes(self, n0, n1):
         """Codes of output rows n0..n1 as uint8 [n1 - n0, padded_K]."""
         return _decode(self.B[n0:n1], self.bits, self.padded_K)
@@ -331,7 +338,7 @@ class _Weights:
     def dequantize(self, n0, n1):
         """float32 W rows n0..n1, [n1 - n0, K]: float32(q - zp) * scale (codes past K dropped)."""
         q = self.codes(n0, n1)
-        zp, s = self.zero_points[n0:n1], self.scales[n0:n1]
+        zp, s = self.zero_points(n0, n1), self.scales[n0:n1]
         if self.g_idx is None:
             w = q.reshape(n1 - n0, self.k_blocks, self.block_size).astype(_F32)
             w -= zp[:, :, None]
@@ -372,7 +379,7 @@ def _product_float(a2, w, bias, compute_dtype):
     a32 = a2.astype(_F32)
     if compute_dtype is None and w.g_idx is None:  # levels 0 and 1: the C++ kernels (csrc/matmul_nbits.h)
         return _core.matmul_nbits_f32(np.ascontiguousarray(a32), np.ascontiguousarray(w.B), w.K, w.bits, w.block_size,
-                                      np.ascontiguousarray(w.scales), np.ascontiguousarray(w.zero_points),
+                                      np.ascontiguousarray(w.scales), w.kernel_zero_points,
                                       None if bias is None else np.ascontiguousarray(bias, dtype=_F32))
     if compute_dtype is not None:
         a32 = _round_to(a32, compute_dtype)
@@ -420,7 +427,7 @@ def _product_int8(a2, w, bias):
     if w.g_idx is None:  # the C++ kernels (csrc/matmul_nbits.h): A quantized there exactly as below
         return _core.matmul_nbits_int8(np.ascontiguousarray(a2, dtype=_F32), np.ascontiguousarray(w.B), w.K, w.bits,
                                        w.block_size, np.ascontiguousarray(w.scales),
-                                       np.ascontiguousarray(w.zero_points),
+                                       w.kernel_zero_points,
                                        None if bias is None else np.ascontiguousarray(bias, dtype=_F32))
     # A non-trivial g_idx changes the scales inside an A block, so the integer form does not factor:
     # the exactly dequantized int8 A times the float64 W.
@@ -430,7 +437,7 @@ def _product_int8(a2, w, bias):
     a_fq = (qa.astype(_F64) * scale_a.astype(_F64)[:, :, None]).reshape(M, w.padded_K)[:, : w.K]
     for n0, n1 in _chunks(w.N, w.chunk_rows()):
         q = w.codes(n0, n1)[:, : w.K].astype(_F64)
-        wt = (q - w.zero_points[n0:n1, w.g_idx].astype(_F64)) * w.scales[n0:n1, w.g_idx].astype(_F64)
+        wt = (q - w.zero_points(n0, n1)[:, w.g_idx].astype(_F64)) * w.scales[n0:n1, w.g_idx].astype(_F64)
         y[:, n0:n1] = a_fq @ wt.T
     if bias is not None:
         y += bias.astype(y.dtype)
