@@ -387,14 +387,28 @@ void even_odd_qa(const int8_t* qa, int64_t count, int8_t* out) {
 // The int32 dot product of one block (Chunks x 32 codes, Chunks a compile-time count when the
 // block size is known, else `chunks`) of one column with the int8 A. Kind: 4 = nibbles ([even |
 // odd] order), 8 = 8-bit codes (int16 pairs), 0 = one byte per code of at most 7 bits.
+// Codes of up to 7 bits add `steps` chunks of vpmaddubsw pair sums in int16 before one vpmaddwd
+// widens them (int16_steps: 8 for 4-bit codes, so one widening per block up to 256 codes).
+inline int64_t int16_steps(int64_t bits) { return 32767 / (254 * ((int64_t{1} << bits) - 1)); }
+
 template <int Kind, int Chunks>
-inline __m256i block_dot(const uint8_t* row, const int8_t* qa, int64_t k0, int64_t chunks) {
+inline __m256i block_dot(const uint8_t* row, const int8_t* qa, int64_t k0, int64_t chunks, int64_t steps) {
   __m256i dot = _mm256_setzero_si256();
   const int64_t n = Chunks ? Chunks : chunks;
-  for (int64_t c = 0; c < n; ++c) {
-    const int64_t k = k0 + 32 * c;
-    const __m256i codes = Kind == 4 ? codes32_even_odd(row, k) : codes32_bytes(row, k);
-    dot = _mm256_add_epi32(dot, dot32(codes, qa + k, Kind == 8));
+  if (Kind == 8) {
+    for (int64_t c = 0; c < n; ++c) dot = _mm256_add_epi32(dot, dot32(codes32_bytes(row, k0 + 32 * c), qa + k0 + 32 * c, true));
+    return dot;
+  }
+  const int64_t step = Kind == 4 ? 8 : steps;
+  for (int64_t c0 = 0; c0 < n; c0 += step) {
+    __m256i sum16 = _mm256_setzero_si256();
+    for (int64_t c = c0; c < std::min(n, c0 + step); ++c) {
+      const int64_t k = k0 + 32 * c;
+      const __m256i codes = Kind == 4 ? codes32_even_odd(row, k) : codes32_bytes(row, k);
+      const __m256i a = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(qa + k));
+      sum16 = _mm256_add_epi16(sum16, _mm256_maddubs_epi16(codes, a));
+    }
+    dot = _mm256_add_epi32(dot, _mm256_madd_epi16(sum16, _mm256_set1_epi16(1)));
   }
   return dot;
 }
@@ -402,7 +416,7 @@ inline __m256i block_dot(const uint8_t* row, const int8_t* qa, int64_t k0, int64
 template <int Kind, int Chunks>
 void nbits_rows_int8_impl(const QuantizedA& a, const NBitsWeight& w, int64_t n0, int64_t n1, const float* bias,
                           float* Y, const uint8_t* (*column)(const NBitsWeight&, int64_t, uint8_t*)) {
-  const int64_t kb = w.k_blocks, bs = w.block_size, padded = kb * bs, chunks = bs / 32;
+  const int64_t kb = w.k_blocks, bs = w.block_size, padded = kb * bs, chunks = bs / 32, steps = int16_steps(w.bits);
   thread_local std::vector<uint8_t> codes;
   codes.resize(static_cast<size_t>(padded));
   for (int64_t n = n0; n < n1; ++n) {
@@ -418,7 +432,7 @@ void nbits_rows_int8_impl(const QuantizedA& a, const NBitsWeight& w, int64_t n0,
       int64_t b = 0;
       for (; b + 8 <= kb; b += 8) {
         __m256i dots[8];
-        for (int i = 0; i < 8; ++i) dots[i] = block_dot<Kind, Chunks>(row, qa, (b + i) * bs, chunks);
+        for (int i = 0; i < 8; ++i) dots[i] = block_dot<Kind, Chunks>(row, qa, (b + i) * bs, chunks, steps);
         const __m256 sb = _mm256_loadu_ps(scales + b);
         acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(reduce8(dots)), _mm256_mul_ps(_mm256_loadu_ps(scale_a + b), sb), acc);
         correction = _mm256_fmadd_ps(_mm256_loadu_ps(block_sum + b), _mm256_mul_ps(sb, zero_points8(w, n * kb + b)),
@@ -426,7 +440,7 @@ void nbits_rows_int8_impl(const QuantizedA& a, const NBitsWeight& w, int64_t n0,
       }
       float y = horizontal_sum(acc) - horizontal_sum(correction);
       for (; b < kb; ++b) {
-        const __m256i dot = block_dot<Kind, Chunks>(row, qa, b * bs, chunks);
+        const __m256i dot = block_dot<Kind, Chunks>(row, qa, b * bs, chunks, steps);
         const __m128i s = _mm_add_epi32(_mm256_castsi256_si128(dot), _mm256_extracti128_si256(dot, 1));
         const __m128i t = _mm_add_epi32(s, _mm_shuffle_epi32(s, 0x4E));
         const int32_t total = _mm_cvtsi128_si32(_mm_add_epi32(t, _mm_shuffle_epi32(t, 0xB1)));
@@ -450,6 +464,7 @@ void nbits_rows_int8_kind(const QuantizedA& a, const NBitsWeight& w, int64_t n0,
                           float* Y) {
   const auto column = Kind == 0 ? column_decoded : column_in_place;
   if (w.block_size == 32) nbits_rows_int8_impl<Kind, 1>(a, w, n0, n1, bias, Y, column);
+  else if (w.block_size == 128) nbits_rows_int8_impl<Kind, 4>(a, w, n0, n1, bias, Y, column);
   else nbits_rows_int8_impl<Kind, 0>(a, w, n0, n1, bias, Y, column);
 }
 
@@ -469,8 +484,6 @@ void nbits_rows_int8_kind(const QuantizedA& a, const NBitsWeight& w, int64_t n0,
 // Per quad of k, a 4 x 16 tile does 2 loads of codes, 4 broadcasts of A, 8 vpmaddubsw and 8 int16
 // adds for 256 multiply-adds: the widening, conversion and scaling run once per `steps` quads.
 constexpr int64_t kInt8GemmMinRows = 4;  // below it the per-row kernel, which streams each code once per row, wins
-
-inline int64_t int16_steps(int64_t bits) { return 32767 / (254 * ((int64_t{1} << bits) - 1)); }
 
 // The int16 sums of quads [q0, q1) of the tile, widened to int32 with vpmaddwd: out[r][v] for
 // rows r < MR and the 8-column vectors v < NV of the panel (from p, which points at the first).
