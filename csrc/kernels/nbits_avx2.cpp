@@ -391,62 +391,95 @@ void even_odd_qa(const int8_t* qa, int64_t count, int8_t* out) {
 // widens them (int16_steps: 8 for 4-bit codes, so one widening per block up to 256 codes).
 inline int64_t int16_steps(int64_t bits) { return 32767 / (254 * ((int64_t{1} << bits) - 1)); }
 
-template <int Kind, int Chunks>
-inline __m256i block_dot(const uint8_t* row, const int8_t* qa, int64_t k0, int64_t chunks, int64_t steps) {
-  __m256i dot = _mm256_setzero_si256();
+template <int Kind, int Chunks, int MR>
+inline void block_dots(const uint8_t* row, const int8_t* const qa[MR], int64_t k0, int64_t chunks, int64_t steps,
+                       __m256i dot[MR]) {
+  for (int m = 0; m < MR; ++m) dot[m] = _mm256_setzero_si256();
   const int64_t n = Chunks ? Chunks : chunks;
   if (Kind == 8) {
-    for (int64_t c = 0; c < n; ++c) dot = _mm256_add_epi32(dot, dot32(codes32_bytes(row, k0 + 32 * c), qa + k0 + 32 * c, true));
-    return dot;
+    for (int64_t c = 0; c < n; ++c) {
+      const __m256i codes = codes32_bytes(row, k0 + 32 * c);
+      for (int m = 0; m < MR; ++m) dot[m] = _mm256_add_epi32(dot[m], dot32(codes, qa[m] + k0 + 32 * c, true));
+    }
+    return;
   }
   const int64_t step = Kind == 4 ? 8 : steps;
   for (int64_t c0 = 0; c0 < n; c0 += step) {
-    __m256i sum16 = _mm256_setzero_si256();
+    __m256i sum16[MR];
+    for (int m = 0; m < MR; ++m) sum16[m] = _mm256_setzero_si256();
     for (int64_t c = c0; c < std::min(n, c0 + step); ++c) {
       const int64_t k = k0 + 32 * c;
       const __m256i codes = Kind == 4 ? codes32_even_odd(row, k) : codes32_bytes(row, k);
-      const __m256i a = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(qa + k));
-      sum16 = _mm256_add_epi16(sum16, _mm256_maddubs_epi16(codes, a));
+      for (int m = 0; m < MR; ++m) {
+        const __m256i a = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(qa[m] + k));
+        sum16[m] = _mm256_add_epi16(sum16[m], _mm256_maddubs_epi16(codes, a));
+      }
     }
-    dot = _mm256_add_epi32(dot, _mm256_madd_epi16(sum16, _mm256_set1_epi16(1)));
+    for (int m = 0; m < MR; ++m) dot[m] = _mm256_add_epi32(dot[m], _mm256_madd_epi16(sum16[m], _mm256_set1_epi16(1)));
   }
-  return dot;
+}
+
+// MR rows (m0 ...) of A against columns [n0, n1): each chunk of codes is loaded and unpacked once
+// for all MR rows.
+template <int Kind, int Chunks, int MR>
+void nbits_rows_int8_impl(const QuantizedA& a, int64_t m0, const NBitsWeight& w, int64_t n0, int64_t n1,
+                          const float* bias, float* Y, const uint8_t* (*column)(const NBitsWeight&, int64_t, uint8_t*)) {
+  const int64_t kb = w.k_blocks, bs = w.block_size, padded = kb * bs, chunks = bs / 32, steps = int16_steps(w.bits);
+  thread_local std::vector<uint8_t> codes_storage;
+  codes_storage.resize(static_cast<size_t>(padded));
+  uint8_t* const codes = codes_storage.data();
+  const int8_t* qa[MR];
+  for (int m = 0; m < MR; ++m) qa[m] = a.qa + (m0 + m) * padded;
+  const float* scale_a = a.scale + m0 * kb;
+  const float* block_sum = a.block_sum + m0 * kb;
+  for (int64_t n = n0; n < n1; ++n) {
+    const uint8_t* row = column(w, n, codes);
+    const float* scales = w.scales + n * kb;
+    // Eight blocks at a time: their int32 dot products reduced into one vector per row, scaled by
+    // scale_a * scale_b lane by lane; the zero-point term likewise.
+    __m256 acc[MR], correction[MR];
+    for (int m = 0; m < MR; ++m) acc[m] = correction[m] = _mm256_setzero_ps();
+    int64_t b = 0;
+    for (; b + 8 <= kb; b += 8) {
+      __m256i dots[MR][8];
+      for (int i = 0; i < 8; ++i) {
+        __m256i dot[MR];
+        block_dots<Kind, Chunks, MR>(row, qa, (b + i) * bs, chunks, steps, dot);
+        for (int m = 0; m < MR; ++m) dots[m][i] = dot[m];
+      }
+      const __m256 sb = _mm256_loadu_ps(scales + b), szp = _mm256_mul_ps(sb, zero_points8(w, n * kb + b));
+      for (int m = 0; m < MR; ++m) {
+        acc[m] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(reduce8(dots[m])), _mm256_mul_ps(_mm256_loadu_ps(scale_a + m * kb + b), sb),
+                                 acc[m]);
+        correction[m] = _mm256_fmadd_ps(_mm256_loadu_ps(block_sum + m * kb + b), szp, correction[m]);
+      }
+    }
+    float y[MR];
+    for (int m = 0; m < MR; ++m) y[m] = horizontal_sum(acc[m]) - horizontal_sum(correction[m]);
+    for (; b < kb; ++b) {
+      __m256i dot[MR];
+      block_dots<Kind, Chunks, MR>(row, qa, b * bs, chunks, steps, dot);
+      for (int m = 0; m < MR; ++m) {
+        const __m128i s = _mm_add_epi32(_mm256_castsi256_si128(dot[m]), _mm256_extracti128_si256(dot[m], 1));
+        const __m128i t = _mm_add_epi32(s, _mm_shuffle_epi32(s, 0x4E));
+        const int32_t total = _mm_cvtsi128_si32(_mm_add_epi32(t, _mm_shuffle_epi32(t, 0xB1)));
+        y[m] += scale_a[m * kb + b] * scales[b] * static_cast<float>(total) -
+                block_sum[m * kb + b] * (scales[b] * zero_point(w, n * kb + b));
+      }
+    }
+    for (int m = 0; m < MR; ++m) Y[(m0 + m) * w.N + n] = bias ? y[m] + bias[n] : y[m];
+  }
 }
 
 template <int Kind, int Chunks>
-void nbits_rows_int8_impl(const QuantizedA& a, const NBitsWeight& w, int64_t n0, int64_t n1, const float* bias,
+void nbits_rows_int8_rows(const QuantizedA& a, const NBitsWeight& w, int64_t n0, int64_t n1, const float* bias,
                           float* Y, const uint8_t* (*column)(const NBitsWeight&, int64_t, uint8_t*)) {
-  const int64_t kb = w.k_blocks, bs = w.block_size, padded = kb * bs, chunks = bs / 32, steps = int16_steps(w.bits);
-  thread_local std::vector<uint8_t> codes;
-  codes.resize(static_cast<size_t>(padded));
-  for (int64_t n = n0; n < n1; ++n) {
-    const uint8_t* row = column(w, n, codes.data());
-    const float* scales = w.scales + n * kb;
-    for (int64_t m = 0; m < a.M; ++m) {
-      const int8_t* qa = a.qa + m * padded;
-      const float* scale_a = a.scale + m * kb;
-      const float* block_sum = a.block_sum + m * kb;
-      // Eight blocks at a time: their int32 dot products reduced into one vector, scaled by
-      // scale_a * scale_b lane by lane; the zero-point term likewise.
-      __m256 acc = _mm256_setzero_ps(), correction = _mm256_setzero_ps();
-      int64_t b = 0;
-      for (; b + 8 <= kb; b += 8) {
-        __m256i dots[8];
-        for (int i = 0; i < 8; ++i) dots[i] = block_dot<Kind, Chunks>(row, qa, (b + i) * bs, chunks, steps);
-        const __m256 sb = _mm256_loadu_ps(scales + b);
-        acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(reduce8(dots)), _mm256_mul_ps(_mm256_loadu_ps(scale_a + b), sb), acc);
-        correction = _mm256_fmadd_ps(_mm256_loadu_ps(block_sum + b), _mm256_mul_ps(sb, zero_points8(w, n * kb + b)),
-                                     correction);
-      }
-      float y = horizontal_sum(acc) - horizontal_sum(correction);
-      for (; b < kb; ++b) {
-        const __m256i dot = block_dot<Kind, Chunks>(row, qa, b * bs, chunks, steps);
-        const __m128i s = _mm_add_epi32(_mm256_castsi256_si128(dot), _mm256_extracti128_si256(dot, 1));
-        const __m128i t = _mm_add_epi32(s, _mm_shuffle_epi32(s, 0x4E));
-        const int32_t total = _mm_cvtsi128_si32(_mm_add_epi32(t, _mm_shuffle_epi32(t, 0xB1)));
-        y += scale_a[b] * scales[b] * static_cast<float>(total) - block_sum[b] * (scales[b] * zero_point(w, n * kb + b));
-      }
-      Y[m * w.N + n] = bias ? y + bias[n] : y;
+  for (int64_t m0 = 0; m0 < a.M; m0 += 4) {
+    switch (std::min<int64_t>(4, a.M - m0)) {
+      case 1: nbits_rows_int8_impl<Kind, Chunks, 1>(a, m0, w, n0, n1, bias, Y, column); break;
+      case 2: nbits_rows_int8_impl<Kind, Chunks, 2>(a, m0, w, n0, n1, bias, Y, column); break;
+      case 3: nbits_rows_int8_impl<Kind, Chunks, 3>(a, m0, w, n0, n1, bias, Y, column); break;
+      default: nbits_rows_int8_impl<Kind, Chunks, 4>(a, m0, w, n0, n1, bias, Y, column);
     }
   }
 }
@@ -463,9 +496,9 @@ template <int Kind>
 void nbits_rows_int8_kind(const QuantizedA& a, const NBitsWeight& w, int64_t n0, int64_t n1, const float* bias,
                           float* Y) {
   const auto column = Kind == 0 ? column_decoded : column_in_place;
-  if (w.block_size == 32) nbits_rows_int8_impl<Kind, 1>(a, w, n0, n1, bias, Y, column);
-  else if (w.block_size == 128) nbits_rows_int8_impl<Kind, 4>(a, w, n0, n1, bias, Y, column);
-  else nbits_rows_int8_impl<Kind, 0>(a, w, n0, n1, bias, Y, column);
+  if (w.block_size == 32) nbits_rows_int8_rows<Kind, 1>(a, w, n0, n1, bias, Y, column);
+  else if (w.block_size == 128) nbits_rows_int8_rows<Kind, 4>(a, w, n0, n1, bias, Y, column);
+  else nbits_rows_int8_rows<Kind, 0>(a, w, n0, n1, bias, Y, column);
 }
 
 // Level 4 with many rows of A (prefill): a register-tiled int8 GEMM over each task's 16 columns.
@@ -483,7 +516,7 @@ void nbits_rows_int8_kind(const QuantizedA& a, const NBitsWeight& w, int64_t n0,
 //
 // Per quad of k, a 4 x 16 tile does 2 loads of codes, 4 broadcasts of A, 8 vpmaddubsw and 8 int16
 // adds for 256 multiply-adds: the widening, conversion and scaling run once per `steps` quads.
-constexpr int64_t kInt8GemmMinRows = 4;  // below it the per-row kernel, which streams each code once per row, wins
+constexpr int64_t kInt8GemmMinRows = 8;  // below it the per-row kernel (codes unpacked once per 4 rows) wins
 
 // The int16 sums of quads [q0, q1) of the tile, widened to int32 with vpmaddwd: out[r][v] for
 // rows r < MR and the 8-column vectors v < NV of the panel (from p, which points at the first).
