@@ -217,8 +217,12 @@ class NBitsCase:
 
 NBITS_CASES = [
     NBitsCase(1, 4096, 4096, 4, 32, 0), NBitsCase(1, 4096, 4096, 4, 128, 0), NBitsCase(1, 4096, 11008, 4, 128, 0),
-    NBitsCase(1, 4096, 4096, 4, 32, 4), NBitsCase(128, 4096, 4096, 4, 128, 0), NBitsCase(128, 4096, 4096, 4, 128, 4),
-] + [NBitsCase(1, 4096, 4096, bits, 32, 0) for bits in (2, 3, 5, 6, 7, 8)]
+    NBitsCase(1, 4096, 4096, 4, 32, 4), NBitsCase(1, 4096, 4096, 4, 128, 4), NBitsCase(1, 4096, 4096, 8, 32, 4),
+    NBitsCase(4, 4096, 4096, 4, 32, 4), NBitsCase(16, 4096, 4096, 4, 32, 4),
+    NBitsCase(128, 4096, 4096, 4, 128, 0), NBitsCase(128, 4096, 4096, 4, 128, 4), NBitsCase(128, 4096, 4096, 4, 32, 4),
+    NBitsCase(512, 4096, 4096, 4, 128, 0), NBitsCase(512, 4096, 4096, 4, 128, 4),
+] + [NBitsCase(1, 4096, 4096, bits, 32, 0) for bits in (2, 3, 5, 6, 7, 8)] + [
+    NBitsCase(128, 4096, 4096, bits, 32, 4) for bits in (2, 3, 5, 8)]
 NBITS_QUICK = [NBitsCase(1, 1024, 1024, 4, 32, 0), NBitsCase(1, 1024, 1024, 4, 32, 4), NBitsCase(16, 512, 512, 3, 32, 0)]
 
 
