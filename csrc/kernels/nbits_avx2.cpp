@@ -512,7 +512,8 @@ void nbits_rows_int8_kind(const QuantizedA& a, const NBitsWeight& w, int64_t n0,
 // floor(32767 / (254 * qmax)) of them add up in int16 without overflow (8 for 4-bit codes, 43 for
 // 2-bit, 1 for 7-bit); then one vpmaddwd with ones widens to int32, and the block's int32 sum is
 // exact. The block then enters float32 as the per-row formula does: acc += D * (sa * sb) and
-// acc -= block_sum_a * (sb * zp). 8-bit codes (pairs up to 64770) keep the per-row kernel.
+// acc -= block_sum_a * (sb * zp). 8-bit codes (u8 x s8 pairs up to 64770) take the signed form of
+// int8_segment_signed, with the codes and the zero point both shifted by -128.
 //
 // Per quad of k, a 4 x 16 tile does 2 loads of codes, 4 broadcasts of A, 8 vpmaddubsw and 8 int16
 // adds for 256 multiply-adds: the widening, conversion and scaling run once per `steps` quads.
@@ -588,10 +589,33 @@ inline void int8_segment_4x16(const int8_t* a, const uint8_t* p, int64_t q0, int
     for (int v = 0; v < 2; ++v) out[r][v] = _mm256_madd_epi16(sums[2 * r + v], ones);
 }
 
+// 8-bit codes, held in the panel as c - 128 (int8): sum qa * (c - 128) per column, exact in int32.
+// vpmaddubsw takes |c - 128| (at most 128, unsigned) and qa with the sign of c - 128 (vpsignb; qa
+// is never -128), so a pair sums to at most 2 * 128 * 127 < 2^15; each quad is widened at once.
 template <int MR>
+inline void int8_segment_signed(const int8_t* a, int64_t row_stride, int64_t quad_stride, const uint8_t* p, int64_t q0,
+                                int64_t q1, __m256i out[MR][2]) {
+  const __m256i ones = _mm256_set1_epi16(1);
+  for (int r = 0; r < MR; ++r) out[r][0] = out[r][1] = _mm256_setzero_si256();
+  for (int64_t q = q0; q < q1; ++q) {
+    const __m256i c0 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p + q * 64));
+    const __m256i c1 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p + q * 64 + 32));
+    const __m256i m0 = _mm256_abs_epi8(c0), m1 = _mm256_abs_epi8(c1);
+    for (int r = 0; r < MR; ++r) {
+      int32_t four;
+      std::memcpy(&four, a + r * row_stride + q * quad_stride, 4);
+      const __m256i av = _mm256_set1_epi32(four);
+      out[r][0] = _mm256_add_epi32(out[r][0], _mm256_madd_epi16(_mm256_maddubs_epi16(m0, _mm256_sign_epi8(av, c0)), ones));
+      out[r][1] = _mm256_add_epi32(out[r][1], _mm256_madd_epi16(_mm256_maddubs_epi16(m1, _mm256_sign_epi8(av, c1)), ones));
+    }
+  }
+}
+
+template <int MR, bool Signed8>
 inline void int8_segment_tile(const int8_t* a, int64_t row_stride, int64_t quad_stride, const uint8_t* p, int64_t q0,
                               int64_t q1, __m256i out[MR][2]) {
-  if constexpr (MR == 4) int8_segment_4x16(a, p, q0, q1, out);  // grouped rows: row_stride 4, quad_stride 16
+  if constexpr (Signed8) int8_segment_signed<MR>(a, row_stride, quad_stride, p, q0, q1, out);
+  else if constexpr (MR == 4) int8_segment_4x16(a, p, q0, q1, out);  // grouped rows: row_stride 4, quad_stride 16
   else int8_segment<MR, 2>(a, row_stride, quad_stride, p, q0, q1, out);
 }
 
@@ -599,7 +623,7 @@ inline void int8_segment_tile(const int8_t* a, int64_t row_stride, int64_t quad_
 // `steps` quads adds its segments' int32 sums in `dot`, kept in memory: the 2 * MR int16 sums
 // already take 2 * MR of the 16 ymm registers (int32 sums in registers too spill worse, and a
 // 4 x 8 tile that has room for them measured slower).
-template <int MR>
+template <int MR, bool Signed8>
 void int8_gemm_tile(const int8_t* qa, int64_t row_stride, int64_t quad_stride, const float* sa, const float* bsum, int64_t kb,
                     const uint8_t* panel, const float* sb, const float* szb, int64_t b0, int64_t b1,
                     int64_t quads_per_block, int64_t steps, float* acc, int32_t* dot) {
@@ -607,12 +631,12 @@ void int8_gemm_tile(const int8_t* qa, int64_t row_stride, int64_t quad_stride, c
     const uint8_t* p = panel + b * quads_per_block * 64;
     const int8_t* a = qa + b * quads_per_block * quad_stride;
     __m256i sum[MR][2];
-    int8_segment_tile<MR>(a, row_stride, quad_stride, p, 0, std::min(steps, quads_per_block), sum);
+    int8_segment_tile<MR, Signed8>(a, row_stride, quad_stride, p, 0, std::min(steps, quads_per_block), sum);
     if (steps < quads_per_block) {
       for (int r = 0; r < MR; ++r)
         for (int v = 0; v < 2; ++v) _mm256_store_si256(reinterpret_cast<__m256i*>(dot + r * 16 + 8 * v), sum[r][v]);
       for (int64_t q0 = steps; q0 < quads_per_block; q0 += steps) {
-        int8_segment_tile<MR>(a, row_stride, quad_stride, p, q0, std::min(quads_per_block, q0 + steps), sum);
+        int8_segment_tile<MR, Signed8>(a, row_stride, quad_stride, p, q0, std::min(quads_per_block, q0 + steps), sum);
         for (int r = 0; r < MR; ++r)
           for (int v = 0; v < 2; ++v) {
             auto* d = reinterpret_cast<__m256i*>(dot + r * 16 + 8 * v);
@@ -661,6 +685,7 @@ inline void transpose_8x32(const uint8_t* const rows[8], int64_t k, uint8_t* pan
 
 void nbits_int8_gemm(const QuantizedA& a, const NBitsWeight& w, int64_t n0, int64_t n1, const float* bias, float* Y) {
   const int64_t kb = w.k_blocks, bs = w.block_size, padded = kb * bs, M = a.M, cols = n1 - n0;
+  const bool signed8 = w.bits == 8;
   const int64_t decoded_len = (padded + 31) / 32 * 32;  // whole 32s for the transpose; the extra codes meet no A
   thread_local std::vector<uint8_t> panel_storage, columns_storage;
   thread_local std::vector<float> sb_storage, szb_storage, acc_storage;
@@ -683,9 +708,11 @@ void nbits_int8_gemm(const QuantizedA& a, const NBitsWeight& w, int64_t n0, int6
     }
     const int64_t n = n0 + c;
     decode_padded_column(w, n, column);
+    if (signed8)  // c - 128, and the zero point likewise: (c - 128) - (zp - 128) = c - zp
+      for (int64_t k = 0; k < padded; ++k) column[k] ^= 0x80;
     for (int64_t b = 0; b < kb; ++b) {
       sb[b * 16 + c] = w.scales[n * kb + b];
-      szb[b * 16 + c] = w.scales[n * kb + b] * zero_point(w, n * kb + b);
+      szb[b * 16 + c] = w.scales[n * kb + b] * (zero_point(w, n * kb + b) - (signed8 ? 128.0f : 0.0f));
     }
   }
   for (int half = 0; half < 2; ++half) {
@@ -693,7 +720,7 @@ void nbits_int8_gemm(const QuantizedA& a, const NBitsWeight& w, int64_t n0, int6
     for (int c = 0; c < 8; ++c) rows[c] = columns + (8 * half + c) * decoded_len;
     for (int64_t k = 0; k < decoded_len; k += 32) transpose_8x32(rows, k, panel + 32 * half);
   }
-  const int64_t quads_per_block = bs / 4, steps = int16_steps(w.bits);
+  const int64_t quads_per_block = bs / 4, steps = signed8 ? quads_per_block : int16_steps(w.bits);
   const int64_t chunk = std::max<int64_t>(1, 256 / bs);  // blocks per pass: 16 KB of codes at most stay in L1
   alignas(32) int32_t dot[4 * 16];
   for (int64_t b0 = 0; b0 < kb; b0 += chunk) {
@@ -703,8 +730,15 @@ void nbits_int8_gemm(const QuantizedA& a, const NBitsWeight& w, int64_t n0, int6
       constexpr int MR = decltype(rows)::value;
       // Whole groups of 4 rows come interleaved by quads (nbits_prepare_int8_avx2), the rest in order.
       const bool grouped = MR == 4;
-      int8_gemm_tile<MR>(a.qa + m * padded, grouped ? 4 : padded, grouped ? 16 : 4, a.scale + m * kb, a.block_sum + m * kb, kb, panel, sb, szb, b0,
-                         b1, quads_per_block, steps, acc + m * 16, dot);
+      const int8_t* qa = a.qa + m * padded;
+      const int64_t row_stride = grouped ? 4 : padded, quad_stride = grouped ? 16 : 4;
+      const float *sa = a.scale + m * kb, *bsum = a.block_sum + m * kb;
+      if (signed8)
+        int8_gemm_tile<MR, true>(qa, row_stride, quad_stride, sa, bsum, kb, panel, sb, szb, b0, b1, quads_per_block,
+                                 steps, acc + m * 16, dot);
+      else
+        int8_gemm_tile<MR, false>(qa, row_stride, quad_stride, sa, bsum, kb, panel, sb, szb, b0, b1, quads_per_block,
+                                  steps, acc + m * 16, dot);
       m += MR;
     };
     while (m + 4 <= M) tile(std::integral_constant<int, 4>{});
@@ -721,7 +755,7 @@ void nbits_int8_gemm(const QuantizedA& a, const NBitsWeight& w, int64_t n0, int6
 
 void nbits_rows_int8_avx2(const QuantizedA& a, const NBitsWeight& w, int64_t n0, int64_t n1, const float* bias,
                           float* Y) {
-  if (w.bits != 8 && a.M >= kInt8GemmMinRows) return nbits_int8_gemm(a, w, n0, n1, bias, Y);
+  if (a.M >= kInt8GemmMinRows) return nbits_int8_gemm(a, w, n0, n1, bias, Y);
   if (w.block_size < 32) return kPortableKernels.nbits_rows_int8(a, w, n0, n1, bias, Y);
   if (w.bits == 8) return nbits_rows_int8_kind<8>(a, w, n0, n1, bias, Y);
   if (w.bits != 4) return nbits_rows_int8_kind<0>(a, w, n0, n1, bias, Y);
@@ -729,14 +763,14 @@ void nbits_rows_int8_avx2(const QuantizedA& a, const NBitsWeight& w, int64_t n0,
 }
 
 // Level 4's int8 A, rearranged once per call for the kernel that will read it:
-//  - the GEMM (4+ rows, codes up to 7 bits): every whole group of 4 rows interleaved by quads of k,
+//  - the GEMM (kInt8GemmMinRows+ rows): every whole group of 4 rows interleaved by quads of k,
 //    [quad][row][4], so that a tile's broadcasts read one 16-byte run per quad (rows 4096 bytes
 //    apart would also share L1 sets); the last M % 4 rows stay in order;
 //  - the per-row 4-bit kernel (blocks of 32 or more): each 32 to the [even | odd] order of
 //    codes32_even_odd.
 void nbits_prepare_int8_avx2(int8_t* qa, int64_t M, const NBitsWeight& w) {
   const int64_t padded = w.k_blocks * w.block_size;
-  if (w.bits != 8 && M >= kInt8GemmMinRows) {
+  if (M >= kInt8GemmMinRows) {
     std::vector<int8_t> group(static_cast<size_t>(4 * padded));
     for (int64_t g = 0; g + 4 <= M; g += 4) {
       int8_t* rows = qa + g * padded;
