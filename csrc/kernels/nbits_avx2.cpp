@@ -496,9 +496,13 @@ template <int Kind>
 void nbits_rows_int8_kind(const QuantizedA& a, const NBitsWeight& w, int64_t n0, int64_t n1, const float* bias,
                           float* Y) {
   const auto column = Kind == 0 ? column_decoded : column_in_place;
-  if (w.block_size == 32) nbits_rows_int8_rows<Kind, 1>(a, w, n0, n1, bias, Y, column);
-  else if (w.block_size == 128) nbits_rows_int8_rows<Kind, 4>(a, w, n0, n1, bias, Y, column);
-  else nbits_rows_int8_rows<Kind, 0>(a, w, n0, n1, bias, Y, column);
+  switch (w.block_size) {  // the usual block sizes with compile-time loop counts
+    case 32: return nbits_rows_int8_rows<Kind, 1>(a, w, n0, n1, bias, Y, column);
+    case 64: return nbits_rows_int8_rows<Kind, 2>(a, w, n0, n1, bias, Y, column);
+    case 128: return nbits_rows_int8_rows<Kind, 4>(a, w, n0, n1, bias, Y, column);
+    case 256: return nbits_rows_int8_rows<Kind, 8>(a, w, n0, n1, bias, Y, column);
+    default: return nbits_rows_int8_rows<Kind, 0>(a, w, n0, n1, bias, Y, column);
+  }
 }
 
 // Level 4 with many rows of A (prefill): a register-tiled int8 GEMM over each task's 16 columns.
