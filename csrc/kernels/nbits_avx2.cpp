@@ -99,6 +99,28 @@ inline void widen32_even_odd(const uint8_t* row, int64_t k0, __m256 out[4]) {
   out[3] = _mm256_cvtepi32_ps(_mm256_shuffle_epi8(odd, second));
 }
 
+// Blocks of 16: codes k0 .. k0+15 as floats, 4-bit ones in the order [8 even | 8 odd] (A is
+// reordered to match, even_odd_a16), bytes in order.
+inline void widen16(const uint8_t* row, int64_t k0, bool nibbles, __m256 out[2]) {
+  __m128i c;
+  if (nibbles) {
+    const __m128i x = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(row + (static_cast<uint64_t>(k0) >> 1)));
+    const __m128i mask = _mm_set1_epi8(0x0F);
+    c = _mm_unpacklo_epi64(_mm_and_si128(x, mask), _mm_and_si128(_mm_srli_epi16(x, 4), mask));
+  } else {
+    c = _mm_loadu_si128(reinterpret_cast<const __m128i*>(row + k0));
+  }
+  out[0] = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(c));
+  out[1] = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_srli_si128(c, 8)));
+}
+
+inline void even_odd_a16(const float* a, float* out) {
+  for (int j = 0; j < 8; ++j) {
+    out[j] = a[2 * j];
+    out[8 + j] = a[2 * j + 1];
+  }
+}
+
 // a[k0 .. k0+31] reordered to [a0 a2 .. a14 | a16 .. a30 | a1 a3 .. a15 | a17 .. a31].
 inline void even_odd_a(const float* a, float* out) {
   const __m256 v0 = _mm256_loadu_ps(a), v1 = _mm256_loadu_ps(a + 8);
@@ -136,7 +158,14 @@ void nbits_rows_factored(const float* A, const NBitsWeight& w, int64_t n0, int64
   if (nibbles) {
     reordered.resize(static_cast<size_t>(MR * K));
     for (int m = 0; m < MR; ++m)
-      for (int64_t k = 0; k < whole_blocks * bs; k += 32) even_odd_a(A + m * K + k, reordered.data() + m * K + k);
+      for (int64_t k = 0; k < whole_blocks * bs; k += 32) {
+        if (bs == 16) {  // per 16: [8 even | 8 odd], as widen16 produces
+          even_odd_a16(A + m * K + k, reordered.data() + m * K + k);
+          if (k + 16 < whole_blocks * bs) even_odd_a16(A + m * K + k + 16, reordered.data() + m * K + k + 16);
+        } else {
+          even_odd_a(A + m * K + k, reordered.data() + m * K + k);
+        }
+      }
     a_main = reordered.data();
   }
   // Plain pointers: thread_local storage is looked up again on every access the compiler cannot hoist.
@@ -170,7 +199,16 @@ void nbits_rows_factored(const float* A, const NBitsWeight& w, int64_t n0, int64
       __m256 chain[MR][Chains];
       for (int m = 0; m < MR; ++m)
         for (int c = 0; c < Chains; ++c) chain[m][c] = _mm256_setzero_ps();
-      for (int64_t k = b * bs; k < (b + 1) * bs; k += 32) {
+      if (bs == 16) {
+        __m256 q[2];
+        widen16(row, b * 16, nibbles, q);
+        for (int m = 0; m < MR; ++m) {
+          const float* a = a_main + m * K + b * 16;
+          chain[m][0] = _mm256_fmadd_ps(_mm256_loadu_ps(a), q[0], chain[m][0]);
+          chain[m][1] = _mm256_fmadd_ps(_mm256_loadu_ps(a + 8), q[1], chain[m][1]);
+        }
+      }
+      for (int64_t k = b * bs; bs >= 32 && k < (b + 1) * bs; k += 32) {
         __m256 q[4];
         if (nibbles) widen32_even_odd(row, k, q);
         else widen32(row, k, q);
@@ -224,7 +262,7 @@ void nbits_rows_factored(const float* A, const NBitsWeight& w, int64_t n0, int64
 // apart, which share L1 sets): per k, two loads of the panel, six broadcasts, twelve FMAs into
 // 12 accumulators. The last M % 6 rows stay in order and take 4 x 16 and 1 x 16 tiles.
 constexpr int64_t kRowGroup = 6;
-constexpr int64_t kFactoredMaxRows = 4;  // up to this many rows, the factored kernel (blocks of 32+)
+constexpr int64_t kFactoredMaxRows = 4;  // up to this many rows, the factored kernel
 
 template <int MR>
 void nbits_tile(const float* a, int64_t row_stride, int64_t k_stride, int64_t k0, int64_t k1, const float* panel,
@@ -375,13 +413,35 @@ inline __m256i codes32_even_odd(const uint8_t* row, int64_t k0) {
 }
 
 // qa[k0 .. k0+31] reordered to [the 16 even | the 16 odd], for every 32 of every row.
-void even_odd_qa(const int8_t* qa, int64_t count, int8_t* out) {
+// With blocks of 16 (codes16_even_odd), each 16 to [the 8 even | the 8 odd] instead.
+void even_odd_qa(const int8_t* qa, int64_t count, int8_t* out, bool per16) {
   const __m256i within_lanes = _mm256_setr_epi8(0, 2, 4, 6, 8, 10, 12, 14, 1, 3, 5, 7, 9, 11, 13, 15,
                                                 0, 2, 4, 6, 8, 10, 12, 14, 1, 3, 5, 7, 9, 11, 13, 15);
   for (int64_t k = 0; k < count; k += 32) {
     const __m256i x = _mm256_shuffle_epi8(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(qa + k)), within_lanes);
-    _mm256_storeu_si256(reinterpret_cast<__m256i*>(out + k), _mm256_permute4x64_epi64(x, 0xD8));  // lanes 0, 2, 1, 3
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(out + k), per16 ? x : _mm256_permute4x64_epi64(x, 0xD8));  // lanes 0, 2, 1, 3
   }
+}
+
+// Blocks of 16 codes, in 128-bit halves: the int32 dot product of the codes k0 .. k0+15 with qa
+// (4-bit codes: [8 even | 8 odd] like codes32_even_odd; bytes otherwise), in the low 4 lanes.
+template <int Kind>
+inline __m256i block_dot16(const uint8_t* row, const int8_t* qa, int64_t k0) {
+  const __m128i a = _mm_loadu_si128(reinterpret_cast<const __m128i*>(qa + k0));
+  if (Kind == 8) {
+    const __m256i c = _mm256_cvtepu8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(row + k0)));
+    return _mm256_madd_epi16(c, _mm256_cvtepi8_epi16(a));
+  }
+  __m128i codes;
+  if (Kind == 4) {
+    const __m128i x = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(row + (static_cast<uint64_t>(k0) >> 1)));
+    const __m128i mask = _mm_set1_epi8(0x0F);
+    codes = _mm_unpacklo_epi64(_mm_and_si128(x, mask), _mm_and_si128(_mm_srli_epi16(x, 4), mask));
+  } else {
+    codes = _mm_loadu_si128(reinterpret_cast<const __m128i*>(row + k0));
+  }
+  const __m128i dot = _mm_madd_epi16(_mm_maddubs_epi16(codes, a), _mm_set1_epi16(1));
+  return _mm256_inserti128_si256(_mm256_setzero_si256(), dot, 0);
 }
 
 // The int32 dot product of one block (Chunks x 32 codes, Chunks a compile-time count when the
@@ -394,6 +454,10 @@ inline int64_t int16_steps(int64_t bits) { return 32767 / (254 * ((int64_t{1} <<
 template <int Kind, int Chunks, int MR>
 inline void block_dots(const uint8_t* row, const int8_t* const qa[MR], int64_t k0, int64_t chunks, int64_t steps,
                        __m256i dot[MR]) {
+  if constexpr (Chunks < 0) {  // a block of 16 codes
+    for (int m = 0; m < MR; ++m) dot[m] = block_dot16<Kind>(row, qa[m], k0);
+    return;
+  }
   for (int m = 0; m < MR; ++m) dot[m] = _mm256_setzero_si256();
   const int64_t n = Chunks ? Chunks : chunks;
   if (Kind == 8) {
@@ -497,6 +561,7 @@ void nbits_rows_int8_kind(const QuantizedA& a, const NBitsWeight& w, int64_t n0,
                           float* Y) {
   const auto column = Kind == 0 ? column_decoded : column_in_place;
   switch (w.block_size) {  // the usual block sizes with compile-time loop counts
+    case 16: return nbits_rows_int8_rows<Kind, -1>(a, w, n0, n1, bias, Y, column);
     case 32: return nbits_rows_int8_rows<Kind, 1>(a, w, n0, n1, bias, Y, column);
     case 64: return nbits_rows_int8_rows<Kind, 2>(a, w, n0, n1, bias, Y, column);
     case 128: return nbits_rows_int8_rows<Kind, 4>(a, w, n0, n1, bias, Y, column);
@@ -760,7 +825,6 @@ void nbits_int8_gemm(const QuantizedA& a, const NBitsWeight& w, int64_t n0, int6
 void nbits_rows_int8_avx2(const QuantizedA& a, const NBitsWeight& w, int64_t n0, int64_t n1, const float* bias,
                           float* Y) {
   if (a.M >= kInt8GemmMinRows) return nbits_int8_gemm(a, w, n0, n1, bias, Y);
-  if (w.block_size < 32) return kPortableKernels.nbits_rows_int8(a, w, n0, n1, bias, Y);
   if (w.bits == 8) return nbits_rows_int8_kind<8>(a, w, n0, n1, bias, Y);
   if (w.bits != 4) return nbits_rows_int8_kind<0>(a, w, n0, n1, bias, Y);
   nbits_rows_int8_kind<4>(a, w, n0, n1, bias, Y);  // A in [even | odd] order: nbits_prepare_int8_avx2
@@ -770,8 +834,8 @@ void nbits_rows_int8_avx2(const QuantizedA& a, const NBitsWeight& w, int64_t n0,
 //  - the GEMM (kInt8GemmMinRows+ rows): every whole group of 4 rows interleaved by quads of k,
 //    [quad][row][4], so that a tile's broadcasts read one 16-byte run per quad (rows 4096 bytes
 //    apart would also share L1 sets); the last M % 4 rows stay in order;
-//  - the per-row 4-bit kernel (blocks of 32 or more): each 32 to the [even | odd] order of
-//    codes32_even_odd.
+//  - the per-row 4-bit kernel: each 32 to the [even | odd] order of codes32_even_odd (each 16
+//    with blocks of 16, for block_dot16).
 void nbits_prepare_int8_avx2(int8_t* qa, int64_t M, const NBitsWeight& w) {
   const int64_t padded = w.k_blocks * w.block_size;
   if (M >= kInt8GemmMinRows) {
@@ -784,10 +848,16 @@ void nbits_prepare_int8_avx2(int8_t* qa, int64_t M, const NBitsWeight& w) {
     }
     return;
   }
-  if (w.bits != 4 || w.block_size < 32) return;
-  const int64_t count = M * padded;
+  if (w.bits != 4) return;
+  const int64_t count = M * padded;  // a multiple of 32 except with blocks of 16 and k_blocks odd
   std::vector<int8_t> natural(qa, qa + count);
-  even_odd_qa(natural.data(), count, qa);
+  even_odd_qa(natural.data(), count / 32 * 32, qa, w.block_size == 16);
+  if (count % 32) {  // the last 16
+    alignas(16) int8_t last[32] = {};
+    std::memcpy(last, natural.data() + count / 32 * 32, 16);
+    even_odd_qa(last, 32, last, true);
+    std::memcpy(qa + count / 32 * 32, last, 16);
+  }
 }
 
 template <int MR>
@@ -798,7 +868,6 @@ void factored(const float* A, const NBitsWeight& w, int64_t n0, int64_t n1, cons
 
 void nbits_rows_avx2(const float* A, int64_t M, const NBitsWeight& w, int64_t n0, int64_t n1, const float* bias,
                      float* Y) {
-  if (w.block_size < 32) return nbits_rows_dequantized(A, M, w, n0, n1, bias, Y);  // the factored loop takes 32 codes
   switch (M) {
     case 1: return factored<1>(A, w, n0, n1, bias, Y);
     case 2: return factored<2>(A, w, n0, n1, bias, Y);
