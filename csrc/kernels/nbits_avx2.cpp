@@ -99,6 +99,31 @@ inline void widen32_even_odd(const uint8_t* row, int64_t k0, __m256 out[4]) {
   out[3] = _mm256_cvtepi32_ps(_mm256_shuffle_epi8(odd, second));
 }
 
+// 2-bit codes k0 .. k0+31 (8 bytes, 4 codes each) as floats by quarters: out[p] holds the codes
+// k0 + 4j + p, j = 0..7 (two variable shifts and masks, four widenings; A reordered to match,
+// quarters_order).
+inline __m128i quarters_bytes(const uint8_t* row, int64_t k0, int p0) {  // [quarter p0 | quarter p0 + 1]
+  int64_t eight;
+  std::memcpy(&eight, row + (static_cast<uint64_t>(k0) >> 2), 8);
+  const __m128i x = _mm_set1_epi64x(eight);
+  return _mm_and_si128(_mm_srlv_epi64(x, _mm_set_epi64x(2 * p0 + 2, 2 * p0)), _mm_set1_epi8(3));
+}
+
+inline void widen32_quarters(const uint8_t* row, int64_t k0, __m256 out[4]) {
+  const __m128i q01 = quarters_bytes(row, k0, 0), q23 = quarters_bytes(row, k0, 2);
+  out[0] = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(q01));
+  out[1] = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_srli_si128(q01, 8)));
+  out[2] = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(q23));
+  out[3] = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_srli_si128(q23, 8)));
+}
+
+// x[k0 .. k0+31] (floats or int8) in the quarters order: out[8p + j] = x[4j + p].
+template <typename T>
+inline void quarters_order(const T* x, T* out) {
+  for (int p = 0; p < 4; ++p)
+    for (int j = 0; j < 8; ++j) out[8 * p + j] = x[4 * j + p];
+}
+
 // Blocks of 16: codes k0 .. k0+15 as floats, 4-bit ones in the order [8 even | 8 odd] (A is
 // reordered to match, even_odd_a16), bytes in order.
 inline void widen16(const uint8_t* row, int64_t k0, bool nibbles, __m256 out[2]) {
@@ -136,7 +161,7 @@ inline void even_odd_a(const float* a, float* out) {
 
 // Few rows of A (decode): the factored form, codes widened straight from the packed weight, MR
 // running sums in registers.
-template <int MR, bool Nibbles>
+template <int MR, int Kind>  // Kind: 4 = nibbles, 2 = 2-bit quarters (blocks of 32+), 0 = bytes
 void nbits_rows_factored(const float* A, const NBitsWeight& w, int64_t n0, int64_t n1, const float* bias, float* Y) {
   const int64_t K = w.K, bs = w.block_size, kb = w.k_blocks;
   thread_local std::vector<float> asum;
@@ -149,7 +174,7 @@ void nbits_rows_factored(const float* A, const NBitsWeight& w, int64_t n0, int64
       for (int64_t k = b * bs; k < std::min(K, (b + 1) * bs); ++k) sum += A[m * K + k];
       asum[m * kb + b] = sum;
     }
-  constexpr bool nibbles = Nibbles;
+  constexpr bool nibbles = Kind == 4, quarters = Kind == 2;
   const bool bytes = w.bits == 8;
   const int64_t whole_blocks = K / bs;        // blocks with all block_size codes (a multiple of 32)
   // 4-bit: A's whole blocks reordered once per task to the order widen32_even_odd produces.
@@ -168,12 +193,18 @@ void nbits_rows_factored(const float* A, const NBitsWeight& w, int64_t n0, int64
       }
     a_main = reordered.data();
   }
+  if (quarters) {  // 2-bit: to the order widen32_quarters produces
+    reordered.resize(static_cast<size_t>(MR * K));
+    for (int m = 0; m < MR; ++m)
+      for (int64_t k = 0; k < whole_blocks * bs; k += 32) quarters_order(A + m * K + k, reordered.data() + m * K + k);
+    a_main = reordered.data();
+  }
   // Plain pointers: thread_local storage is looked up again on every access the compiler cannot hoist.
   const float* const block_sums = asum.data();
   uint8_t* const decoded = codes.data();
   for (int64_t n = n0; n < n1; ++n) {
     const uint8_t* row = w.codes + n * w.row_bytes;
-    if (!nibbles && !bytes) {  // 2, 3, 5, 6, 7 bits: decode the column to one byte per code first
+    if (!nibbles && !quarters && !bytes) {  // 3, 5, 6, 7 bits (2 with blocks of 16): one byte per code first
       decode_nbits_avx2(row, w.bits, K, w.row_bytes, decoded);
       row = decoded;
     }
@@ -211,6 +242,7 @@ void nbits_rows_factored(const float* A, const NBitsWeight& w, int64_t n0, int64
       for (int64_t k = b * bs; bs >= 32 && k < (b + 1) * bs; k += 32) {
         __m256 q[4];
         if (nibbles) widen32_even_odd(row, k, q);
+        else if (quarters) widen32_quarters(row, k, q);
         else widen32(row, k, q);
         for (int m = 0; m < MR; ++m) {
           const float* a = a_main + m * K + k;
@@ -237,7 +269,7 @@ void nbits_rows_factored(const float* A, const NBitsWeight& w, int64_t n0, int64
       uint8_t rest_codes[1024];
       for (int64_t k = k0; k < K; k += 1024) {
         const int64_t count = std::min<int64_t>(1024, K - k);
-        decode_nbits_range(row, nibbles ? 4 : 8, k, count, rest_codes);
+        decode_nbits_range(row, nibbles ? 4 : quarters ? 2 : 8, k, count, rest_codes);
         for (int m = 0; m < MR; ++m) {
           float dot = 0.0f;
           for (int64_t j = 0; j < count; ++j) dot += A[m * K + k + j] * static_cast<float>(rest_codes[j]);
@@ -412,6 +444,14 @@ inline __m256i codes32_even_odd(const uint8_t* row, int64_t k0) {
   return _mm256_and_si256(_mm256_srlv_epi32(x, _mm256_set_epi32(4, 4, 4, 4, 0, 0, 0, 0)), _mm256_set1_epi8(0x0F));
 }
 
+// 2-bit codes k0 .. k0+31 in the quarters order of widen32_quarters, as 32 bytes.
+inline __m256i codes32_quarters(const uint8_t* row, int64_t k0) {
+  int64_t eight;
+  std::memcpy(&eight, row + (static_cast<uint64_t>(k0) >> 2), 8);
+  return _mm256_and_si256(_mm256_srlv_epi64(_mm256_set1_epi64x(eight), _mm256_setr_epi64x(0, 2, 4, 6)),
+                          _mm256_set1_epi8(3));
+}
+
 // qa[k0 .. k0+31] reordered to [the 16 even | the 16 odd], for every 32 of every row.
 // With blocks of 16 (codes16_even_odd), each 16 to [the 8 even | the 8 odd] instead.
 void even_odd_qa(const int8_t* qa, int64_t count, int8_t* out, bool per16) {
@@ -473,7 +513,9 @@ inline void block_dots(const uint8_t* row, const int8_t* const qa[MR], int64_t k
     for (int m = 0; m < MR; ++m) sum16[m] = _mm256_setzero_si256();
     for (int64_t c = c0; c < std::min(n, c0 + step); ++c) {
       const int64_t k = k0 + 32 * c;
-      const __m256i codes = Kind == 4 ? codes32_even_odd(row, k) : codes32_bytes(row, k);
+      const __m256i codes = Kind == 4   ? codes32_even_odd(row, k)
+                            : Kind == 2 ? codes32_quarters(row, k)
+                                        : codes32_bytes(row, k);
       for (int m = 0; m < MR; ++m) {
         const __m256i a = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(qa[m] + k));
         sum16[m] = _mm256_add_epi16(sum16[m], _mm256_maddubs_epi16(codes, a));
@@ -826,6 +868,7 @@ void nbits_rows_int8_avx2(const QuantizedA& a, const NBitsWeight& w, int64_t n0,
                           float* Y) {
   if (a.M >= kInt8GemmMinRows) return nbits_int8_gemm(a, w, n0, n1, bias, Y);
   if (w.bits == 8) return nbits_rows_int8_kind<8>(a, w, n0, n1, bias, Y);
+  if (w.bits == 2 && w.block_size >= 32) return nbits_rows_int8_kind<2>(a, w, n0, n1, bias, Y);  // qa in quarters order
   if (w.bits != 4) return nbits_rows_int8_kind<0>(a, w, n0, n1, bias, Y);
   nbits_rows_int8_kind<4>(a, w, n0, n1, bias, Y);  // A in [even | odd] order: nbits_prepare_int8_avx2
 }
@@ -835,7 +878,8 @@ void nbits_rows_int8_avx2(const QuantizedA& a, const NBitsWeight& w, int64_t n0,
 //    [quad][row][4], so that a tile's broadcasts read one 16-byte run per quad (rows 4096 bytes
 //    apart would also share L1 sets); the last M % 4 rows stay in order;
 //  - the per-row 4-bit kernel: each 32 to the [even | odd] order of codes32_even_odd (each 16
-//    with blocks of 16, for block_dot16).
+//    with blocks of 16, for block_dot16); the 2-bit one (blocks of 32+): each 32 to the quarters
+//    order of codes32_quarters.
 void nbits_prepare_int8_avx2(int8_t* qa, int64_t M, const NBitsWeight& w) {
   const int64_t padded = w.k_blocks * w.block_size;
   if (M >= kInt8GemmMinRows) {
@@ -846,6 +890,11 @@ void nbits_prepare_int8_avx2(int8_t* qa, int64_t M, const NBitsWeight& w) {
       for (int64_t q = 0; q < padded / 4; ++q)
         for (int r = 0; r < 4; ++r) std::memcpy(rows + q * 16 + r * 4, group.data() + r * padded + q * 4, 4);
     }
+    return;
+  }
+  if (w.bits == 2 && w.block_size >= 32) {
+    std::vector<int8_t> natural(qa, qa + M * padded);
+    for (int64_t k = 0; k < M * padded; k += 32) quarters_order(natural.data() + k, qa + k);
     return;
   }
   if (w.bits != 4) return;
@@ -862,8 +911,9 @@ void nbits_prepare_int8_avx2(int8_t* qa, int64_t M, const NBitsWeight& w) {
 
 template <int MR>
 void factored(const float* A, const NBitsWeight& w, int64_t n0, int64_t n1, const float* bias, float* Y) {
-  if (w.bits == 4) nbits_rows_factored<MR, true>(A, w, n0, n1, bias, Y);
-  else nbits_rows_factored<MR, false>(A, w, n0, n1, bias, Y);
+  if (w.bits == 4) nbits_rows_factored<MR, 4>(A, w, n0, n1, bias, Y);
+  else if (w.bits == 2 && w.block_size >= 32) nbits_rows_factored<MR, 2>(A, w, n0, n1, bias, Y);
+  else nbits_rows_factored<MR, 0>(A, w, n0, n1, bias, Y);
 }
 
 void nbits_rows_avx2(const float* A, int64_t M, const NBitsWeight& w, int64_t n0, int64_t n1, const float* bias,
