@@ -1,15 +1,26 @@
-"""conftest.py: reports, at the end of every run, which kernel paths the suite exercised on this CPU."""
+"""conftest.py: the per-kernel-path fixture, and a report, at the end of every run, of which kernel paths the suite exercised on this CPU."""
+
+import pytest
+import quantmatmul
+
+TESTED_ISAS: set[str] = set()
+
+
+@pytest.fixture(params=quantmatmul.available_isas())
+def isa(request):
+    """Runs the test once per kernel path this machine supports; restores the default afterwards."""
+    before = quantmatmul.cpu_info()["isa"]
+    quantmatmul.set_isa(request.param)
+    assert quantmatmul.cpu_info()["isa"] == request.param
+    TESTED_ISAS.add(request.param)
+    yield request.param
+    quantmatmul.set_isa(before)
 
 
 def pytest_terminal_summary(terminalreporter):
-    import sys
-
-    native = sys.modules.get("test_native")
-    if native is None:
+    if not TESTED_ISAS:
         return
-    import quantmatmul
-
     info = quantmatmul.cpu_info()
     terminalreporter.write_line(
-        f"quantmatmul kernel paths tested: {', '.join(sorted(native.TESTED_ISAS)) or 'none'} "
+        f"quantmatmul kernel paths tested: {', '.join(sorted(TESTED_ISAS))} "
         f"(available here: {', '.join(info['available_isas'])}; CPU: {info['features']['brand']})")

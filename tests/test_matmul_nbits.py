@@ -614,52 +614,38 @@ def test_onnxruntime_deviation_no_bfloat16_on_cpu():
 # The native kernels (levels 0, 1 and 4): every kernel path this machine has, within the same bounds.
 
 
-@pytest.mark.parametrize("isa", __import__("quantmatmul").available_isas())
 def test_native_paths_within_the_documented_bounds(isa):
-    import quantmatmul
-
-    before = quantmatmul.cpu_info()["isa"]
-    quantmatmul.set_isa(isa)
-    try:
-        rng = np.random.default_rng(77)
-        for bits in BITS:
-            for block_size in (16, 32, 128, 1024):
-                for zp in ZP_FORMS:
-                    K = int(rng.integers(1, 3 * block_size))
-                    N = int(rng.integers(1, 37))  # 4-column groups and 16-column tasks with tails
-                    case = Case(rng, bits, block_size, K=K, N=N, batch=(int(rng.integers(1, 6)),), zp=zp,
-                                bias=bool(rng.integers(0, 2)))
-                    exact = case.exact()
-                    for level in (0, 1, 4):
-                        assert_within(case.run(level), exact, case.bound(level), f"{isa} {case} level {level}")
-                        y_eff, tol = tight_tolerance(case, level)
-                        assert_within(case.run(level), y_eff, tol, f"{isa} {case} level {level} tight")
-    finally:
-        quantmatmul.set_isa(before)
-
-
-@pytest.mark.parametrize("isa", __import__("quantmatmul").available_isas())
-def test_native_prefill_paths_within_the_documented_bounds(isa):
-    """Many rows of A: the prefill kernels (level 4's int8 GEMM over groups of 4 rows and its row
-    tails, level 0's dequantized panels), every width, short and long blocks, columns past 16."""
-    import quantmatmul
-
-    before = quantmatmul.cpu_info()["isa"]
-    quantmatmul.set_isa(isa)
-    try:
-        rng = np.random.default_rng(78)
-        for bits in BITS:
-            for block_size in (16, 32, 64, 256):
-                M = int(rng.integers(4, 40))
-                K = int(rng.integers(block_size // 2, 5 * block_size))
-                case = Case(rng, bits, block_size, K=K, N=int(rng.integers(1, 50)), batch=(M,),
-                            zp=ZP_FORMS[int(rng.integers(0, len(ZP_FORMS)))], bias=bool(rng.integers(0, 2)))
-                for level in (0, 4):
+    """Few rows of A (decode: 1..5 rows), every width, block sizes 16..1024, every zero-point form."""
+    rng = np.random.default_rng(77)
+    for bits in BITS:
+        for block_size in (16, 32, 128, 1024):
+            for zp in ZP_FORMS:
+                K = int(rng.integers(1, 3 * block_size))
+                N = int(rng.integers(1, 37))  # 4-column groups and 16-column tasks with tails
+                case = Case(rng, bits, block_size, K=K, N=N, batch=(int(rng.integers(1, 6)),), zp=zp,
+                            bias=bool(rng.integers(0, 2)))
+                exact = case.exact()
+                for level in (0, 1, 4):
+                    assert_within(case.run(level), exact, case.bound(level), f"{isa} {case} level {level}")
                     y_eff, tol = tight_tolerance(case, level)
                     assert_within(case.run(level), y_eff, tol, f"{isa} {case} level {level} tight")
-                    assert_within(case.run(level), case.exact(), case.bound(level), f"{isa} {case} level {level}")
-    finally:
-        quantmatmul.set_isa(before)
+
+
+def test_native_prefill_paths_within_the_documented_bounds(isa):
+    """Many rows of A (4..39): level 4's few-row kernel and its int8 GEMM (8+ rows: groups of 4 and
+    row tails), level 0's 6-row tiles and their tails, every width, short and long blocks, columns
+    past 16."""
+    rng = np.random.default_rng(78)
+    for bits in BITS:
+        for block_size in (16, 32, 64, 256):
+            M = int(rng.integers(8, 40) if block_size in (32, 256) else rng.integers(4, 8))  # both level-4 paths
+            K = int(rng.integers(block_size // 2, 5 * block_size))
+            case = Case(rng, bits, block_size, K=K, N=int(rng.integers(1, 50)), batch=(M,),
+                        zp=ZP_FORMS[int(rng.integers(0, len(ZP_FORMS)))], bias=bool(rng.integers(0, 2)))
+            for level in (0, 4):
+                y_eff, tol = tight_tolerance(case, level)
+                assert_within(case.run(level), y_eff, tol, f"{isa} {case} level {level} tight")
+                assert_within(case.run(level), case.exact(), case.bound(level), f"{isa} {case} level {level}")
 
 
 # --------------------------------------------------------------------------------------------------

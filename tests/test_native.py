@@ -16,18 +16,7 @@ from quantmatmul.reference import qlinear_matmul as oracle
 
 u8, s8, f32 = np.uint8, np.int8, np.float32
 COMBOS = [(x, y, z) for x in (u8, s8) for y in (u8, s8) for z in (u8, s8)]
-TESTED_ISAS: set[str] = set()
-
-
-@pytest.fixture(params=qm.available_isas())
-def isa(request):
-    """Runs the test once per kernel path this machine supports; restores the default afterwards."""
-    before = qm.cpu_info()["isa"]
-    qm.set_isa(request.param)
-    assert qm.cpu_info()["isa"] == request.param
-    TESTED_ISAS.add(request.param)
-    yield request.param
-    qm.set_isa(before)
+from conftest import TESTED_ISAS  # the `isa` fixture (conftest.py) records each path it runs
 
 
 def random_problem(rng, combo, M, K, N, per_column=False, extreme=False):
