@@ -103,9 +103,8 @@ inline void widen32_even_odd(const uint8_t* row, int64_t k0, __m256 out[4]) {
 // k0 + 4j + p, j = 0..7 (two variable shifts and masks, four widenings; A reordered to match,
 // quarters_order).
 inline __m128i quarters_bytes(const uint8_t* row, int64_t k0, int p0) {  // [quarter p0 | quarter p0 + 1]
-  int64_t eight;
-  std::memcpy(&eight, row + (static_cast<uint64_t>(k0) >> 2), 8);
-  const __m128i x = _mm_set1_epi64x(eight);
+  const __m128i x = _mm_broadcastq_epi64(  // one vpbroadcastq from memory
+      _mm_loadl_epi64(reinterpret_cast<const __m128i*>(row + (static_cast<uint64_t>(k0) >> 2))));
   return _mm_and_si128(_mm_srlv_epi64(x, _mm_set_epi64x(2 * p0 + 2, 2 * p0)), _mm_set1_epi8(3));
 }
 
@@ -446,10 +445,9 @@ inline __m256i codes32_even_odd(const uint8_t* row, int64_t k0) {
 
 // 2-bit codes k0 .. k0+31 in the quarters order of widen32_quarters, as 32 bytes.
 inline __m256i codes32_quarters(const uint8_t* row, int64_t k0) {
-  int64_t eight;
-  std::memcpy(&eight, row + (static_cast<uint64_t>(k0) >> 2), 8);
-  return _mm256_and_si256(_mm256_srlv_epi64(_mm256_set1_epi64x(eight), _mm256_setr_epi64x(0, 2, 4, 6)),
-                          _mm256_set1_epi8(3));
+  const __m256i x = _mm256_broadcastq_epi64(  // one vpbroadcastq from memory
+      _mm_loadl_epi64(reinterpret_cast<const __m128i*>(row + (static_cast<uint64_t>(k0) >> 2))));
+  return _mm256_and_si256(_mm256_srlv_epi64(x, _mm256_setr_epi64x(0, 2, 4, 6)), _mm256_set1_epi8(3));
 }
 
 // qa[k0 .. k0+31] reordered to [the 16 even | the 16 odd], for every 32 of every row.
@@ -507,11 +505,11 @@ inline void block_dots(const uint8_t* row, const int8_t* const qa[MR], int64_t k
     }
     return;
   }
-  const int64_t step = Kind == 4 ? 8 : steps;
-  for (int64_t c0 = 0; c0 < n; c0 += step) {
+  // Chunks c0 .. c1-1 summed in int16, then widened into dot.
+  auto segment = [&](int64_t c0, int64_t c1) {
     __m256i sum16[MR];
     for (int m = 0; m < MR; ++m) sum16[m] = _mm256_setzero_si256();
-    for (int64_t c = c0; c < std::min(n, c0 + step); ++c) {
+    for (int64_t c = c0; c < c1; ++c) {
       const int64_t k = k0 + 32 * c;
       const __m256i codes = Kind == 4   ? codes32_even_odd(row, k)
                             : Kind == 2 ? codes32_quarters(row, k)
@@ -522,7 +520,10 @@ inline void block_dots(const uint8_t* row, const int8_t* const qa[MR], int64_t k
       }
     }
     for (int m = 0; m < MR; ++m) dot[m] = _mm256_add_epi32(dot[m], _mm256_madd_epi16(sum16[m], _mm256_set1_epi16(1)));
-  }
+  };
+  const int64_t step = Kind == 4 ? 8 : Kind == 2 ? 43 : steps;  // int16_steps(4), int16_steps(2)
+  if (Chunks > 0 && Chunks <= step) return segment(0, Chunks);  // one segment, a compile-time trip count
+  for (int64_t c0 = 0; c0 < n; c0 += step) segment(c0, std::min(n, c0 + step));
 }
 
 // MR rows (m0 ...) of A against columns [n0, n1): each chunk of codes is loaded and unpacked once
