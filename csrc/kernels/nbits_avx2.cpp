@@ -22,16 +22,25 @@ namespace {
 // Codes of 2, 3, 5, 6 or 7 bits to one byte each: every 8 codes fill exactly `bits` bytes, and one
 // pdep (BMI2) deposits their 8 * bits bits into the low bits of 8 bytes. The window is read as one
 // unaligned 8-byte load while that stays inside the row (row_bytes), else byte by byte.
-inline void decode_nbits_avx2(const uint8_t* row, int64_t bits, int64_t count, int64_t row_bytes, uint8_t* out) {
+inline void decode_nbits_avx2(const uint8_t* __restrict row, int64_t bits, int64_t count, int64_t row_bytes,
+                              uint8_t* __restrict out) {
   const uint64_t mask = 0x0101010101010101ull * ((1ull << bits) - 1);
-  const int64_t groups = count / 8;
-  int64_t g = 0;
-  for (; g < groups && g * bits + 8 <= row_bytes; ++g) {
+  // Groups whose 8-byte window stays inside the row, counted once (the loop then only counts).
+  const int64_t groups = std::min(count / 8, row_bytes >= 8 ? (row_bytes - 8) / bits + 1 : 0);
+  auto group = [&](int64_t g) {
     uint64_t window;
     std::memcpy(&window, row + g * bits, 8);  // little-endian: code 0 in the lowest bits
     const uint64_t codes = _pdep_u64(window, mask);
     std::memcpy(out + 8 * g, &codes, 8);
+  };
+  int64_t g = 0;
+  for (; g + 4 <= groups; g += 4) {  // four independent pdeps per iteration
+    group(g);
+    group(g + 1);
+    group(g + 2);
+    group(g + 3);
   }
+  for (; g < groups; ++g) group(g);
   decode_nbits_range(row, bits, 8 * g, count - 8 * g, out + 8 * g);
 }
 
