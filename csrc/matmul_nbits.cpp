@@ -129,7 +129,7 @@ void matmul_nbits_f32(const float* A, int64_t M, const NBitsWeight& w, const flo
     if (kernels.nbits_prepare_f32(A, M, w.K, prepared.data())) A = prepared.data();
   }
   // Few rows: wider tasks, so that per-task preparation of A (a reordering) is amortized.
-  const int64_t columns_per_task = M <= 4 ? 64 : 16;
+  const int64_t columns_per_task = M <= 12 ? 64 : 16;
   const int64_t tasks = (w.N + columns_per_task - 1) / columns_per_task;
   parallel_for(tasks, [&](int64_t task) {
     const int64_t n0 = task * columns_per_task;

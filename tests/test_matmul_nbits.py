@@ -633,12 +633,14 @@ def test_native_paths_within_the_documented_bounds(isa):
 
 def test_native_prefill_paths_within_the_documented_bounds(isa):
     """Many rows of A (4..39): level 4's few-row kernel and its int8 GEMM (8+ rows: groups of 4 and
-    row tails), level 0's 6-row tiles and their tails, every width, short and long blocks, columns
-    past 16."""
+    row tails), level 0's factored passes and 6-row tiles with their tails, every width, short and
+    long blocks, columns past 16."""
     rng = np.random.default_rng(78)
     for bits in BITS:
         for block_size in (16, 32, 64, 256):
-            M = int(rng.integers(8, 40) if block_size in (32, 256) else rng.integers(4, 8))  # both level-4 paths
+            # Every row path: level 4's few-row kernel (< 8) and GEMM, level 0's factored passes
+            # (<= 12) and 6-row tiles.
+            M = int(rng.integers(*{16: (4, 8), 32: (13, 40), 64: (5, 13), 256: (8, 40)}[block_size]))
             K = int(rng.integers(block_size // 2, 5 * block_size))
             case = Case(rng, bits, block_size, K=K, N=int(rng.integers(1, 50)), batch=(M,),
                         zp=ZP_FORMS[int(rng.integers(0, len(ZP_FORMS)))], bias=bool(rng.integers(0, 2)))

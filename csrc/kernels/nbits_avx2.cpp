@@ -302,7 +302,7 @@ void nbits_rows_factored(const float* A, const NBitsWeight& w, int64_t n0, int64
 // apart, which share L1 sets): per k, two loads of the panel, six broadcasts, twelve FMAs into
 // 12 accumulators. The last M % 6 rows stay in order and take 4 x 16 and 1 x 16 tiles.
 constexpr int64_t kRowGroup = 6;
-constexpr int64_t kFactoredMaxRows = 4;  // up to this many rows, the factored kernel
+constexpr int64_t kFactoredMaxRows = 12;  // up to this many rows, the factored kernel (measured crossover)
 
 template <int MR>
 void nbits_tile(const float* a, int64_t row_stride, int64_t k_stride, int64_t k0, int64_t k1, const float* panel,
@@ -928,12 +928,18 @@ void factored(const float* A, const NBitsWeight& w, int64_t n0, int64_t n1, cons
 
 void nbits_rows_avx2(const float* A, int64_t M, const NBitsWeight& w, int64_t n0, int64_t n1, const float* bias,
                      float* Y) {
-  switch (M) {
-    case 1: return factored<1>(A, w, n0, n1, bias, Y);
-    case 2: return factored<2>(A, w, n0, n1, bias, Y);
-    case 3: return factored<3>(A, w, n0, n1, bias, Y);
-    case 4: return factored<4>(A, w, n0, n1, bias, Y);  // kFactoredMaxRows
-    default: return nbits_rows_dequantized(A, M, w, n0, n1, bias, Y);
+  if (M > kFactoredMaxRows) return nbits_rows_dequantized(A, M, w, n0, n1, bias, Y);
+  // Up to 4 rows per pass (registers); each pass unpacks the codes again, which up to
+  // kFactoredMaxRows rows costs less than dequantizing the weights to float32 panels.
+  for (int64_t m0 = 0; m0 < M; m0 += 4) {
+    const float* a = A + m0 * w.K;
+    float* y = Y + m0 * w.N;
+    switch (std::min<int64_t>(4, M - m0)) {
+      case 1: factored<1>(a, w, n0, n1, bias, y); break;
+      case 2: factored<2>(a, w, n0, n1, bias, y); break;
+      case 3: factored<3>(a, w, n0, n1, bias, y); break;
+      default: factored<4>(a, w, n0, n1, bias, y);
+    }
   }
 }
 }  // namespace
