@@ -43,13 +43,66 @@ void micro_tile(const int32_t* a, const int8_t* b, int64_t p0, int64_t p1, int32
   }
 }
 
+// The full 4 x 16 tile with its 8 accumulators pinned to registers (inline asm, AT&T operand
+// order): compiled from the intrinsics above, GCC keeps a copy of one accumulator on the stack
+// and shuffles the others through spare registers every k-pair; pinned, the same instructions
+// run about 10 % faster.
+template <bool BSigned>
+void micro_tile_4x16(const int32_t* a, const int8_t* b, int64_t p0, int64_t p1, int32_t* c, int64_t ldc) {
+  __m256i s0 = _mm256_setzero_si256(), s1 = s0, s2 = s0, s3 = s0, s4 = s0, s5 = s0, s6 = s0, s7 = s0;
+  if (p1 > p0) {
+    const int8_t* bp = b + p0 * 2 * kNr;
+    const int32_t* ap = a + p0 * kMr;
+    int64_t n = p1 - p0;
+#define QMM_WIDEN(op)                                                                                  \
+  __asm__("1:\n\t"                                                                                   \
+          op " (%[b]), %%ymm8\n\t" op " 16(%[b]), %%ymm9\n\t"                                        \
+          "vpbroadcastd (%[a]), %%ymm10\n\t"                                                          \
+          "vpbroadcastd 4(%[a]), %%ymm11\n\t"                                                         \
+          "vpmaddwd %%ymm8, %%ymm10, %%ymm12\n\t"                                                     \
+          "vpmaddwd %%ymm9, %%ymm10, %%ymm13\n\t"                                                     \
+          "vpmaddwd %%ymm8, %%ymm11, %%ymm14\n\t"                                                     \
+          "vpmaddwd %%ymm9, %%ymm11, %%ymm15\n\t"                                                     \
+          "vpaddd %%ymm12, %[s0], %[s0]\n\t"                                                          \
+          "vpaddd %%ymm13, %[s1], %[s1]\n\t"                                                          \
+          "vpaddd %%ymm14, %[s2], %[s2]\n\t"                                                          \
+          "vpaddd %%ymm15, %[s3], %[s3]\n\t"                                                          \
+          "vpbroadcastd 8(%[a]), %%ymm10\n\t"                                                         \
+          "vpbroadcastd 12(%[a]), %%ymm11\n\t"                                                        \
+          "vpmaddwd %%ymm8, %%ymm10, %%ymm12\n\t"                                                     \
+          "vpmaddwd %%ymm9, %%ymm10, %%ymm13\n\t"                                                     \
+          "vpmaddwd %%ymm8, %%ymm11, %%ymm14\n\t"                                                     \
+          "vpmaddwd %%ymm9, %%ymm11, %%ymm15\n\t"                                                     \
+          "vpaddd %%ymm12, %[s4], %[s4]\n\t"                                                          \
+          "vpaddd %%ymm13, %[s5], %[s5]\n\t"                                                          \
+          "vpaddd %%ymm14, %[s6], %[s6]\n\t"                                                          \
+          "vpaddd %%ymm15, %[s7], %[s7]\n\t"                                                          \
+          "add $32, %[b]\n\t"                                                                         \
+          "add $16, %[a]\n\t"                                                                         \
+          "dec %[n]\n\t"                                                                              \
+          "jnz 1b\n\t"                                                                                \
+          : [s0] "+x"(s0), [s1] "+x"(s1), [s2] "+x"(s2), [s3] "+x"(s3), [s4] "+x"(s4), [s5] "+x"(s5), \
+            [s6] "+x"(s6), [s7] "+x"(s7), [b] "+r"(bp), [a] "+r"(ap), [n] "+r"(n)                      \
+          :                                                                                            \
+          : "xmm8", "xmm9", "xmm10", "xmm11", "xmm12", "xmm13", "xmm14", "xmm15", "cc", "memory")
+    if (BSigned) QMM_WIDEN("vpmovsxbw");
+    else QMM_WIDEN("vpmovzxbw");
+#undef QMM_WIDEN
+  }
+  const __m256i rows[8] = {s0, s1, s2, s3, s4, s5, s6, s7};
+  for (int r = 0; r < 4; ++r) {
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(c + r * ldc), rows[2 * r]);
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(c + r * ldc + 8), rows[2 * r + 1]);
+  }
+}
+
 template <bool BSigned>
 void kernel_avx2_t(const int32_t* a, int64_t rows, const int8_t* b, int64_t p0, int64_t p1, int32_t* c, int64_t ldc) {
   switch (rows) {
     case 1: return micro_tile<1, BSigned>(a, b, p0, p1, c, ldc);
     case 2: return micro_tile<2, BSigned>(a, b, p0, p1, c, ldc);
     case 3: return micro_tile<3, BSigned>(a, b, p0, p1, c, ldc);
-    default: return micro_tile<4, BSigned>(a, b, p0, p1, c, ldc);
+    default: return micro_tile_4x16<BSigned>(a, b, p0, p1, c, ldc);
   }
 }
 
