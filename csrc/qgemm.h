@@ -48,8 +48,8 @@ using QGemmKernel = void (*)(const int32_t* a, int64_t rows, const int8_t* b_pan
 using RequantizeRow = void (*)(const int32_t* acc, const float* multiplier, const int32_t* zp,
                                int64_t count, bool y_signed, void* y);
 
-// y[r, n] = sum_k a[r, k] * b[k, n] for rows r < rows, float32, each product rounded and added in
-// order of k (kernels/sgemm_rows.inc): the float8 path. a is [rows, K], y [rows, N], and b comes
+// y[r, n] = sum_k a[r, k] * b[k, n] for rows r < rows, float32 fused multiply-adds in order of k
+// from +0 (kernels/sgemm_rows.inc): the float8 path. a is [rows, K], y [rows, N], and b comes
 // in panels of 16 columns, [ceil(N / 16)][K][16], zero padded.
 using SgemmRows = void (*)(const float* a, const float* b, float* y, int64_t rows, int64_t N, int64_t K);
 

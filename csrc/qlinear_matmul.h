@@ -79,9 +79,9 @@ void qlinear_matmul_onnx_reference(const QGemmProblem& p, View3<double> multipli
 void qlinear_matmul_exact(const QGemmProblem& p, View3<float> a_scale, View3<float> b_scale,
                           View3<float> y_scale, QOutput out);
 
-// Float path (float8 operands or output): out[i] = a[a_index[i]] @ b[b_index[i]] in float32, each
-// product rounded then added in order k = 0, 1, ..., K-1 starting from +0 (no fused multiply-add),
-// so the result is reproducible bit for bit. a is [Ba, M, K], b [Bb, K, N], out [batch, M, N].
+// Float path (float8 operands or output): out[i] = a[a_index[i]] @ b[b_index[i]] in float32, one
+// fused multiply-add per k in order k = 0, 1, ..., K-1 starting from +0, so the result is
+// reproducible bit for bit. a is [Ba, M, K], b [Bb, K, N], out [batch, M, N].
 void matmul_f32_sequential(int64_t batch, int64_t M, int64_t N, int64_t K, const float* a,
                            const int64_t* a_index, const float* b, const int64_t* b_index, float* out);
 

@@ -229,3 +229,25 @@ def test_fast_path_multiplier_is_float32_arithmetic():
     finite = np.isfinite(ours)
     assert np.array_equal(ours[finite].astype(np.float32).view(np.uint32), expected[finite].view(np.uint32))
     assert np.all(~np.isfinite(expected[~finite]) | (np.abs(expected[~finite]) == np.finfo(np.float32).max))
+
+
+def test_float_path_gemm_is_one_fma_per_k_in_order(isa):
+    """The float8 path's float32 GEMM, bit for bit against fma in order of k (oracle, exact rationals),
+    on float32 data whose products are not exact: an unfused multiply-add, another order or a
+    different tiling of the sum would show. Shapes cover the 6 x 16 tiles and their row and column tails."""
+    from quantmatmul import _core
+    from quantmatmul.reference.qlinear_matmul import _fma_f32
+
+    rng = np.random.default_rng(11)
+    for M, K, N in [(7, 41, 19), (13, 9, 33), (1, 64, 5)]:
+        a = rng.standard_normal((1, M, K)).astype(np.float32)
+        b = rng.standard_normal((1, K, N)).astype(np.float32)
+        out = np.empty((1, M, N), np.float32)
+        index = np.zeros(1, np.int64)
+        _core.matmul_f32_sequential(a, index, b, index, out)
+        for m in range(M):
+            for n in range(N):
+                acc = 0.0
+                for k in range(K):
+                    acc = _fma_f32(float(a[0, m, k]), float(b[0, k, n]), acc)
+                assert out[0, m, n] == np.float32(acc), (isa, M, K, N, m, n)

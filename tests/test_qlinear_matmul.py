@@ -248,6 +248,33 @@ def test_float8_path_against_oracle(a_t, y_t):
         assert_identical(qm.qlinear_matmul(*args, numerics="exact"), _float8_exact(args), f"{a_shape} exact")
 
 
+@pytest.mark.parametrize("isa", qm.available_isas())
+def test_float8_path_per_row_and_column_scales_zero_points_and_every_kernel_path(isa):
+    """Scales per row of a and per column of b factor out of the sum; uint8 operands keep their zero
+    points; enough rows and columns for the 6 x 16 tiles and their tails; every kernel path."""
+    before = qm.cpu_info()["isa"]
+    qm.set_isa(isa)
+    try:
+        rng = np.random.default_rng(6)
+        e4, e5 = ml_dtypes.float8_e4m3fn, ml_dtypes.float8_e5m2
+        for a_t, b_t, y_t, (M, K, N) in [(e4, e4, e4, (13, 37, 35)), (u8, e5, s8, (7, 64, 17)),
+                                         (e5, e4, u8, (6, 19, 16)), (e4, u8, e5, (1, 300, 3))]:
+            a, b = _float8_or_int(rng, a_t, (M, K)), _float8_or_int(rng, b_t, (K, N))
+            a_scale = rng.uniform(0.01, 0.05, M).astype(f32)
+            b_scale = rng.uniform(0.1, 0.9, N).astype(f32)
+            a_zp = np.full(M, 17 if a_t is u8 else 0, a_t)
+            b_zp = np.full(N, 200 if b_t is u8 else 0, b_t)
+            y_zp = np.zeros((), y_t)
+            y_scale = f32(0.05)
+            maximum = float(ml_dtypes.finfo(y_t).max) if y_t in FLOAT8 else None
+            expected = oracle.float8_path(a, a_scale.reshape(M, 1), a_zp.reshape(M, 1), b, b_scale, b_zp, y_scale,
+                                          y_zp, float8_max=maximum)
+            y = qm.qlinear_matmul(a, a_scale, a_zp, b, b_scale, b_zp, y_scale, y_zp)
+            assert_identical(y, expected, f"{isa} {a_t.__name__} x {b_t.__name__} -> {y_t.__name__} {M}x{K}x{N}")
+    finally:
+        qm.set_isa(before)
+
+
 def _float8_or_int(rng, dtype, shape):
     if dtype in FLOAT8:
         return rng.normal(0, 4, shape).astype(dtype)

@@ -137,19 +137,24 @@ void requantize_row_avx2(const int32_t* acc, const float* multiplier, const int3
   }
 }
 
-// The float8 path's float32 GEMM (contract: kernels/sgemm_rows.inc): a 4 x 16 tile of sums in
-// 8 ymm registers across the whole k loop; each product is rounded (vmulps) and then added
-// (vaddps) in order of k, exactly as the portable code does, so both give the same bits.
+// The float8 path's float32 GEMM (contract: kernels/sgemm_rows.inc): one fused multiply-add per k,
+// in order of k, exactly as the portable code does (std::fma), so both give the same bits. Rows
+// come in groups of 6, interleaved by k into a thread-local copy ([k][6]: a tile's broadcasts
+// read one run per k), for 6 x 16 tiles of 12 accumulators held across the whole k loop; the
+// last rows take 4 x 16 and 1 x 16 tiles straight from a.
+constexpr int64_t kSgemmGroup = 6;
+
 template <int MR>
-void sgemm_tile_avx2(const float* a, const float* panel, float* y, int64_t N, int64_t K, int64_t cols) {
+void sgemm_tile_avx2(const float* a, int64_t row_stride, int64_t k_stride, const float* panel, float* y, int64_t N,
+                     int64_t K, int64_t cols) {
   __m256 acc[MR][2];
   for (int r = 0; r < MR; ++r) acc[r][0] = acc[r][1] = _mm256_setzero_ps();
   for (int64_t k = 0; k < K; ++k) {
     const __m256 b0 = _mm256_loadu_ps(panel + k * 16), b1 = _mm256_loadu_ps(panel + k * 16 + 8);
     for (int r = 0; r < MR; ++r) {
-      const __m256 av = _mm256_broadcast_ss(a + r * K + k);
-      acc[r][0] = _mm256_add_ps(acc[r][0], _mm256_mul_ps(av, b0));
-      acc[r][1] = _mm256_add_ps(acc[r][1], _mm256_mul_ps(av, b1));
+      const __m256 av = _mm256_broadcast_ss(a + r * row_stride + k * k_stride);
+      acc[r][0] = _mm256_fmadd_ps(av, b0, acc[r][0]);
+      acc[r][1] = _mm256_fmadd_ps(av, b1, acc[r][1]);
     }
   }
   for (int r = 0; r < MR; ++r) {
@@ -161,12 +166,22 @@ void sgemm_tile_avx2(const float* a, const float* panel, float* y, int64_t N, in
 }
 
 void sgemm_rows_avx2(const float* a, const float* b_panels, float* y, int64_t rows, int64_t N, int64_t K) {
+  const int64_t groups = rows / kSgemmGroup;
+  thread_local std::vector<float> grouped_storage;
+  grouped_storage.resize(static_cast<size_t>(groups * kSgemmGroup * K));
+  float* const grouped = grouped_storage.data();
+  for (int64_t g = 0; g < groups; ++g)
+    for (int64_t k = 0; k < K; ++k)
+      for (int64_t r = 0; r < kSgemmGroup; ++r) grouped[(g * K + k) * kSgemmGroup + r] = a[(g * kSgemmGroup + r) * K + k];
   for (int64_t n = 0; n < N; n += 16) {
     const float* panel = b_panels + n * K;
     const int64_t cols = N - n < 16 ? N - n : 16;
-    int64_t m = 0;
-    for (; m + 4 <= rows; m += 4) sgemm_tile_avx2<4>(a + m * K, panel, y + m * N + n, N, K, cols);
-    for (; m < rows; ++m) sgemm_tile_avx2<1>(a + m * K, panel, y + m * N + n, N, K, cols);
+    for (int64_t g = 0; g < groups; ++g)
+      sgemm_tile_avx2<kSgemmGroup>(grouped + g * kSgemmGroup * K, 1, kSgemmGroup, panel,
+                                   y + g * kSgemmGroup * N + n, N, K, cols);
+    int64_t m = groups * kSgemmGroup;
+    for (; m + 4 <= rows; m += 4) sgemm_tile_avx2<4>(a + m * K, K, 1, panel, y + m * N + n, N, K, cols);
+    for (; m < rows; ++m) sgemm_tile_avx2<1>(a + m * K, K, 1, panel, y + m * N + n, N, K, cols);
   }
 }
 

@@ -1,5 +1,6 @@
 // qgemm_portable.cpp: packing (shared by every path) and the portable C++ int8 GEMM kernel and epilogue.
 #include <algorithm>
+#include <cmath>
 #include <cstring>
 
 #if defined(__SSE2__)

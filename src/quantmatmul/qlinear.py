@@ -44,11 +44,12 @@ def qlinear_matmul(a, a_scale, a_zero_point, b, b_scale, b_zero_point, y_scale, 
         ``np.rint``). ``"exact"``: no intermediate rounding: 64-bit accumulation and round half to
         even of the exact real value. See docs/quantization.md.
 
-    Float8 operands or a float8 output take the float path: each operand is dequantized to float32
-    as ``(q - zero_point) * scale``, multiplied with float32 accumulation in order of k (``"exact"``:
-    the exact sum and a single final rounding), then ``x / y_scale + y_zero_point`` is converted
-    to a float8 output with round-to-nearest-even and saturation (NaN stays NaN), or to an integer
-    output by the integer rule.
+    Float8 operands or a float8 output take the float path: ``q - zero_point`` of each operand in
+    float32, their products summed by float32 fused multiply-adds in order of k (float8 products are
+    exact in float32), times ``a_scale * b_scale`` (``"exact"``: the exact sum and a single final
+    rounding), then ``x / y_scale + y_zero_point`` is converted to a float8 output with
+    round-to-nearest-even and saturation (NaN stays NaN), or to an integer output by the integer
+    rule. docs/quantization.md has the exact sequence of roundings.
 
     Examples
     --------
@@ -343,13 +344,14 @@ class _Problem:
         b_scale, b_zp = self.b_params
         y_scale, y_zp = self.y_params
         f32 = np.float32
-        da = (self.a.astype(f32) - a_zp.astype(f32)) * a_scale.astype(f32)
-        db = (self.b.astype(f32) - b_zp.astype(f32)) * b_scale.astype(f32)
-        x = np.empty((self.B, self.M, self.N), f32)
-        _core.matmul_f32_sequential(self.operand3(da, self.M, self.K), self.a_index,
-                                    self.operand3(db, self.K, self.N), self.b_index, x)
-        x = x.reshape(self.internal)
+        ca = self.a.astype(f32) - a_zp.astype(f32)
+        cb = self.b.astype(f32) - b_zp.astype(f32)
+        d = np.empty((self.B, self.M, self.N), f32)
+        _core.matmul_f32_sequential(self.operand3(ca, self.M, self.K), self.a_index,
+                                    self.operand3(cb, self.K, self.N), self.b_index, d)
         with np.errstate(over="ignore", invalid="ignore"):
+            # Scales are per row of a and per column of b: constant along k, so they factor out.
+            x = d.reshape(self.internal) * (a_scale.astype(f32) * b_scale.astype(f32))
             v = x / y_scale.astype(f32)
             if is_float8(self.y_dtype):
                 v = v + y_zp.astype(f32)

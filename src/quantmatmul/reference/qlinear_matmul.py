@@ -63,18 +63,51 @@ def exact(a, a_scale, a_zp, b, b_scale, b_zp, y_scale, y_zp):
     return out
 
 
+def _round_f32(v: Fraction) -> float:
+    """The float32 nearest to an exact rational (ties to even; overflow to infinity), as a Python float."""
+    if v == 0:
+        return 0.0
+    m = abs(v)
+    e = m.numerator.bit_length() - m.denominator.bit_length()  # 2^e <= m < 2^(e+2)
+    if m < Fraction(2) ** e:
+        e -= 1
+    elif m >= Fraction(2) ** (e + 1):
+        e += 1
+    quantum = Fraction(2) ** (max(e, -126) - 23)  # 24 significant bits; subnormals below 2^-126
+    r = float(round(m / quantum) * quantum)  # round(): ties to even; exact in float64
+    r = float(np.float32(r)) if r <= float(np.finfo(np.float32).max) else float("inf")
+    return -r if v < 0 else r
+
+
+def _fma_f32(x: float, y: float, acc: float) -> float:
+    """float32 fma(x, y, acc): the exact x * y + acc rounded once (NaN and infinities as IEEE 754)."""
+    if all(np.isfinite(t) for t in (x, y, acc)):
+        return _round_f32(Fraction(x) * Fraction(y) + Fraction(acc))
+    return float(np.float32(x * y + acc))  # no rounding question once an infinity or a NaN is involved
+
+
 def float8_path(a, a_scale, a_zp, b, b_scale, b_zp, y_scale, y_zp, float8_max=None):
-    """The float path: dequantize to float32, float32 products summed in order of k, x / y_scale (+ zp), convert."""
+    """The float path (docs/quantization.md): c = q - zp in float32 for each operand, d = sum_k fma in
+    order of k from +0, x = d * (a_scale * b_scale), x / y_scale (+ zp), convert. Scalar and exact:
+    for small shapes. a_scale broadcasts as rows (a scalar or (M, 1)), b_scale as columns."""
     f32 = np.float32
     out_shape = np.matmul(np.zeros(a.shape, np.int8), np.zeros(b.shape, np.int8)).shape
     a = a.reshape(1, -1) if a.ndim == 1 else a
     b = b.reshape(-1, 1) if b.ndim == 1 else b
-    da = (a.astype(f32) - np.asarray(a_zp).astype(f32)) * np.asarray(a_scale).astype(f32)
-    db = (b.astype(f32) - np.asarray(b_zp).astype(f32)) * np.asarray(b_scale).astype(f32)
-    x = np.zeros(np.broadcast_shapes(da.shape[:-1] + (1,), db.shape[:-2] + (1, db.shape[-1])), f32)
+    ca = a.astype(f32) - np.asarray(a_zp).astype(f32)
+    cb = b.astype(f32) - np.asarray(b_zp).astype(f32)
+    shape = np.broadcast_shapes(ca.shape[:-1] + (1,), cb.shape[:-2] + (1, cb.shape[-1]))
+    ca = np.broadcast_to(ca, shape[:-1] + (ca.shape[-1],))
+    cb = np.broadcast_to(cb, shape[:-2] + cb.shape[-2:])
+    d = np.zeros(shape, f32)
+    for idx in np.ndindex(*shape):
+        acc = 0.0
+        row, col = ca[idx[:-1]], cb[idx[:-2] + (slice(None), idx[-1])]
+        for k in range(ca.shape[-1]):
+            acc = _fma_f32(float(row[k]), float(col[k]), acc)
+        d[idx] = acc
     with np.errstate(over="ignore", invalid="ignore"):
-        for k in range(da.shape[-1]):
-            x = x + da[..., :, k : k + 1] * db[..., k : k + 1, :]
+        x = d * (np.asarray(a_scale).astype(f32) * np.asarray(b_scale).astype(f32))
         v = x / np.asarray(y_scale).astype(f32)
         y_zp = np.asarray(y_zp)
         if float8_max is not None:
