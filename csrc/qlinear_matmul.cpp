@@ -223,7 +223,7 @@ void matmul_f32_sequential(int64_t batch, int64_t M, int64_t N, int64_t K, const
     for (int64_t k = 0; k < K; ++k)
       for (int64_t j = 0; j < cols; ++j) dst[k * 16 + j] = b[(i * K + k) * N + n0 + j];
   });
-  constexpr int64_t kRowsPerTask = 16;
+  constexpr int64_t kRowsPerTask = 48;  // each task streams all of b once: more rows, less traffic
   const int64_t row_blocks = (M + kRowsPerTask - 1) / kRowsPerTask;
   parallel_for(batch * row_blocks, [&](int64_t task) {
     const int64_t bt = task / row_blocks, m0 = task % row_blocks * kRowsPerTask;

@@ -9,6 +9,8 @@
 #include <vector>
 
 namespace qmm {
+#include "fma_tile_avx2.inc"
+
 namespace {
 // MatMulNBits level 0/1, factored by block (docs/matmul_nbits.md, error bound of any order):
 //   y[m, n] = sum_b scale[n, b] * (sum_{k in b} a[m, k] * q[n, k] - zero_point[n, b] * asum[m, b])
@@ -304,28 +306,6 @@ void nbits_rows_factored(const float* A, const NBitsWeight& w, int64_t n0, int64
 constexpr int64_t kRowGroup = 6;
 constexpr int64_t kFactoredMaxRows = 12;  // up to this many rows, the factored kernel (measured crossover)
 
-template <int MR>
-void nbits_tile(const float* a, int64_t row_stride, int64_t k_stride, int64_t k0, int64_t k1, const float* panel,
-                float* partial) {
-  __m256 acc[MR][2];
-  for (int r = 0; r < MR; ++r) {
-    acc[r][0] = _mm256_loadu_ps(partial + r * 16);
-    acc[r][1] = _mm256_loadu_ps(partial + r * 16 + 8);
-  }
-  for (int64_t k = k0; k < k1; ++k) {
-    const __m256 w0 = _mm256_loadu_ps(panel + k * 16), w1 = _mm256_loadu_ps(panel + k * 16 + 8);
-    for (int r = 0; r < MR; ++r) {
-      const __m256 av = _mm256_broadcast_ss(a + r * row_stride + k * k_stride);
-      acc[r][0] = _mm256_fmadd_ps(av, w0, acc[r][0]);
-      acc[r][1] = _mm256_fmadd_ps(av, w1, acc[r][1]);
-    }
-  }
-  for (int r = 0; r < MR; ++r) {
-    _mm256_storeu_ps(partial + r * 16, acc[r][0]);
-    _mm256_storeu_ps(partial + r * 16 + 8, acc[r][1]);
-  }
-}
-
 // wrow[k] = float32(q[k] - zero_point[block]) * scale[block] for k < K, 8 at a time: the same two
 // roundings, in the same order, as dequantize_column (nbits_dequantize.inc) and dequantize_nbits.
 inline void dequantize_column_avx2(const NBitsWeight& w, int64_t n, uint8_t* codes, float* wrow) {
@@ -395,10 +375,10 @@ void nbits_rows_dequantized(const float* A, int64_t M, const NBitsWeight& w, int
     for (int64_t k0 = 0; k0 < K; k0 += kChunk) {
       const int64_t k1 = std::min(K, k0 + kChunk);
       for (int64_t g = 0; g < groups; ++g)
-        nbits_tile<kRowGroup>(A + g * kRowGroup * K, 1, kRowGroup, k0, k1, panel, partial + g * kRowGroup * 16);
+        fma_tile<kRowGroup>(A + g * kRowGroup * K, 1, kRowGroup, k0, k1, panel, partial + g * kRowGroup * 16);
       int64_t m = groups * kRowGroup;
-      for (; m + 4 <= M; m += 4) nbits_tile<4>(A + m * K, K, 1, k0, k1, panel, partial + m * 16);
-      for (; m < M; ++m) nbits_tile<1>(A + m * K, K, 1, k0, k1, panel, partial + m * 16);
+      for (; m + 4 <= M; m += 4) fma_tile<4>(A + m * K, K, 1, k0, k1, panel, partial + m * 16);
+      for (; m < M; ++m) fma_tile<1>(A + m * K, K, 1, k0, k1, panel, partial + m * 16);
     }
     for (int64_t m = 0; m < M; ++m)
       for (int64_t j = 0; j < cols; ++j)

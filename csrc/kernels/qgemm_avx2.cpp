@@ -20,6 +20,8 @@
 #include "requantize.h"
 
 namespace qmm {
+#include "fma_tile_avx2.inc"
+
 namespace {
 
 template <int MR, bool BSigned>
@@ -140,48 +142,38 @@ void requantize_row_avx2(const int32_t* acc, const float* multiplier, const int3
 // The float8 path's float32 GEMM (contract: kernels/sgemm_rows.inc): one fused multiply-add per k,
 // in order of k, exactly as the portable code does (std::fma), so both give the same bits. Rows
 // come in groups of 6, interleaved by k into a thread-local copy ([k][6]: a tile's broadcasts
-// read one run per k), for 6 x 16 tiles of 12 accumulators held across the whole k loop; the
-// last rows take 4 x 16 and 1 x 16 tiles straight from a.
+// read one run per k), for 6 x 16 tiles of 12 accumulators; the last rows take 4 x 16 and 1 x 16
+// tiles straight from a. Each panel of b is swept in chunks of 256 k (16 KB, L1-resident while
+// every row tile passes); the tiles' sums wait in a [rows][16] block between chunks, so each sum
+// still sees its k in order.
 constexpr int64_t kSgemmGroup = 6;
-
-template <int MR>
-void sgemm_tile_avx2(const float* a, int64_t row_stride, int64_t k_stride, const float* panel, float* y, int64_t N,
-                     int64_t K, int64_t cols) {
-  __m256 acc[MR][2];
-  for (int r = 0; r < MR; ++r) acc[r][0] = acc[r][1] = _mm256_setzero_ps();
-  for (int64_t k = 0; k < K; ++k) {
-    const __m256 b0 = _mm256_loadu_ps(panel + k * 16), b1 = _mm256_loadu_ps(panel + k * 16 + 8);
-    for (int r = 0; r < MR; ++r) {
-      const __m256 av = _mm256_broadcast_ss(a + r * row_stride + k * k_stride);
-      acc[r][0] = _mm256_fmadd_ps(av, b0, acc[r][0]);
-      acc[r][1] = _mm256_fmadd_ps(av, b1, acc[r][1]);
-    }
-  }
-  for (int r = 0; r < MR; ++r) {
-    alignas(32) float row[16];
-    _mm256_store_ps(row, acc[r][0]);
-    _mm256_store_ps(row + 8, acc[r][1]);
-    for (int64_t j = 0; j < cols; ++j) y[r * N + j] = row[j];
-  }
-}
+constexpr int64_t kSgemmChunk = 256;
 
 void sgemm_rows_avx2(const float* a, const float* b_panels, float* y, int64_t rows, int64_t N, int64_t K) {
   const int64_t groups = rows / kSgemmGroup;
-  thread_local std::vector<float> grouped_storage;
+  thread_local std::vector<float> grouped_storage, partial_storage;
   grouped_storage.resize(static_cast<size_t>(groups * kSgemmGroup * K));
+  partial_storage.resize(static_cast<size_t>(rows * 16));
   float* const grouped = grouped_storage.data();
+  float* const partial = partial_storage.data();
   for (int64_t g = 0; g < groups; ++g)
     for (int64_t k = 0; k < K; ++k)
       for (int64_t r = 0; r < kSgemmGroup; ++r) grouped[(g * K + k) * kSgemmGroup + r] = a[(g * kSgemmGroup + r) * K + k];
   for (int64_t n = 0; n < N; n += 16) {
     const float* panel = b_panels + n * K;
     const int64_t cols = N - n < 16 ? N - n : 16;
-    for (int64_t g = 0; g < groups; ++g)
-      sgemm_tile_avx2<kSgemmGroup>(grouped + g * kSgemmGroup * K, 1, kSgemmGroup, panel,
-                                   y + g * kSgemmGroup * N + n, N, K, cols);
-    int64_t m = groups * kSgemmGroup;
-    for (; m + 4 <= rows; m += 4) sgemm_tile_avx2<4>(a + m * K, K, 1, panel, y + m * N + n, N, K, cols);
-    for (; m < rows; ++m) sgemm_tile_avx2<1>(a + m * K, K, 1, panel, y + m * N + n, N, K, cols);
+    std::fill(partial, partial + rows * 16, 0.0f);  // +0: the sums' starting value
+    for (int64_t k0 = 0; k0 < K; k0 += kSgemmChunk) {
+      const int64_t k1 = std::min(K, k0 + kSgemmChunk);
+      for (int64_t g = 0; g < groups; ++g)
+        fma_tile<kSgemmGroup>(grouped + g * kSgemmGroup * K, 1, kSgemmGroup, k0, k1, panel,
+                              partial + g * kSgemmGroup * 16);
+      int64_t m = groups * kSgemmGroup;
+      for (; m + 4 <= rows; m += 4) fma_tile<4>(a + m * K, K, 1, k0, k1, panel, partial + m * 16);
+      for (; m < rows; ++m) fma_tile<1>(a + m * K, K, 1, k0, k1, panel, partial + m * 16);
+    }
+    for (int64_t m = 0; m < rows; ++m)
+      for (int64_t j = 0; j < cols; ++j) y[m * N + n + j] = partial[m * 16 + j];
   }
 }
 

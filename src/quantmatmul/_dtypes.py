@@ -20,6 +20,16 @@ def is_float8(dtype: np.dtype) -> bool:
     return np.dtype(dtype) in FLOAT8_TYPES
 
 
+# Every value of each 8-bit type in float32, indexed by its byte: a lookup converts (exactly) several
+# times faster than ml_dtypes' astype.
+_TO_FLOAT32 = {t: np.arange(256, dtype=np.uint8).view(t).astype(np.float32) for t in QUANT_TYPES}
+
+
+def to_float32(q: np.ndarray) -> np.ndarray:
+    """An int8, uint8 or float8 array as float32 (exact), by table lookup."""
+    return _TO_FLOAT32[q.dtype][q.view(np.uint8)]
+
+
 def names(dtypes) -> str:
     """'int8, uint8 or float8_e4m3fn' for error messages."""
     listed = [str(d) for d in dtypes]

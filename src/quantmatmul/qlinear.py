@@ -10,7 +10,7 @@ from math import prod
 import numpy as np
 
 from . import _core
-from ._dtypes import QUANT_TYPES, SCALE_TYPES, float8_max, float8_scale_exponent, is_float8, names
+from ._dtypes import QUANT_TYPES, SCALE_TYPES, float8_max, float8_scale_exponent, is_float8, names, to_float32
 
 __all__ = ["qlinear_matmul", "QLinearMatMul", "NUMERICS"]
 
@@ -344,8 +344,11 @@ class _Problem:
         b_scale, b_zp = self.b_params
         y_scale, y_zp = self.y_params
         f32 = np.float32
-        ca = self.a.astype(f32) - a_zp.astype(f32)
-        cb = self.b.astype(f32) - b_zp.astype(f32)
+        ca, cb = to_float32(self.a), to_float32(self.b)
+        if np.any(a_zp):  # float8 zero points are 0 (DequantizeLinear requires it); integer ones need not be
+            ca = ca - a_zp.astype(f32)
+        if np.any(b_zp):
+            cb = cb - b_zp.astype(f32)
         d = np.empty((self.B, self.M, self.N), f32)
         _core.matmul_f32_sequential(self.operand3(ca, self.M, self.K), self.a_index,
                                     self.operand3(cb, self.K, self.N), self.b_index, d)
