@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "cpu_features.h"
+#include "float8.h"
 #include "matmul_nbits.h"
 #include "peak.h"
 #include "qgemm.h"
@@ -219,6 +220,20 @@ NB_MODULE(_core, m) {
           nb::gil_scoped_release release;
           qmm::qlinear_matmul_exact(p, sa, sb, sy, out);
         });
+
+  // float32 [n] contiguous -> float8 bytes [n] (type 0..3: e4m3fn, e4m3fnuz, e5m2, e5m2fnuz),
+  // saturating, round to nearest even: numpy.clip(x, -max, max).astype(type), faster.
+  m.def("float32_to_float8", [](const In& x, int type) {
+    const int64_t count = static_cast<int64_t>(x.size());
+    auto* out = new uint8_t[static_cast<size_t>(std::max<int64_t>(count, 1))];
+    nb::capsule owner(out, [](void* p) noexcept { delete[] static_cast<uint8_t*>(p); });
+    {
+      nb::gil_scoped_release release;
+      qmm::float32_to_float8(static_cast<const float*>(x.data()), count, static_cast<qmm::Float8>(type), out);
+    }
+    const size_t shape[1] = {static_cast<size_t>(count)};
+    return nb::ndarray<nb::numpy, uint8_t>(out, 1, shape, owner);
+  });
 
   m.def("matmul_f32_sequential",
         [](const In& a, const In& a_index, const In& b, const In& b_index, Out out) {

@@ -425,3 +425,23 @@ def test_python_float_scales_are_float32():
     args = _good()
     args[1], args[4], args[6] = 0.5, 0.25, 0.125
     assert qm.qlinear_matmul(*args).dtype == u8
+
+
+def test_float8_output_conversion_matches_ml_dtypes_bit_for_bit():
+    """The C++ float32 -> float8 conversion of the float path against numpy.clip + ml_dtypes' astype:
+    every float8 value, every midpoint between neighbours (ties to even) and its float32 neighbours,
+    zeros, NaN, infinities, far out of range and random values over 14 decades."""
+    from quantmatmul import _core
+    from quantmatmul._dtypes import FLOAT8_TYPES
+
+    rng = np.random.default_rng(12)
+    for code, t in enumerate(FLOAT8_TYPES):
+        values = np.arange(256, dtype=np.uint8).view(t).astype(f32)
+        finite = np.sort(values[np.isfinite(values)])
+        mids = ((finite[:-1].astype(np.float64) + finite[1:]) / 2).astype(f32)
+        x = np.concatenate([finite, mids, np.nextafter(mids, f32(np.inf)), np.nextafter(mids, f32(-np.inf)),
+                            (rng.standard_normal(50000) * 10.0 ** rng.integers(-8, 6, 50000)).astype(f32),
+                            np.array([np.nan, -np.nan, np.inf, -np.inf, 0.0, -0.0, 1e30, -1e30, 1e-40, -1e-40], f32)])
+        limit = float(ml_dtypes.finfo(t).max)
+        expected = np.clip(x, -limit, limit).astype(t).view(u8)
+        np.testing.assert_array_equal(_core.float32_to_float8(x, code), expected, err_msg=str(t))

@@ -10,7 +10,7 @@ from math import prod
 import numpy as np
 
 from . import _core
-from ._dtypes import QUANT_TYPES, SCALE_TYPES, float8_max, float8_scale_exponent, is_float8, names, to_float32
+from ._dtypes import FLOAT8_TYPES, QUANT_TYPES, SCALE_TYPES, float8_scale_exponent, is_float8, names, to_float32
 
 __all__ = ["qlinear_matmul", "QLinearMatMul", "NUMERICS"]
 
@@ -358,8 +358,10 @@ class _Problem:
             v = x / y_scale.astype(f32)
             if is_float8(self.y_dtype):
                 v = v + y_zp.astype(f32)
-                limit = f32(float8_max(self.y_dtype))
-                return np.clip(v, -limit, limit).astype(self.y_dtype)
+                # Saturating, nearest even: np.clip(v, -max, max).astype(y_dtype), in C++.
+                code = FLOAT8_TYPES.index(self.y_dtype)
+                return _core.float32_to_float8(np.ascontiguousarray(v, f32).reshape(-1), code).view(
+                    self.y_dtype).reshape(v.shape)
             return _integer_rule(np.rint(v), np.broadcast_to(y_zp, self.internal), self.y_dtype)
 
     def _float_path_exact(self):
