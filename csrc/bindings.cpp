@@ -81,7 +81,7 @@ using NBitsProduct = void (*)(const float*, int64_t, const qmm::NBitsWeight&, co
 template <NBitsProduct product>
 nb::ndarray<nb::numpy, float> matmul_nbits_binding(const In& A, const In& codes, int64_t K, int64_t bits,
                                                    int64_t block_size, const In& scales, const In& zero_points,
-                                                   std::optional<In> bias) {
+                                                   std::optional<In> bias, int operands) {
   const int64_t M = static_cast<int64_t>(A.shape(0)), N = static_cast<int64_t>(codes.shape(0));
   const bool integer_zero_points = zero_points.dtype() == nb::dtype<uint8_t>();
   const qmm::NBitsWeight w{static_cast<const uint8_t*>(codes.data()),
@@ -93,7 +93,8 @@ nb::ndarray<nb::numpy, float> matmul_nbits_binding(const In& A, const In& codes,
                            static_cast<int64_t>(codes.shape(1)),
                            static_cast<const float*>(scales.data()),
                            integer_zero_points ? nullptr : static_cast<const float*>(zero_points.data()),
-                           integer_zero_points ? static_cast<const uint8_t*>(zero_points.data()) : nullptr};
+                           integer_zero_points ? static_cast<const uint8_t*>(zero_points.data()) : nullptr,
+                           static_cast<qmm::NBitsOperands>(operands)};
   auto* y = new float[static_cast<size_t>(std::max<int64_t>(M * N, 1))];
   nb::capsule owner(y, [](void* p) noexcept { delete[] static_cast<float*>(p); });
   {
@@ -190,11 +191,14 @@ NB_MODULE(_core, m) {
   // MatMulNBits: A float32 [M, K] contiguous, codes uint8 [N, row_bytes], scales float32 and zero
   // points uint8 or float32 [N, k_blocks], bias float32 [N] or None; returns Y float32 [M, N]. Levels 0/1 in
   // float32, level 4 with A quantized to int8 per block as ONNX Runtime does.
+  // operands (matmul_nbits_f32): 0 float32 (levels 0/1), 1 float16, 2 bfloat16 (levels 2/3: W is
+  // rounded here; A must arrive rounded already).
   m.def("matmul_nbits_f32", matmul_nbits_binding<qmm::matmul_nbits_f32>, nb::arg("A"), nb::arg("codes"), nb::arg("K"),
-        nb::arg("bits"), nb::arg("block_size"), nb::arg("scales"), nb::arg("zero_points"), nb::arg("bias").none());
+        nb::arg("bits"), nb::arg("block_size"), nb::arg("scales"), nb::arg("zero_points"), nb::arg("bias").none(),
+        nb::arg("operands") = 0);
   m.def("matmul_nbits_int8", matmul_nbits_binding<qmm::matmul_nbits_int8>, nb::arg("A"), nb::arg("codes"),
         nb::arg("K"), nb::arg("bits"), nb::arg("block_size"), nb::arg("scales"), nb::arg("zero_points"),
-        nb::arg("bias").none());
+        nb::arg("bias").none(), nb::arg("operands") = 0);
 
   // The first `count` codes of each row of a contiguous uint8 [rows, bytes] array of LSB-first bitstreams.
   m.def("decode_nbits", [](const In& data, int64_t bits, int64_t count) {

@@ -6,9 +6,15 @@
 // zero point already unpacked), A as float32 [M, K].
 #pragma once
 
+#include <cmath>
 #include <cstdint>
+#include <cstring>
 
 namespace qmm {
+
+// The operands of the float product: float32 (levels 0 and 1), or A and W rounded to float16
+// (level 2) or bfloat16 (level 3), nearest even, the products and sums still float32.
+enum class NBitsOperands : int { kFloat32 = 0, kFloat16 = 1, kBFloat16 = 2 };
 
 struct NBitsWeight {
   const uint8_t* codes;       // [N, row_bytes]: row n holds k_blocks * block_size codes of `bits` bits
@@ -18,7 +24,26 @@ struct NBitsWeight {
   // points, a quarter of the bytes), float ones as float32. Exactly one of the two is set.
   const float* zero_points;
   const uint8_t* zero_points_u8;
+  NBitsOperands operands = NBitsOperands::kFloat32;  // how the dequantized W enters the product
 };
+
+// x rounded to float16 or bfloat16 (nearest even; float16 overflows to infinity, NaN stays NaN) and
+// back, as numpy's / ml_dtypes' astype do; x itself for float32. Scalar: kernels vectorize their own.
+inline float round_operand(float x, NBitsOperands operands) {
+  if (operands == NBitsOperands::kFloat32 || std::isnan(x)) return x;
+  uint32_t bits;
+  std::memcpy(&bits, &x, 4);
+  if (operands == NBitsOperands::kBFloat16) {
+    bits = (bits + 0x7FFFu + ((bits >> 16) & 1u)) & 0xFFFF0000u;
+  } else {
+    const float a = std::fabs(x);
+    if (a >= 65520.0f) return std::copysign(INFINITY, x);  // at or past max + half an ulp
+    if (a < 6.103515625e-05f) return std::copysign(std::ldexp(std::nearbyint(std::ldexp(a, 24)), -24), x);  // subnormal
+    bits = (bits + 0xFFFu + ((bits >> 13) & 1u)) & 0xFFFFE000u;  // 10 mantissa bits, nearest even
+  }
+  std::memcpy(&x, &bits, 4);
+  return x;
+}
 
 // The zero point of block `index` (= n * k_blocks + b) as float32.
 inline float zero_point(const NBitsWeight& w, int64_t index) {

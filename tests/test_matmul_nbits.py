@@ -625,7 +625,7 @@ def test_native_paths_within_the_documented_bounds(isa):
                 case = Case(rng, bits, block_size, K=K, N=N, batch=(int(rng.integers(1, 6)),), zp=zp,
                             bias=bool(rng.integers(0, 2)))
                 exact = case.exact()
-                for level in (0, 1, 4):
+                for level in (0, 1, 2, 3, 4):
                     assert_within(case.run(level), exact, case.bound(level), f"{isa} {case} level {level}")
                     y_eff, tol = tight_tolerance(case, level)
                     assert_within(case.run(level), y_eff, tol, f"{isa} {case} level {level} tight")
@@ -644,7 +644,7 @@ def test_native_prefill_paths_within_the_documented_bounds(isa):
             K = int(rng.integers(block_size // 2, 5 * block_size))
             case = Case(rng, bits, block_size, K=K, N=int(rng.integers(1, 50)), batch=(M,),
                         zp=ZP_FORMS[int(rng.integers(0, len(ZP_FORMS)))], bias=bool(rng.integers(0, 2)))
-            for level in (0, 4):
+            for level in (0, 2, 3, 4):
                 y_eff, tol = tight_tolerance(case, level)
                 assert_within(case.run(level), y_eff, tol, f"{isa} {case} level {level} tight")
                 assert_within(case.run(level), case.exact(), case.bound(level), f"{isa} {case} level {level}")
@@ -708,3 +708,33 @@ def test_constant_weight_class_from_float_copies_and_errors():
         quantmatmul.MatMulNBits(q.B[:, :1], *q.tensors()[1:], **q.attributes())
     with pytest.raises(ValueError, match="^MatMulNBits: accuracy_level must be one of"):
         quantmatmul.MatMulNBits(*q.tensors(), **q.attributes(), accuracy_level=7)
+
+
+def test_levels_2_and_3_round_w_exactly_like_numpy(isa):
+    """With one-hot rows of A (a single 1.0), each output is one rounded weight: the kernels' float16 and
+    bfloat16 rounding of W, bit for bit against numpy / ml_dtypes, over subnormal, overflowing and tie
+    values (scales chosen to produce them), on every kernel path and both row regimes."""
+    rng = np.random.default_rng(91)
+    K, N, bits, block_size = 64, 24, 4, 16
+    codes = rng.integers(0, 16, (N, K), dtype=np.uint8)
+    scales = (2.0 ** rng.integers(-30, 17, (N, K // block_size))).astype(np.float32)
+    scales *= rng.choice(np.array([1.0, 1.0009765625, 1.5, 0.99951171875, 1.00390625], np.float32), scales.shape)
+    B = pack_nbits(codes, bits).reshape(N, K // block_size, block_size * bits // 8)
+    zp = pack_nbits(rng.integers(0, 16, (N, K // block_size), dtype=np.uint8), bits)
+    W = dequantize_nbits(B, scales, zp, K=K, N=N, bits=bits, block_size=block_size)  # float32 [K, N]
+    for rows in (5, 40):  # the few-row and the many-row (6-row tiles) paths
+        A = np.zeros((rows, K), np.float32)
+        picks = rng.integers(0, K, rows)
+        A[np.arange(rows), picks] = 1.0
+        for level, dtype in ((2, np.float16), (3, ml_dtypes.bfloat16)):
+            with np.errstate(over="ignore"):
+                W16 = W.astype(dtype).astype(np.float32)
+            expected = W16[picks]
+            # 0 * inf is NaN: a column holding an infinity (float16 overflow) elsewhere gives NaN.
+            infinite = np.isinf(W16)
+            elsewhere = infinite.sum(axis=0)[None, :] - infinite[picks] > 0
+            expected = np.where(elsewhere, np.float32(np.nan), expected)
+            assert infinite.any() == (level == 2) and (np.abs(W16[W16 != 0]) < 2.0**-14).any()  # the cases are there
+            y = matmul_nbits(A, B, scales, zp, K=K, N=N, bits=bits, block_size=block_size, accuracy_level=level)
+            # Exact values (a sum from +0 turns a rounded -0 into +0: equal as numbers).
+            np.testing.assert_array_equal(y, expected, err_msg=f"{isa} level {level}")

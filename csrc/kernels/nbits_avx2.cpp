@@ -306,8 +306,29 @@ void nbits_rows_factored(const float* A, const NBitsWeight& w, int64_t n0, int64
 constexpr int64_t kRowGroup = 6;
 constexpr int64_t kFactoredMaxRows = 12;  // up to this many rows, the factored kernel (measured crossover)
 
+// x[0 .. count) rounded to float16 or bfloat16 and back, 8 at a time (round_operand's results).
+inline void round_operands(float* x, int64_t count, NBitsOperands operands) {
+  int64_t k = 0;
+  if (operands == NBitsOperands::kFloat16) {
+    for (; k + 8 <= count; k += 8)  // F16C: nearest even, overflow to infinity, NaN kept
+      _mm256_storeu_ps(x + k, _mm256_cvtph_ps(_mm256_cvtps_ph(_mm256_loadu_ps(x + k), _MM_FROUND_TO_NEAREST_INT)));
+  } else {
+    const __m256i round = _mm256_set1_epi32(0x7FFF), one = _mm256_set1_epi32(1);
+    const __m256i keep = _mm256_set1_epi32(static_cast<int>(0xFFFF0000u));
+    for (; k + 8 <= count; k += 8) {
+      const __m256 v = _mm256_loadu_ps(x + k);
+      const __m256i bits = _mm256_castps_si256(v);
+      const __m256i lsb = _mm256_and_si256(_mm256_srli_epi32(bits, 16), one);
+      const __m256 rounded = _mm256_castsi256_ps(_mm256_and_si256(_mm256_add_epi32(_mm256_add_epi32(bits, round), lsb), keep));
+      _mm256_storeu_ps(x + k, _mm256_blendv_ps(rounded, v, _mm256_cmp_ps(v, v, _CMP_UNORD_Q)));  // NaN kept
+    }
+  }
+  for (; k < count; ++k) x[k] = round_operand(x[k], operands);
+}
+
 // wrow[k] = float32(q[k] - zero_point[block]) * scale[block] for k < K, 8 at a time: the same two
-// roundings, in the same order, as dequantize_column (nbits_dequantize.inc) and dequantize_nbits.
+// roundings, in the same order, as dequantize_column (nbits_dequantize.inc) and dequantize_nbits;
+// then rounded to w.operands (levels 2 and 3).
 inline void dequantize_column_avx2(const NBitsWeight& w, int64_t n, uint8_t* codes, float* wrow) {
   decode_padded_column(w, n, codes);
   const float* scales = w.scales + n * w.k_blocks;
@@ -322,6 +343,7 @@ inline void dequantize_column_avx2(const NBitsWeight& w, int64_t n, uint8_t* cod
     }
     for (; k < k1; ++k) wrow[k] = (static_cast<float>(codes[k]) - zero_point_b) * scales[b];
   }
+  if (w.operands != NBitsOperands::kFloat32) round_operands(wrow, w.K, w.operands);
 }
 
 // rows[c][k .. k+7] for 8 columns c into panel[k .. k+7][8 columns] (row stride 16 floats).
@@ -908,7 +930,9 @@ void factored(const float* A, const NBitsWeight& w, int64_t n0, int64_t n1, cons
 
 void nbits_rows_avx2(const float* A, int64_t M, const NBitsWeight& w, int64_t n0, int64_t n1, const float* bias,
                      float* Y) {
-  if (M > kFactoredMaxRows) return nbits_rows_dequantized(A, M, w, n0, n1, bias, Y);
+  // Rounded operands (levels 2 and 3) do not factor by block: W is dequantized and rounded first.
+  if (M > kFactoredMaxRows || w.operands != NBitsOperands::kFloat32)
+    return nbits_rows_dequantized(A, M, w, n0, n1, bias, Y);
   // Up to 4 rows per pass (registers); each pass unpacks the codes again, which up to
   // kFactoredMaxRows rows costs less than dequantizing the weights to float32 panels.
   for (int64_t m0 = 0; m0 < M; m0 += 4) {

@@ -377,12 +377,14 @@ def _product_float(a2, w, bias, compute_dtype):
     """Levels 0-3: float32 [M, N]; with compute_dtype, A and each dequantized W chunk are rounded to it first."""
     M = a2.shape[0]
     a32 = a2.astype(_F32)
-    if compute_dtype is None and w.g_idx is None:  # levels 0 and 1: the C++ kernels (csrc/matmul_nbits.h)
-        return _core.matmul_nbits_f32(np.ascontiguousarray(a32), np.ascontiguousarray(w.B), w.K, w.bits, w.block_size,
-                                      np.ascontiguousarray(w.scales), w.kernel_zero_points,
-                                      None if bias is None else np.ascontiguousarray(bias, dtype=_F32))
     if compute_dtype is not None:
         a32 = _round_to(a32, compute_dtype)
+    if w.g_idx is None:  # levels 0-3: the C++ kernels (csrc/matmul_nbits.h), W rounded there for levels 2 and 3
+        operands = {None: 0, np.dtype(np.float16): 1, np.dtype(ml_dtypes.bfloat16): 2}[
+            None if compute_dtype is None else np.dtype(compute_dtype)]
+        return _core.matmul_nbits_f32(np.ascontiguousarray(a32), np.ascontiguousarray(w.B), w.K, w.bits, w.block_size,
+                                      np.ascontiguousarray(w.scales), w.kernel_zero_points,
+                                      None if bias is None else np.ascontiguousarray(bias, dtype=_F32), operands)
     y = np.empty((M, w.N), _F32)
     rows = w.chunk_rows(256 if M > 64 else 16)
     for n0, n1 in _chunks(w.N, rows):
