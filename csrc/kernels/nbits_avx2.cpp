@@ -408,6 +408,56 @@ void nbits_rows_dequantized(const float* A, int64_t M, const NBitsWeight& w, int
   }
 }
 
+// 8 float32 values rounded to float16 or bfloat16 and back (round_operands, in registers).
+inline __m256 round8(__m256 v, NBitsOperands operands) {
+  if (operands == NBitsOperands::kFloat16) return _mm256_cvtph_ps(_mm256_cvtps_ph(v, _MM_FROUND_TO_NEAREST_INT));
+  const __m256i bits = _mm256_castps_si256(v);
+  const __m256i lsb = _mm256_and_si256(_mm256_srli_epi32(bits, 16), _mm256_set1_epi32(1));
+  const __m256i sum = _mm256_add_epi32(_mm256_add_epi32(bits, _mm256_set1_epi32(0x7FFF)), lsb);
+  const __m256 rounded = _mm256_castsi256_ps(_mm256_and_si256(sum, _mm256_set1_epi32(static_cast<int>(0xFFFF0000u))));
+  return _mm256_blendv_ps(rounded, v, _mm256_cmp_ps(v, v, _CMP_UNORD_Q));  // NaN kept
+}
+
+// Levels 2 and 3 with few rows (MR <= 4): per column, the codes decoded to bytes (SIMD for 4-bit),
+// then per 8 codes the weight float32(q - zp) * scale rounded in registers and multiplied into MR
+// running sums; the last, partial 8 of each block and of K one by one.
+template <int MR>
+void nbits_rows_rounded(const float* A, const NBitsWeight& w, int64_t n0, int64_t n1, const float* bias, float* Y) {
+  const int64_t K = w.K;
+  thread_local std::vector<uint8_t> codes_storage;
+  codes_storage.resize(static_cast<size_t>((w.k_blocks * w.block_size + 31) / 32 * 32));
+  uint8_t* const codes = codes_storage.data();
+  for (int64_t n = n0; n < n1; ++n) {
+    decode_padded_column(w, n, codes);
+    const float* scales = w.scales + n * w.k_blocks;
+    __m256 acc[MR];
+    float tail[MR];
+    for (int m = 0; m < MR; ++m) {
+      acc[m] = _mm256_setzero_ps();
+      tail[m] = 0.0f;
+    }
+    for (int64_t b = 0; b < w.k_blocks; ++b) {
+      const int64_t k0 = b * w.block_size, k1 = std::min(K, k0 + w.block_size);
+      const float scale_b = scales[b], zp_b = zero_point(w, n * w.k_blocks + b);
+      const __m256 scale = _mm256_set1_ps(scale_b), zp = _mm256_set1_ps(zp_b);
+      int64_t k = k0;
+      for (; k + 8 <= k1; k += 8) {
+        const __m256i q = _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(codes + k)));
+        const __m256 wv = round8(_mm256_mul_ps(_mm256_sub_ps(_mm256_cvtepi32_ps(q), zp), scale), w.operands);
+        for (int m = 0; m < MR; ++m) acc[m] = _mm256_fmadd_ps(_mm256_loadu_ps(A + m * K + k), wv, acc[m]);
+      }
+      for (; k < k1; ++k) {
+        const float wk = round_operand((static_cast<float>(codes[k]) - zp_b) * scale_b, w.operands);
+        for (int m = 0; m < MR; ++m) tail[m] += A[m * K + k] * wk;
+      }
+    }
+    for (int m = 0; m < MR; ++m) {
+      const float y = horizontal_sum(acc[m]) + tail[m];
+      Y[m * w.N + n] = bias ? y + bias[n] : y;
+    }
+  }
+}
+
 // Level 0/1 with more than kFactoredMaxRows rows: every whole group of kRowGroup rows of A
 // interleaved by k ([k][row]) into out, the last M % kRowGroup rows copied in order after them.
 bool nbits_prepare_f32_avx2(const float* A, int64_t M, int64_t K, float* out) {
@@ -930,9 +980,21 @@ void factored(const float* A, const NBitsWeight& w, int64_t n0, int64_t n1, cons
 
 void nbits_rows_avx2(const float* A, int64_t M, const NBitsWeight& w, int64_t n0, int64_t n1, const float* bias,
                      float* Y) {
-  // Rounded operands (levels 2 and 3) do not factor by block: W is dequantized and rounded first.
-  if (M > kFactoredMaxRows || w.operands != NBitsOperands::kFloat32)
-    return nbits_rows_dequantized(A, M, w, n0, n1, bias, Y);
+  if (M > kFactoredMaxRows) return nbits_rows_dequantized(A, M, w, n0, n1, bias, Y);
+  // Rounded operands (levels 2 and 3) do not factor by block: each column is dequantized and rounded first.
+  if (w.operands != NBitsOperands::kFloat32) {  // in passes of up to 4 rows, like the factored kernel
+    for (int64_t m0 = 0; m0 < M; m0 += 4) {
+      const float* a = A + m0 * w.K;
+      float* y = Y + m0 * w.N;
+      switch (std::min<int64_t>(4, M - m0)) {
+        case 1: nbits_rows_rounded<1>(a, w, n0, n1, bias, y); break;
+        case 2: nbits_rows_rounded<2>(a, w, n0, n1, bias, y); break;
+        case 3: nbits_rows_rounded<3>(a, w, n0, n1, bias, y); break;
+        default: nbits_rows_rounded<4>(a, w, n0, n1, bias, y);
+      }
+    }
+    return;
+  }
   // Up to 4 rows per pass (registers); each pass unpacks the codes again, which up to
   // kFactoredMaxRows rows costs less than dequantizing the weights to float32 panels.
   for (int64_t m0 = 0; m0 < M; m0 += 4) {
