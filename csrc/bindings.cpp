@@ -81,7 +81,7 @@ using NBitsProduct = void (*)(const float*, int64_t, const qmm::NBitsWeight&, co
 template <NBitsProduct product>
 nb::ndarray<nb::numpy, float> matmul_nbits_binding(const In& A, const In& codes, int64_t K, int64_t bits,
                                                    int64_t block_size, const In& scales, const In& zero_points,
-                                                   std::optional<In> bias, int operands) {
+                                                   std::optional<In> bias, int operands, std::optional<In> g_idx) {
   const int64_t M = static_cast<int64_t>(A.shape(0)), N = static_cast<int64_t>(codes.shape(0));
   const bool integer_zero_points = zero_points.dtype() == nb::dtype<uint8_t>();
   const qmm::NBitsWeight w{static_cast<const uint8_t*>(codes.data()),
@@ -94,7 +94,8 @@ nb::ndarray<nb::numpy, float> matmul_nbits_binding(const In& A, const In& codes,
                            static_cast<const float*>(scales.data()),
                            integer_zero_points ? nullptr : static_cast<const float*>(zero_points.data()),
                            integer_zero_points ? static_cast<const uint8_t*>(zero_points.data()) : nullptr,
-                           static_cast<qmm::NBitsOperands>(operands)};
+                           static_cast<qmm::NBitsOperands>(operands),
+                           g_idx ? static_cast<const int32_t*>(g_idx->data()) : nullptr};
   auto* y = new float[static_cast<size_t>(std::max<int64_t>(M * N, 1))];
   nb::capsule owner(y, [](void* p) noexcept { delete[] static_cast<float*>(p); });
   {
@@ -195,10 +196,10 @@ NB_MODULE(_core, m) {
   // rounded here; A must arrive rounded already).
   m.def("matmul_nbits_f32", matmul_nbits_binding<qmm::matmul_nbits_f32>, nb::arg("A"), nb::arg("codes"), nb::arg("K"),
         nb::arg("bits"), nb::arg("block_size"), nb::arg("scales"), nb::arg("zero_points"), nb::arg("bias").none(),
-        nb::arg("operands") = 0);
+        nb::arg("operands") = 0, nb::arg("g_idx").none() = nb::none());
   m.def("matmul_nbits_int8", matmul_nbits_binding<qmm::matmul_nbits_int8>, nb::arg("A"), nb::arg("codes"),
         nb::arg("K"), nb::arg("bits"), nb::arg("block_size"), nb::arg("scales"), nb::arg("zero_points"),
-        nb::arg("bias").none(), nb::arg("operands") = 0);
+        nb::arg("bias").none(), nb::arg("operands") = 0, nb::arg("g_idx").none() = nb::none());
 
   // The first `count` codes of each row of a contiguous uint8 [rows, bytes] array of LSB-first bitstreams.
   m.def("decode_nbits", [](const In& data, int64_t bits, int64_t count) {

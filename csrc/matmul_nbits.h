@@ -25,6 +25,9 @@ struct NBitsWeight {
   const float* zero_points;
   const uint8_t* zero_points_u8;
   NBitsOperands operands = NBitsOperands::kFloat32;  // how the dequantized W enters the product
+  // Levels 0-3: g_idx[k] in [0, k_blocks), the block whose scale and zero point code k takes, or
+  // null for k / block_size. A non-trivial g_idx does not factor by block: the kernels dequantize.
+  const int32_t* g_idx = nullptr;
 };
 
 // x rounded to float16 or bfloat16 (nearest even; float16 overflows to infinity, NaN stays NaN) and

@@ -332,7 +332,11 @@ inline void round_operands(float* x, int64_t count, NBitsOperands operands) {
 inline void dequantize_column_avx2(const NBitsWeight& w, int64_t n, uint8_t* codes, float* wrow) {
   decode_padded_column(w, n, codes);
   const float* scales = w.scales + n * w.k_blocks;
-  for (int64_t b = 0; b < w.k_blocks; ++b) {
+  if (w.g_idx) {  // each code its own block's scale and zero point
+    for (int64_t k = 0; k < w.K; ++k)
+      wrow[k] = (static_cast<float>(codes[k]) - zero_point(w, n * w.k_blocks + w.g_idx[k])) * scales[w.g_idx[k]];
+  }
+  for (int64_t b = 0; !w.g_idx && b < w.k_blocks; ++b) {
     const int64_t k0 = b * w.block_size, k1 = std::min(w.K, k0 + w.block_size);
     const float zero_point_b = zero_point(w, n * w.k_blocks + b);
     const __m256 scale = _mm256_set1_ps(scales[b]), zp = _mm256_set1_ps(zero_point_b);
@@ -405,6 +409,34 @@ void nbits_rows_dequantized(const float* A, int64_t M, const NBitsWeight& w, int
     for (int64_t m = 0; m < M; ++m)
       for (int64_t j = 0; j < cols; ++j)
         Y[m * w.N + n + j] = bias ? partial[m * 16 + j] + bias[n + j] : partial[m * 16 + j];
+  }
+}
+
+// Few rows with a non-trivial g_idx: one column at a time dequantized (and rounded) into a float32
+// row, then one dot product per row of A in four chains of 8 lanes.
+void nbits_rows_columns(const float* A, int64_t M, const NBitsWeight& w, int64_t n0, int64_t n1, const float* bias,
+                        float* Y) {
+  const int64_t K = w.K;
+  thread_local std::vector<uint8_t> codes_storage;
+  thread_local std::vector<float> wrow_storage;
+  codes_storage.resize(static_cast<size_t>((w.k_blocks * w.block_size + 31) / 32 * 32));
+  wrow_storage.resize(static_cast<size_t>(K));
+  uint8_t* const codes = codes_storage.data();
+  float* const wrow = wrow_storage.data();
+  for (int64_t n = n0; n < n1; ++n) {
+    dequantize_column_avx2(w, n, codes, wrow);
+    for (int64_t m = 0; m < M; ++m) {
+      const float* a = A + m * K;
+      __m256 acc[4] = {_mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps()};
+      int64_t k = 0;
+      for (; k + 32 <= K; k += 32)
+        for (int i = 0; i < 4; ++i)
+          acc[i] = _mm256_fmadd_ps(_mm256_loadu_ps(a + k + 8 * i), _mm256_loadu_ps(wrow + k + 8 * i), acc[i]);
+      for (; k + 8 <= K; k += 8) acc[0] = _mm256_fmadd_ps(_mm256_loadu_ps(a + k), _mm256_loadu_ps(wrow + k), acc[0]);
+      float y = horizontal_sum(_mm256_add_ps(_mm256_add_ps(acc[0], acc[1]), _mm256_add_ps(acc[2], acc[3])));
+      for (; k < K; ++k) y += a[k] * wrow[k];
+      Y[m * w.N + n] = bias ? y + bias[n] : y;
+    }
   }
 }
 
@@ -981,6 +1013,7 @@ void factored(const float* A, const NBitsWeight& w, int64_t n0, int64_t n1, cons
 void nbits_rows_avx2(const float* A, int64_t M, const NBitsWeight& w, int64_t n0, int64_t n1, const float* bias,
                      float* Y) {
   if (M > kFactoredMaxRows) return nbits_rows_dequantized(A, M, w, n0, n1, bias, Y);
+  if (w.g_idx) return nbits_rows_columns(A, M, w, n0, n1, bias, Y);
   // Rounded operands (levels 2 and 3) do not factor by block: each column is dequantized and rounded first.
   if (w.operands != NBitsOperands::kFloat32) {  // in passes of up to 4 rows, like the factored kernel
     for (int64_t m0 = 0; m0 < M; m0 += 4) {

@@ -323,6 +323,7 @@ class _Weights:
             g = g[:K].astype(np.intp)
             if not np.array_equal(g, np.arange(K) // block_size):  # a trivial g_idx changes nothing
                 self.g_idx = g
+        self.kernel_g_idx = None if self.g_idx is None else np.ascontiguousarray(self.g_idx, np.int32)
 
     def chunk_rows(self, minimum=16):
         return max(minimum, _CHUNK // self.padded_K)
@@ -374,27 +375,17 @@ def _round_to(x, dtype):
 
 
 def _product_float(a2, w, bias, compute_dtype):
-    """Levels 0-3: float32 [M, N]; with compute_dtype, A and each dequantized W chunk are rounded to it first."""
-    M = a2.shape[0]
+    """Levels 0-3: float32 [M, N]; with compute_dtype, A and each dequantized W are rounded to it first."""
     a32 = a2.astype(_F32)
     if compute_dtype is not None:
         a32 = _round_to(a32, compute_dtype)
-    if w.g_idx is None:  # levels 0-3: the C++ kernels (csrc/matmul_nbits.h), W rounded there for levels 2 and 3
-        operands = {None: 0, np.dtype(np.float16): 1, np.dtype(ml_dtypes.bfloat16): 2}[
-            None if compute_dtype is None else np.dtype(compute_dtype)]
-        return _core.matmul_nbits_f32(np.ascontiguousarray(a32), np.ascontiguousarray(w.B), w.K, w.bits, w.block_size,
-                                      np.ascontiguousarray(w.scales), w.kernel_zero_points,
-                                      None if bias is None else np.ascontiguousarray(bias, dtype=_F32), operands)
-    y = np.empty((M, w.N), _F32)
-    rows = w.chunk_rows(256 if M > 64 else 16)
-    for n0, n1 in _chunks(w.N, rows):
-        wt = w.dequantize(n0, n1)
-        if compute_dtype is not None:
-            wt = _round_to(wt, compute_dtype)
-        y[:, n0:n1] = a32 @ wt.T
-    if bias is not None:
-        y += bias.astype(_F32)
-    return y
+    # Levels 0-3: the C++ kernels (csrc/matmul_nbits.h), W rounded there for levels 2 and 3.
+    operands = {None: 0, np.dtype(np.float16): 1, np.dtype(ml_dtypes.bfloat16): 2}[
+        None if compute_dtype is None else np.dtype(compute_dtype)]
+    return _core.matmul_nbits_f32(np.ascontiguousarray(a32), np.ascontiguousarray(w.B), w.K, w.bits, w.block_size,
+                                  np.ascontiguousarray(w.scales), w.kernel_zero_points,
+                                  None if bias is None else np.ascontiguousarray(bias, dtype=_F32), operands,
+                                  w.kernel_g_idx)
 
 
 # ---------------------------------------------------------------------------------------------------
