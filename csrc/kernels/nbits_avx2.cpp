@@ -1010,36 +1010,45 @@ void factored(const float* A, const NBitsWeight& w, int64_t n0, int64_t n1, cons
   else nbits_rows_factored<MR, 0>(A, w, n0, n1, bias, Y);
 }
 
+// Rows [0, M) in passes of up to 4 (one kernel instantiation per row count: registers).
+template <template <int> class Kernel>
+void in_row_passes(const float* A, int64_t M, const NBitsWeight& w, int64_t n0, int64_t n1, const float* bias,
+                   float* Y) {
+  for (int64_t m0 = 0; m0 < M; m0 += 4) {
+    const float* a = A + m0 * w.K;
+    float* y = Y + m0 * w.N;
+    switch (std::min<int64_t>(4, M - m0)) {
+      case 1: Kernel<1>::run(a, w, n0, n1, bias, y); break;
+      case 2: Kernel<2>::run(a, w, n0, n1, bias, y); break;
+      case 3: Kernel<3>::run(a, w, n0, n1, bias, y); break;
+      default: Kernel<4>::run(a, w, n0, n1, bias, y);
+    }
+  }
+}
+
+template <int MR>
+struct Factored {
+  static void run(const float* A, const NBitsWeight& w, int64_t n0, int64_t n1, const float* bias, float* Y) {
+    factored<MR>(A, w, n0, n1, bias, Y);
+  }
+};
+
+template <int MR>
+struct Rounded {
+  static void run(const float* A, const NBitsWeight& w, int64_t n0, int64_t n1, const float* bias, float* Y) {
+    nbits_rows_rounded<MR>(A, w, n0, n1, bias, Y);
+  }
+};
+
 void nbits_rows_avx2(const float* A, int64_t M, const NBitsWeight& w, int64_t n0, int64_t n1, const float* bias,
                      float* Y) {
   if (M > kFactoredMaxRows) return nbits_rows_dequantized(A, M, w, n0, n1, bias, Y);
   if (w.g_idx) return nbits_rows_columns(A, M, w, n0, n1, bias, Y);
   // Rounded operands (levels 2 and 3) do not factor by block: each column is dequantized and rounded first.
-  if (w.operands != NBitsOperands::kFloat32) {  // in passes of up to 4 rows, like the factored kernel
-    for (int64_t m0 = 0; m0 < M; m0 += 4) {
-      const float* a = A + m0 * w.K;
-      float* y = Y + m0 * w.N;
-      switch (std::min<int64_t>(4, M - m0)) {
-        case 1: nbits_rows_rounded<1>(a, w, n0, n1, bias, y); break;
-        case 2: nbits_rows_rounded<2>(a, w, n0, n1, bias, y); break;
-        case 3: nbits_rows_rounded<3>(a, w, n0, n1, bias, y); break;
-        default: nbits_rows_rounded<4>(a, w, n0, n1, bias, y);
-      }
-    }
-    return;
-  }
-  // Up to 4 rows per pass (registers); each pass unpacks the codes again, which up to
-  // kFactoredMaxRows rows costs less than dequantizing the weights to float32 panels.
-  for (int64_t m0 = 0; m0 < M; m0 += 4) {
-    const float* a = A + m0 * w.K;
-    float* y = Y + m0 * w.N;
-    switch (std::min<int64_t>(4, M - m0)) {
-      case 1: factored<1>(a, w, n0, n1, bias, y); break;
-      case 2: factored<2>(a, w, n0, n1, bias, y); break;
-      case 3: factored<3>(a, w, n0, n1, bias, y); break;
-      default: factored<4>(a, w, n0, n1, bias, y);
-    }
-  }
+  if (w.operands != NBitsOperands::kFloat32) return in_row_passes<Rounded>(A, M, w, n0, n1, bias, Y);
+  // Each pass unpacks the codes again, which up to kFactoredMaxRows rows costs less than
+  // dequantizing the weights to float32 panels.
+  in_row_passes<Factored>(A, M, w, n0, n1, bias, Y);
 }
 }  // namespace
 
