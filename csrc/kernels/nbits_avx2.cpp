@@ -77,6 +77,35 @@ inline __m256 zero_points8(const NBitsWeight& w, int64_t index) {
   return _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(w.zero_points_u8 + index))));
 }
 
+// 3-bit codes to the 4-bit layout (two codes per byte, low nibble first), so that the 4-bit kernels
+// take them: 16 codes (6 bytes) per pdep into 16 nibbles, half the pdeps of decoding to bytes.
+// count is a multiple of 16 (k_blocks * block_size); windows that would read past the row go
+// through decode_nbits_range.
+inline void transcode_3bit_to_4bit(const uint8_t* __restrict row, int64_t count, int64_t row_bytes,
+                                   uint8_t* __restrict out) {
+  const int64_t groups = count / 16;
+  const int64_t safe = std::min(groups, row_bytes >= 8 ? (row_bytes - 8) / 6 + 1 : 0);  // 8-byte windows in the row
+  auto group = [&](int64_t g) {
+    uint64_t window;
+    std::memcpy(&window, row + 6 * g, 8);
+    const uint64_t nibbles = _pdep_u64(window, 0x7777777777777777ull);
+    std::memcpy(out + 8 * g, &nibbles, 8);
+  };
+  int64_t g = 0;
+  for (; g + 4 <= safe; g += 4) {  // four independent pdeps per iteration
+    group(g);
+    group(g + 1);
+    group(g + 2);
+    group(g + 3);
+  }
+  for (; g < safe; ++g) group(g);
+  for (; g < groups; ++g) {
+    uint8_t codes[16];
+    decode_nbits_range(row, 3, 16 * g, 16, codes);
+    for (int i = 0; i < 8; ++i) out[8 * g + i] = static_cast<uint8_t>(codes[2 * i] | (codes[2 * i + 1] << 4));
+  }
+}
+
 // The codes k0 .. k0+31 of a column held one byte per code (8-bit rows, and rows of other widths
 // decoded beforehand) as 4 x 8 floats, in order.
 inline void widen32(const uint8_t* codes, int64_t k0, __m256 out[4]) {
@@ -177,7 +206,7 @@ void nbits_rows_factored(const float* A, const NBitsWeight& w, int64_t n0, int64
   thread_local std::vector<float> asum;
   thread_local std::vector<uint8_t> codes;
   asum.resize(static_cast<size_t>(MR * kb));
-  codes.resize(static_cast<size_t>(K + 32));
+  codes.resize(static_cast<size_t>(std::max(K + 32, w.k_blocks * w.block_size)));  // bytes, or the 3-bit column as nibbles
   for (int m = 0; m < MR; ++m)
     for (int64_t b = 0; b < kb; ++b) {
       float sum = 0.0f;
@@ -214,7 +243,10 @@ void nbits_rows_factored(const float* A, const NBitsWeight& w, int64_t n0, int64
   uint8_t* const decoded = codes.data();
   for (int64_t n = n0; n < n1; ++n) {
     const uint8_t* row = w.codes + n * w.row_bytes;
-    if (!nibbles && !quarters && !bytes) {  // 3, 5, 6, 7 bits (2 with blocks of 16): one byte per code first
+    if (nibbles && w.bits == 3) {  // 3-bit codes transcoded to the 4-bit layout first
+      transcode_3bit_to_4bit(row, w.k_blocks * w.block_size, w.row_bytes, decoded);
+      row = decoded;
+    } else if (!nibbles && !quarters && !bytes) {  // 5, 6, 7 bits (2 with blocks of 16): one byte per code first
       decode_nbits_avx2(row, w.bits, K, w.row_bytes, decoded);
       row = decoded;
     }
@@ -687,6 +719,11 @@ void nbits_rows_int8_rows(const QuantizedA& a, const NBitsWeight& w, int64_t n0,
 // Column n's codes as the kernels read them: in place for 4 and 8 bits, else decoded to bytes
 // (padded codes meet qa = 0, whatever they hold).
 const uint8_t* column_in_place(const NBitsWeight& w, int64_t n, uint8_t*) { return w.codes + n * w.row_bytes; }
+// 3-bit codes as 4-bit ones (the 4-bit kernel then reads them).
+const uint8_t* column_transcoded(const NBitsWeight& w, int64_t n, uint8_t* out) {
+  transcode_3bit_to_4bit(w.codes + n * w.row_bytes, w.k_blocks * w.block_size, w.row_bytes, out);
+  return out;
+}
 const uint8_t* column_decoded(const NBitsWeight& w, int64_t n, uint8_t* out) {
   decode_nbits_avx2(w.codes + n * w.row_bytes, w.bits, w.k_blocks * w.block_size, w.row_bytes, out);
   return out;
@@ -695,7 +732,7 @@ const uint8_t* column_decoded(const NBitsWeight& w, int64_t n, uint8_t* out) {
 template <int Kind>
 void nbits_rows_int8_kind(const QuantizedA& a, const NBitsWeight& w, int64_t n0, int64_t n1, const float* bias,
                           float* Y) {
-  const auto column = Kind == 0 ? column_decoded : column_in_place;
+  const auto column = Kind == 0 ? column_decoded : Kind == 4 && w.bits == 3 ? column_transcoded : column_in_place;
   switch (w.block_size) {  // the usual block sizes with compile-time loop counts
     case 16: return nbits_rows_int8_rows<Kind, -1>(a, w, n0, n1, bias, Y, column);
     case 32: return nbits_rows_int8_rows<Kind, 1>(a, w, n0, n1, bias, Y, column);
@@ -962,6 +999,7 @@ void nbits_rows_int8_avx2(const QuantizedA& a, const NBitsWeight& w, int64_t n0,
                           float* Y) {
   if (a.M >= kInt8GemmMinRows) return nbits_int8_gemm(a, w, n0, n1, bias, Y);
   if (w.bits == 8) return nbits_rows_int8_kind<8>(a, w, n0, n1, bias, Y);
+  if (w.bits == 3) return nbits_rows_int8_kind<4>(a, w, n0, n1, bias, Y);  // as 4-bit codes, qa as for 4-bit
   if (w.bits == 2 && w.block_size >= 32) return nbits_rows_int8_kind<2>(a, w, n0, n1, bias, Y);  // qa in quarters order
   if (w.bits != 4) return nbits_rows_int8_kind<0>(a, w, n0, n1, bias, Y);
   nbits_rows_int8_kind<4>(a, w, n0, n1, bias, Y);  // A in [even | odd] order: nbits_prepare_int8_avx2
@@ -991,7 +1029,7 @@ void nbits_prepare_int8_avx2(int8_t* qa, int64_t M, const NBitsWeight& w) {
     for (int64_t k = 0; k < M * padded; k += 32) quarters_order(natural.data() + k, qa + k);
     return;
   }
-  if (w.bits != 4) return;
+  if (w.bits != 4 && w.bits != 3) return;  // 3-bit codes reach the 4-bit kernel transcoded
   const int64_t count = M * padded;  // a multiple of 32 except with blocks of 16 and k_blocks odd
   std::vector<int8_t> natural(qa, qa + count);
   even_odd_qa(natural.data(), count / 32 * 32, qa, w.block_size == 16);
@@ -1005,7 +1043,7 @@ void nbits_prepare_int8_avx2(int8_t* qa, int64_t M, const NBitsWeight& w) {
 
 template <int MR>
 void factored(const float* A, const NBitsWeight& w, int64_t n0, int64_t n1, const float* bias, float* Y) {
-  if (w.bits == 4) nbits_rows_factored<MR, 4>(A, w, n0, n1, bias, Y);
+  if (w.bits == 4 || w.bits == 3) nbits_rows_factored<MR, 4>(A, w, n0, n1, bias, Y);  // 3: transcoded
   else if (w.bits == 2 && w.block_size >= 32) nbits_rows_factored<MR, 2>(A, w, n0, n1, bias, Y);
   else nbits_rows_factored<MR, 0>(A, w, n0, n1, bias, Y);
 }
