@@ -59,8 +59,9 @@ def matmul_nbits(A, B, scales, zero_points=None, g_idx=None, bias=None, *, K, N,
           ``Y = sum_b scale_a * scale_b * dot_b - sum_b (scale_a * sum qa) * scale_b * zp_b + bias``
           (the zero point enters through the block sums), scaled and summed in float32. With a
           non-trivial g_idx the scales change inside an A block, so the dequantized int8 A
-          (``scale_a * qa`` in float32) multiplies W as at level 0 instead. Blocks whose ``max|a|`` is below ``127 / FLT_MAX``
-          (where ORT's ``127 / max|a|`` overflows) use the exact ratio ``a * 127 / max|a|``.
+          (``scale_a * qa`` in float32) multiplies W as at level 0 instead. Blocks whose
+          ``max|a|`` is below ``127 / FLT_MAX`` (where ORT's ``127 / max|a|`` overflows) use the
+          exact ratio ``a * 127 / max|a|``.
 
         The result is rounded once to A's dtype (round to nearest even).
 
