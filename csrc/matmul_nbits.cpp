@@ -5,6 +5,7 @@
 #include <cmath>
 #include <cstring>
 #include <limits>
+#include <memory>
 #include <vector>
 
 #include "qgemm.h"
@@ -123,10 +124,10 @@ void matmul_nbits_int8(const float* A, int64_t M, const NBitsWeight& w, const fl
 void matmul_nbits_f32(const float* A, int64_t M, const NBitsWeight& w, const float* bias, float* Y) {
   const QGemmKernels& kernels = active_kernels();  // one table for the preparation and the products
   const NBitsRows rows = kernels.nbits_rows;
-  std::vector<float> prepared;
+  std::unique_ptr<float[]> prepared;  // uninitialized: the hook writes all of it, or none
   if (kernels.nbits_prepare_f32 && M > 1) {
-    prepared.resize(static_cast<size_t>(M * w.K));
-    if (kernels.nbits_prepare_f32(A, M, w.K, prepared.data())) A = prepared.data();
+    prepared.reset(new float[static_cast<size_t>(M * w.K)]);
+    if (kernels.nbits_prepare_f32(A, M, w.K, prepared.get())) A = prepared.get();
   }
   // Few rows: wider tasks, so that per-task preparation of A (a reordering) is amortized.
   const int64_t columns_per_task = M <= 12 ? 64 : 16;

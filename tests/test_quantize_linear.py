@@ -633,14 +633,6 @@ BAD_QUANTIZE = [
 ]
 
 
-@pytest.mark.parametrize("args, kwargs, exc, fragment", BAD_QUANTIZE)
-def test_quantize_rejects_bad_input(args, kwargs, exc, fragment):
-    with pytest.raises(exc) as info:
-        quantize_linear(*args, **kwargs)
-    message = str(info.value)
-    assert message.startswith("quantize_linear: ") and fragment in message, message
-
-
 BAD_DEQUANTIZE = [
     ((X, S), {}, TypeError, "x must have dtype"),
     ((Q.astype(np.int32), S), {}, TypeError, "x must have dtype"),
@@ -657,9 +649,11 @@ BAD_DEQUANTIZE = [
 ]
 
 
-@pytest.mark.parametrize("args, kwargs, exc, fragment", BAD_DEQUANTIZE)
-def test_dequantize_rejects_bad_input(args, kwargs, exc, fragment):
+@pytest.mark.parametrize("fn, args, kwargs, exc, fragment",
+                         [(quantize_linear, *case) for case in BAD_QUANTIZE]
+                         + [(dequantize_linear, *case) for case in BAD_DEQUANTIZE])
+def test_bad_input_is_rejected_with_the_function_name(fn, args, kwargs, exc, fragment):
     with pytest.raises(exc) as info:
-        dequantize_linear(*args, **kwargs)
+        fn(*args, **kwargs)
     message = str(info.value)
-    assert message.startswith("dequantize_linear: ") and fragment in message, message
+    assert message.startswith(f"{fn.__name__}: ") and fragment in message, message

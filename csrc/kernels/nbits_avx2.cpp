@@ -24,25 +24,33 @@ namespace {
 // Codes of 2, 3, 5, 6 or 7 bits to one byte each: every 8 codes fill exactly `bits` bytes, and one
 // pdep (BMI2) deposits their 8 * bits bits into the low bits of 8 bytes. The window is read as one
 // unaligned 8-byte load while that stays inside the row (row_bytes), else byte by byte.
-inline void decode_nbits_avx2(const uint8_t* __restrict row, int64_t bits, int64_t count, int64_t row_bytes,
-                              uint8_t* __restrict out) {
-  const uint64_t mask = 0x0101010101010101ull * ((1ull << bits) - 1);
-  // Groups whose 8-byte window stays inside the row, counted once (the loop then only counts).
-  const int64_t groups = std::min(count / 8, row_bytes >= 8 ? (row_bytes - 8) / bits + 1 : 0);
+// out[8g .. 8g+7] = pdep(the 8 bytes at row + g * stride, mask) for the groups g < groups whose
+// 8-byte window stays inside the row (row_bytes), four independent pdeps per iteration; returns
+// how many groups that was (the caller finishes the rest without over-reading).
+inline int64_t deposit_groups(const uint8_t* __restrict row, int64_t stride, int64_t row_bytes, uint64_t mask,
+                              int64_t groups, uint8_t* __restrict out) {
+  const int64_t safe = std::min(groups, row_bytes >= 8 ? (row_bytes - 8) / stride + 1 : 0);
   auto group = [&](int64_t g) {
     uint64_t window;
-    std::memcpy(&window, row + g * bits, 8);  // little-endian: code 0 in the lowest bits
-    const uint64_t codes = _pdep_u64(window, mask);
-    std::memcpy(out + 8 * g, &codes, 8);
+    std::memcpy(&window, row + g * stride, 8);  // little-endian: code 0 in the lowest bits
+    const uint64_t deposited = _pdep_u64(window, mask);
+    std::memcpy(out + 8 * g, &deposited, 8);
   };
   int64_t g = 0;
-  for (; g + 4 <= groups; g += 4) {  // four independent pdeps per iteration
+  for (; g + 4 <= safe; g += 4) {
     group(g);
     group(g + 1);
     group(g + 2);
     group(g + 3);
   }
-  for (; g < groups; ++g) group(g);
+  for (; g < safe; ++g) group(g);
+  return safe;
+}
+
+inline void decode_nbits_avx2(const uint8_t* __restrict row, int64_t bits, int64_t count, int64_t row_bytes,
+                              uint8_t* __restrict out) {
+  const uint64_t mask = 0x0101010101010101ull * ((1ull << bits) - 1);
+  const int64_t g = deposit_groups(row, bits, row_bytes, mask, count / 8, out);
   decode_nbits_range(row, bits, 8 * g, count - 8 * g, out + 8 * g);
 }
 
@@ -84,21 +92,7 @@ inline __m256 zero_points8(const NBitsWeight& w, int64_t index) {
 inline void transcode_3bit_to_4bit(const uint8_t* __restrict row, int64_t count, int64_t row_bytes,
                                    uint8_t* __restrict out) {
   const int64_t groups = count / 16;
-  const int64_t safe = std::min(groups, row_bytes >= 8 ? (row_bytes - 8) / 6 + 1 : 0);  // 8-byte windows in the row
-  auto group = [&](int64_t g) {
-    uint64_t window;
-    std::memcpy(&window, row + 6 * g, 8);
-    const uint64_t nibbles = _pdep_u64(window, 0x7777777777777777ull);
-    std::memcpy(out + 8 * g, &nibbles, 8);
-  };
-  int64_t g = 0;
-  for (; g + 4 <= safe; g += 4) {  // four independent pdeps per iteration
-    group(g);
-    group(g + 1);
-    group(g + 2);
-    group(g + 3);
-  }
-  for (; g < safe; ++g) group(g);
+  int64_t g = deposit_groups(row, 6, row_bytes, 0x7777777777777777ull, groups, out);
   for (; g < groups; ++g) {
     uint8_t codes[16];
     decode_nbits_range(row, 3, 16 * g, 16, codes);
@@ -408,7 +402,7 @@ void nbits_rows_dequantized(const float* A, int64_t M, const NBitsWeight& w, int
   thread_local std::vector<float> columns_storage, panel_storage, partial_storage;
   constexpr int64_t kChunk = 256;
   codes_storage.resize(static_cast<size_t>((w.k_blocks * w.block_size + 31) / 32 * 32));
-  columns_storage.assign(static_cast<size_t>(16 * K8), 0.0f);  // k past K stays 0
+  columns_storage.resize(static_cast<size_t>(16 * K8));
   panel_storage.resize(static_cast<size_t>(K8 * 16));
   partial_storage.resize(static_cast<size_t>(M * 16));
   // Plain pointers: thread_local storage is looked up again on every access the compiler cannot hoist.
@@ -421,8 +415,13 @@ void nbits_rows_dequantized(const float* A, int64_t M, const NBitsWeight& w, int
   for (int64_t n = n0; n < n1; n += 16) {
     const int64_t cols = std::min<int64_t>(16, n1 - n);
     for (int64_t c = 0; c < 16; ++c) {
-      if (c < cols) dequantize_column_avx2(w, n + c, codes, columns + c * K8);
-      else std::fill(columns + c * K8, columns + (c + 1) * K8, 0.0f);
+      float* column = columns + c * K8;
+      if (c < cols) {
+        dequantize_column_avx2(w, n + c, codes, column);
+        std::fill(column + K, column + K8, 0.0f);  // k past K
+      } else {
+        std::fill(column, column + K8, 0.0f);  // past N
+      }
     }
     for (int half = 0; half < 2; ++half) {
       const float* rows[8];
@@ -612,7 +611,7 @@ inline __m256i block_dot16(const uint8_t* row, const int8_t* qa, int64_t k0) {
 // odd] order), 8 = 8-bit codes (int16 pairs), 0 = one byte per code of at most 7 bits.
 // Codes of up to 7 bits add `steps` chunks of vpmaddubsw pair sums in int16 before one vpmaddwd
 // widens them (int16_steps: 8 for 4-bit codes, so one widening per block up to 256 codes).
-inline int64_t int16_steps(int64_t bits) { return 32767 / (254 * ((int64_t{1} << bits) - 1)); }
+constexpr int64_t int16_steps(int64_t bits) { return 32767 / (254 * ((int64_t{1} << bits) - 1)); }
 
 template <int Kind, int Chunks, int MR>
 inline void block_dots(const uint8_t* row, const int8_t* const qa[MR], int64_t k0, int64_t chunks, int64_t steps,
@@ -646,7 +645,7 @@ inline void block_dots(const uint8_t* row, const int8_t* const qa[MR], int64_t k
     }
     for (int m = 0; m < MR; ++m) dot[m] = _mm256_add_epi32(dot[m], _mm256_madd_epi16(sum16[m], _mm256_set1_epi16(1)));
   };
-  const int64_t step = Kind == 4 ? 8 : Kind == 2 ? 43 : steps;  // int16_steps(4), int16_steps(2)
+  const int64_t step = Kind == 4 ? int16_steps(4) : Kind == 2 ? int16_steps(2) : steps;
   if (Chunks > 0 && Chunks <= step) return segment(0, Chunks);  // one segment, a compile-time trip count
   for (int64_t c0 = 0; c0 < n; c0 += step) segment(c0, std::min(n, c0 + step));
 }
@@ -762,26 +761,26 @@ void nbits_rows_int8_kind(const QuantizedA& a, const NBitsWeight& w, int64_t n0,
 constexpr int64_t kInt8GemmMinRows = 8;  // below it the per-row kernel (codes unpacked once per 4 rows) wins
 
 // The int16 sums of quads [q0, q1) of the tile, widened to int32 with vpmaddwd: out[r][v] for
-// rows r < MR and the 8-column vectors v < NV of the panel (from p, which points at the first).
-template <int MR, int NV>
+// rows r < MR and the two 8-column vectors v of the panel.
+template <int MR>
 inline void int8_segment(const int8_t* a, int64_t row_stride, int64_t quad_stride, const uint8_t* p, int64_t q0,
-                         int64_t q1, __m256i out[MR][NV]) {
-  __m256i sum16[MR][NV];
+                         int64_t q1, __m256i out[MR][2]) {
+  __m256i sum16[MR][2];
   for (int r = 0; r < MR; ++r)
-    for (int v = 0; v < NV; ++v) sum16[r][v] = _mm256_setzero_si256();
+    for (int v = 0; v < 2; ++v) sum16[r][v] = _mm256_setzero_si256();
   for (int64_t q = q0; q < q1; ++q) {
-    __m256i c[NV];
-    for (int v = 0; v < NV; ++v) c[v] = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p + q * 64 + 32 * v));
+    __m256i c[2];
+    for (int v = 0; v < 2; ++v) c[v] = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p + q * 64 + 32 * v));
     for (int r = 0; r < MR; ++r) {
       int32_t four;
       std::memcpy(&four, a + r * row_stride + q * quad_stride, 4);
       const __m256i av = _mm256_set1_epi32(four);
-      for (int v = 0; v < NV; ++v) sum16[r][v] = _mm256_add_epi16(sum16[r][v], _mm256_maddubs_epi16(c[v], av));
+      for (int v = 0; v < 2; ++v) sum16[r][v] = _mm256_add_epi16(sum16[r][v], _mm256_maddubs_epi16(c[v], av));
     }
   }
   const __m256i ones = _mm256_set1_epi16(1);
   for (int r = 0; r < MR; ++r)
-    for (int v = 0; v < NV; ++v) out[r][v] = _mm256_madd_epi16(sum16[r][v], ones);
+    for (int v = 0; v < 2; ++v) out[r][v] = _mm256_madd_epi16(sum16[r][v], ones);
 }
 
 // The 4 x 16 tile over quads [q0, q1) of 4 grouped rows ([quad][row][4] int8, nbits_prepare_int8_avx2),
@@ -858,7 +857,7 @@ inline void int8_segment_tile(const int8_t* a, int64_t row_stride, int64_t quad_
                               int64_t q1, __m256i out[MR][2]) {
   if constexpr (Signed8) int8_segment_signed<MR>(a, row_stride, quad_stride, p, q0, q1, out);
   else if constexpr (MR == 4) int8_segment_4x16(a, p, q0, q1, out);  // grouped rows: row_stride 4, quad_stride 16
-  else int8_segment<MR, 2>(a, row_stride, quad_stride, p, q0, q1, out);
+  else int8_segment<MR>(a, row_stride, quad_stride, p, q0, q1, out);
 }
 
 // Blocks [b0, b1) of rows [0, MR) of the tile into acc ([MR][16] float32). A block of more than
