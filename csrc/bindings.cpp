@@ -7,6 +7,7 @@
 
 #include <nanobind/stl/optional.h>
 #include <nanobind/stl/string.h>
+#include <nanobind/stl/vector.h>
 
 #include <algorithm>
 #include <cstdlib>
@@ -16,7 +17,7 @@
 #include "float8.h"
 #include "matmul_nbits.h"
 #include "peak.h"
-#include "qgemm.h"
+#include "dispatch.h"
 #include "qlinear_matmul.h"
 #include "thread_pool.h"
 
@@ -116,6 +117,7 @@ NB_MODULE(_core, m) {
       .def_ro("K", &qmm::PackedB::K)
       .def_ro("N", &qmm::PackedB::N)
       .def_ro("is_signed", &qmm::PackedB::is_signed)
+      .def_prop_ro("layout", [](const qmm::PackedB& p) { return static_cast<int>(p.layout->id); })
       .def_prop_ro("nbytes", &qmm::PackedB::bytes);
 
   m.def("pack_b", [](const In& b, bool is_signed) {
@@ -132,23 +134,46 @@ NB_MODULE(_core, m) {
   });
   m.def("get_num_threads", &qmm::get_num_threads);
   m.def("set_num_threads", &qmm::set_num_threads);
+  // Kernel levels by name: "portable", "avx2", "avx512_vnni", "amx", each also with "-emulated"
+  // (the emulated entries of that level, for tests).
+  auto parse_level = [](const std::string& name, qmm::Isa* isa, bool* emulated) {
+    const std::string suffix = "-emulated";
+    *emulated = name.size() > suffix.size() && name.compare(name.size() - suffix.size(), suffix.size(), suffix) == 0;
+    return qmm::parse_isa(*emulated ? name.substr(0, name.size() - suffix.size()) : name, isa);
+  };
   m.def("best_isa", [] { return std::string(qmm::isa_name(qmm::best_isa())); });
-  m.def("active_isa", [] { return std::string(qmm::isa_name(qmm::active_isa())); });
-  m.def("isa_supported", [](const std::string& name) {
-    qmm::Isa isa;
-    return qmm::parse_isa(name, &isa) && qmm::isa_supported(isa);
+  m.def("active_isa", [] {
+    return std::string(qmm::isa_name(qmm::active_isa())) + (qmm::active_emulated() ? "-emulated" : "");
   });
-  m.def("set_isa", [](const std::string& name) {
+  m.def("isa_available", [parse_level](const std::string& name) {
     qmm::Isa isa;
-    return qmm::parse_isa(name, &isa) && qmm::set_isa(isa);
+    bool emulated;
+    return parse_level(name, &isa, &emulated) && qmm::isa_available(isa, emulated);
   });
+  m.def("set_isa", [parse_level](const std::string& name) {
+    qmm::Isa isa;
+    bool emulated;
+    return parse_level(name, &isa, &emulated) && qmm::set_isa(isa, emulated);
+  });
+  m.def("kernels", [] {  // the entry each family uses now
+    auto label = [](const qmm::EntryInfo& info) { return std::string(info.name) + (info.emulated ? "-emulated" : ""); };
+    nb::dict d;
+    d["qgemm"] = label(qmm::qgemm_kernels().info);
+    d["qgemm_layout"] = std::string(qmm::qgemm_kernels().layout->name);
+    d["nbits"] = label(qmm::nbits_kernels().info);
+    d["float8"] = label(qmm::float8_kernels().info);
+    return d;
+  });
+  m.def("qgemm_layout", [] { return static_cast<int>(qmm::qgemm_kernels().layout->id); });
+  m.def("kernel_entries", &qmm::kernel_entries);
+  m.def("self_test_report", &qmm::self_test_report);
   m.def("cpu_features", [] {
     const qmm::CpuFeatures& f = qmm::cpu_features();
     nb::dict d;
     d["vendor"] = f.vendor;
     d["brand"] = f.brand;
     const std::pair<const char*, bool> flags[] = {
-        {"avx2", f.avx2}, {"fma", f.fma}, {"f16c", f.f16c}, {"bmi2", f.bmi2}, {"avx512f", f.avx512f}, {"avx512bw", f.avx512bw},
+        {"avx2", f.avx2}, {"fma", f.fma}, {"f16c", f.f16c}, {"bmi2", f.bmi2}, {"avx512f", f.avx512f}, {"avx512bw", f.avx512bw}, {"avx512dq", f.avx512dq},
         {"avx512vl", f.avx512vl}, {"avx512_vnni", f.avx512vnni}, {"avx512_bf16", f.avx512bf16},
         {"avx_vnni", f.avx_vnni}, {"amx_tile", f.amx_tile}, {"amx_int8", f.amx_int8}, {"amx_bf16", f.amx_bf16},
         {"os_avx", f.os_avx}, {"os_avx512", f.os_avx512}, {"os_amx", f.os_amx}};

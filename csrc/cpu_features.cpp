@@ -77,6 +77,7 @@ CpuFeatures detect() {
     f.avx2 = (r[1] >> 5) & 1;
     f.bmi2 = (r[1] >> 8) & 1;
     f.avx512f = (r[1] >> 16) & 1;
+    f.avx512dq = (r[1] >> 17) & 1;
     f.avx512bw = (r[1] >> 30) & 1;
     f.avx512vl = (r[1] >> 31) & 1;
     f.avx512vnni = (r[2] >> 11) & 1;
@@ -99,20 +100,31 @@ const CpuFeatures& cpu_features() {
   return features;
 }
 
-bool isa_supported(Isa isa) {
+Features usable_features() {
   const CpuFeatures& f = cpu_features();
-  switch (isa) {
-    case Isa::kPortable:
-      return true;
-    case Isa::kAvx2:
-      return f.os_avx && f.avx2 && f.fma && f.f16c && f.bmi2;  // what kernels/qgemm_avx2.cpp is built for
-    case Isa::kAvx512Vnni:
-      return isa_supported(Isa::kAvx2) && f.os_avx512 && f.avx512f && f.avx512bw && f.avx512vl &&
-             f.avx512vnni;
-    case Isa::kAmx:
-      return isa_supported(Isa::kAvx512Vnni) && f.os_amx && f.amx_tile && f.amx_int8;
+  Features set = 0;
+  auto add = [&](bool present, Feature bit) { set |= present ? bit : 0u; };
+  if (f.os_avx) {
+    add(f.avx2, kFeatAvx2);
+    add(f.fma, kFeatFma);
+    add(f.f16c, kFeatF16c);
+    add(f.avx_vnni, kFeatAvxVnni);
   }
-  return false;
+  add(f.bmi2, kFeatBmi2);
+  if (f.os_avx512) {
+    add(f.avx512f, kFeatAvx512f);
+    add(f.avx512bw, kFeatAvx512bw);
+    add(f.avx512vl, kFeatAvx512vl);
+    add(f.avx512dq, kFeatAvx512dq);
+    add(f.avx512vnni, kFeatAvx512vnni);
+    add(f.avx512bf16, kFeatAvx512bf16);
+  }
+  if (f.os_amx) {
+    add(f.amx_tile, kFeatAmxTile);
+    add(f.amx_int8, kFeatAmxInt8);
+    add(f.amx_bf16, kFeatAmxBf16);
+  }
+  return set;
 }
 
 const char* isa_name(Isa isa) {

@@ -1,16 +1,34 @@
 // cpu_features.h: run-time CPU feature detection and the instruction-set path quantmatmul runs on.
 #pragma once
 
+#include <cstdint>
 #include <string>
 
 namespace qmm {
 
-// Kernel paths, lowest to highest. A path needs every feature of the paths below it that it uses.
+// Instruction-set levels, lowest to highest: the names QUANTMATMUL_ISA and set_isa take, and the
+// rank by which each kernel family picks among its entries. What an entry can run on is its
+// feature set (below), not its level: a CPU may have AVX-VNNI without AVX-512, or AVX-512 VNNI
+// without AMX.
 enum class Isa : int { kPortable = 0, kAvx2 = 1, kAvx512Vnni = 2, kAmx = 3 };
+
+// CPU features as a set of bits; a kernel entry names the set it needs. A bit is set only when the
+// CPU has the feature and the OS saves its registers.
+enum Feature : uint32_t {
+  kFeatAvx2 = 1u << 0, kFeatFma = 1u << 1, kFeatF16c = 1u << 2, kFeatBmi2 = 1u << 3,
+  kFeatAvx512f = 1u << 4, kFeatAvx512bw = 1u << 5, kFeatAvx512vl = 1u << 6, kFeatAvx512dq = 1u << 7,
+  kFeatAvx512vnni = 1u << 8, kFeatAvx512bf16 = 1u << 9, kFeatAvxVnni = 1u << 10,
+  kFeatAmxTile = 1u << 11, kFeatAmxInt8 = 1u << 12, kFeatAmxBf16 = 1u << 13,
+};
+using Features = uint32_t;
+// What the AVX2 kernel files are compiled for (-mavx2 -mfma -mf16c -mbmi2), and so what the
+// emulated tables (AVX-512 / AMX source over SIMDe or the AMX emulation, built with those flags) need.
+constexpr Features kAvx2Features = kFeatAvx2 | kFeatFma | kFeatF16c | kFeatBmi2;
+constexpr Features kAvx512Features = kAvx2Features | kFeatAvx512f | kFeatAvx512bw | kFeatAvx512vl | kFeatAvx512dq;
 
 struct CpuFeatures {
   bool avx2 = false, fma = false, f16c = false, bmi2 = false;
-  bool avx512f = false, avx512bw = false, avx512vl = false, avx512vnni = false, avx512bf16 = false;
+  bool avx512f = false, avx512bw = false, avx512dq = false, avx512vl = false, avx512vnni = false, avx512bf16 = false;
   bool avx_vnni = false;
   bool amx_tile = false, amx_int8 = false, amx_bf16 = false;
   bool os_avx = false, os_avx512 = false, os_amx = false;  // the OS saves the registers (XCR0, arch_prctl)
@@ -20,9 +38,8 @@ struct CpuFeatures {
 // Detected once (CPUID, XGETBV; on Linux, asks for AMX tile permission with arch_prctl).
 const CpuFeatures& cpu_features();
 
-// The highest path this machine supports (and this build compiled).
-Isa best_isa();
-bool isa_supported(Isa isa);
+// The features usable here, as a set (CPU and OS support both).
+Features usable_features();
 const char* isa_name(Isa isa);
 // Parses "portable", "avx2", "avx512_vnni", "amx"; returns false for an unknown name.
 bool parse_isa(const std::string& name, Isa* out);

@@ -1,44 +1,214 @@
-// dispatch.cpp: picks the kernel table once: the best path this CPU supports and this build compiled, or a lower one on request.
-#include <atomic>
+// dispatch.cpp: collects the kernel entries this build has, self-tests the native ones, and selects one per family.
+#include "dispatch.h"
 
-#include "qgemm.h"
+#include <algorithm>
+#include <atomic>
+#include <cstring>
+#include <mutex>
+#include <type_traits>
 
 namespace qmm {
+
+// Each kernel build's entries (CMake writes one QMM_KERNELS(name) line per build).
+#define QMM_KERNELS(name) KernelEntries qmm_kernels_##name();
+#include "kernel_registry.inc"
+#undef QMM_KERNELS
+
 namespace {
 
-const QGemmKernels* table_for(Isa isa) {
-  switch (isa) {
-    case Isa::kAmx:  // the AVX-512 VNNI and AMX kernels are not written yet: AVX2 serves them
-    case Isa::kAvx512Vnni:
-    case Isa::kAvx2:
-      return avx2_kernels_built() ? &kAvx2Kernels : &kPortableKernels;
-    case Isa::kPortable:
-      return &kPortableKernels;
+struct Registry {
+  std::vector<const QGemmDispatch*> qgemm{&kPortableQGemm};
+  std::vector<const NBitsDispatch*> nbits{&kPortableNBits};
+  std::vector<const Float8Dispatch*> float8{&kPortableFloat8};
+  std::vector<std::pair<const void*, std::string>> failed;  // entries that failed their self-test
+  std::string report;
+
+  Registry() {
+    const KernelEntries builds[] = {
+#define QMM_KERNELS(name) qmm_kernels_##name(),
+#include "kernel_registry.inc"
+#undef QMM_KERNELS
+        {nullptr, nullptr, nullptr}};
+    for (const KernelEntries& e : builds) {
+      if (e.qgemm) qgemm.push_back(e.qgemm);
+      if (e.nbits) nbits.push_back(e.nbits);
+      if (e.float8) float8.push_back(e.float8);
+    }
   }
-  return &kPortableKernels;
+};
+
+Registry& registry() {
+  static Registry r;
+  return r;
 }
 
-std::atomic<const QGemmKernels*>& current() {
-  static std::atomic<const QGemmKernels*> table{table_for(best_isa())};
-  return table;
+bool runs_here(const EntryInfo& info) { return (info.needs & ~usable_features()) == 0; }
+
+// --- Self-test: a few small products of every signedness through the entry and the portable one.
+
+int32_t lcg(uint32_t& state) {
+  state = state * 1664525u + 1013904223u;
+  return static_cast<int32_t>(state >> 24);  // 0..255
+}
+
+// C = A x B (raw sums of the stored values, the offsets' zero-point terms applied) through `q`.
+void reference_product(const QGemmDispatch& q, const uint8_t* a, bool a_signed, const uint8_t* b, bool b_signed,
+                       int64_t M, int64_t K, int64_t N, int64_t* c) {
+  const QGemmLayout& L = *q.layout;
+  std::vector<int32_t> pa(static_cast<size_t>(L.packed_a_int32s(M, K)) + 1);
+  std::vector<int8_t> pb(static_cast<size_t>(L.packed_b_bytes(K, N)) + 1);
+  std::vector<int32_t> colsum(static_cast<size_t>(N) + 1);
+  q.pack_a(a, a_signed, M, K, K, pa.data());
+  q.pack_b_panels(b, b_signed, K, N, 0, L.n_panels(N), pb.data(), colsum.data());
+  const int64_t ldc = L.n_panels(N) * L.nr;
+  std::vector<int32_t> c32(static_cast<size_t>(L.mr * ldc));
+  const int64_t oa = L.a_offset[a_signed], ob = L.b_offset[b_signed], groups = L.k_groups(K);
+  for (int64_t m0 = 0; m0 < M; m0 += L.mr) {
+    const int64_t rows = std::min(L.mr, M - m0);
+    for (int64_t j = 0; j < L.n_panels(N); ++j)
+      q.kernel(pa.data() + m0 * groups, rows, pb.data() + j * L.panel_bytes(K), 0, groups, b_signed,
+               c32.data() + j * L.nr, ldc);
+    for (int64_t r = 0; r < rows; ++r) {
+      int64_t rowsum = 0;
+      for (int64_t k = 0; k < K; ++k)
+        rowsum += a_signed ? int8_t(a[(m0 + r) * K + k]) : int64_t(a[(m0 + r) * K + k]);
+      for (int64_t n = 0; n < N; ++n)  // raw = sum (a + oa)(b + ob)
+        c[(m0 + r) * N + n] = c32[r * ldc + n] - ob * rowsum - oa * int64_t(colsum[n]) - K * oa * ob;
+    }
+  }
+}
+
+// Empty when `q` agrees with the portable kernel, else what differed.
+std::string self_test(const QGemmDispatch& q) {
+  static const int64_t shapes[][3] = {{1, 5, 3}, {9, 67, 35}, {17, 260, 33}};
+  uint32_t state = 12345;
+  for (const auto& s : shapes) {
+    const int64_t M = s[0], K = s[1], N = s[2];
+    std::vector<uint8_t> a(static_cast<size_t>(M * K)), b(static_cast<size_t>(K * N));
+    for (auto& x : a) x = static_cast<uint8_t>(lcg(state));
+    for (auto& x : b) x = static_cast<uint8_t>(lcg(state));
+    std::vector<int64_t> ours(static_cast<size_t>(M * N)), expected(ours.size());
+    for (int combo = 0; combo < 4; ++combo) {
+      const bool as = combo & 1, bs = combo & 2;
+      reference_product(q, a.data(), as, b.data(), bs, M, K, N, ours.data());
+      reference_product(kPortableQGemm, a.data(), as, b.data(), bs, M, K, N, expected.data());
+      if (ours != expected)
+        return std::string("differs from the portable kernel at ") + std::to_string(M) + "x" + std::to_string(K) +
+               "x" + std::to_string(N) + (as ? " s8" : " u8") + (bs ? "·s8" : "·u8");
+    }
+  }
+  return {};
+}
+
+// Whether `q` passed (run once per entry, on first selection).
+bool passes_self_test(const void* entry, const QGemmDispatch* q) {
+  static std::mutex mutex;
+  static std::vector<std::pair<const void*, bool>> done;
+  std::lock_guard<std::mutex> lock(mutex);
+  for (const auto& [e, ok] : done)
+    if (e == entry) return ok;
+  std::string why = q && !q->info.emulated && q != &kPortableQGemm ? self_test(*q) : std::string();
+  if (!why.empty()) {
+    Registry& r = registry();
+    r.failed.emplace_back(entry, why);
+    r.report += std::string(r.report.empty() ? "" : "; ") + "qgemm:" + q->info.name + " " + why;
+  }
+  done.emplace_back(entry, why.empty());
+  return why.empty();
+}
+
+// The family's entry for (isa, emulated): see dispatch.h.
+template <class Entry>
+const Entry* pick(const std::vector<const Entry*>& entries, Isa isa, bool emulated) {
+  const Entry* best = nullptr;
+  for (const Entry* e : entries) {
+    const EntryInfo& info = e->info;
+    if (!runs_here(info) || info.isa > isa) continue;
+    if (info.emulated && !(emulated && info.isa == isa)) continue;
+    const bool better = !best || info.isa > best->info.isa || (info.isa == best->info.isa && info.emulated);
+    if (!better) continue;
+    const QGemmDispatch* as_qgemm = nullptr;
+    if constexpr (std::is_same_v<Entry, QGemmDispatch>) as_qgemm = e;
+    if (as_qgemm && !passes_self_test(e, as_qgemm)) continue;
+    best = e;
+  }
+  return best;
+}
+
+struct Selection {
+  Isa isa;
+  bool emulated;
+  const QGemmDispatch* qgemm;
+  const NBitsDispatch* nbits;
+  const Float8Dispatch* float8;
+};
+
+Selection select(Isa isa, bool emulated) {
+  const Registry& r = registry();
+  return {isa, emulated, pick(r.qgemm, isa, emulated), pick(r.nbits, isa, emulated), pick(r.float8, isa, emulated)};
+}
+
+std::atomic<const Selection*>& current() {
+  static std::atomic<const Selection*> selection{new Selection(select(best_isa(), false))};
+  return selection;
+}
+
+template <class Entry>
+bool has_level(const std::vector<const Entry*>& entries, Isa isa, bool emulated) {
+  for (const Entry* e : entries)
+    if (e->info.isa == isa && e->info.emulated == emulated && runs_here(e->info)) return true;
+  return false;
 }
 
 }  // namespace
 
-Isa best_isa() {
-  // The highest path whose kernels exist in this build and whose features this CPU has.
-  if (avx2_kernels_built() && isa_supported(Isa::kAvx2)) return Isa::kAvx2;
-  return Isa::kPortable;
+const QGemmDispatch& qgemm_kernels() { return *current().load(std::memory_order_acquire)->qgemm; }
+const NBitsDispatch& nbits_kernels() { return *current().load(std::memory_order_acquire)->nbits; }
+const Float8Dispatch& float8_kernels() { return *current().load(std::memory_order_acquire)->float8; }
+Isa active_isa() { return current().load(std::memory_order_acquire)->isa; }
+bool active_emulated() { return current().load(std::memory_order_acquire)->emulated; }
+
+bool isa_available(Isa isa, bool emulated) {
+  if (isa == Isa::kPortable) return !emulated;
+  const Registry& r = registry();
+  if (!has_level(r.qgemm, isa, emulated) && !has_level(r.nbits, isa, emulated) && !has_level(r.float8, isa, emulated))
+    return false;
+  // A level whose only entries failed their self-test is not available.
+  const Selection s = select(isa, emulated);
+  return s.qgemm->info.isa == isa || s.nbits->info.isa == isa || s.float8->info.isa == isa;
 }
 
-const QGemmKernels& active_kernels() { return *current().load(std::memory_order_acquire); }
+Isa best_isa() {
+  Isa best = Isa::kPortable;
+  for (Isa isa : {Isa::kAvx2, Isa::kAvx512Vnni, Isa::kAmx})
+    if (isa_available(isa, false)) best = isa;
+  return best;
+}
 
-Isa active_isa() { return active_kernels().isa; }
-
-bool set_isa(Isa isa) {
-  if (static_cast<int>(isa) > static_cast<int>(best_isa())) return false;
-  current().store(table_for(isa), std::memory_order_release);
+bool set_isa(Isa isa, bool emulated) {
+  if (!isa_available(isa, emulated)) return false;
+  // Selections are few and small: the old one stays valid for calls still running on it.
+  current().store(new Selection(select(isa, emulated)), std::memory_order_release);
   return true;
 }
+
+std::vector<std::string> kernel_entries() {
+  const Registry& r = registry();
+  std::vector<std::string> out;
+  auto add = [&](const char* family, const EntryInfo& info, const void* entry) {
+    std::string line = std::string(family) + ":" + info.name;
+    if (info.emulated) line += " (emulated)";
+    if (!runs_here(info)) line += " (not supported here)";
+    for (const auto& [e, why] : r.failed)
+      if (e == entry) line += " (failed its self-test: " + why + ")";
+    out.push_back(line);
+  };
+  for (const auto* e : r.qgemm) add("qgemm", e->info, e);
+  for (const auto* e : r.nbits) add("nbits", e->info, e);
+  for (const auto* e : r.float8) add("float8", e->info, e);
+  return out;
+}
+
+std::string self_test_report() { return registry().report; }
 
 }  // namespace qmm

@@ -8,7 +8,7 @@
 #include <memory>
 #include <vector>
 
-#include "qgemm.h"
+#include "dispatch.h"
 #include "thread_pool.h"
 
 namespace qmm {
@@ -106,12 +106,12 @@ void quantize_a_int8(const float* A, int64_t M, int64_t K, int64_t block_size, i
 }
 
 void matmul_nbits_int8(const float* A, int64_t M, const NBitsWeight& w, const float* bias, float* Y) {
-  const QGemmKernels& kernels = active_kernels();  // one table for the preparation and the products
+  const NBitsDispatch& kernels = nbits_kernels();  // one entry for the preparation and the products
   std::vector<int8_t> qa(static_cast<size_t>(M * w.k_blocks * w.block_size));
   std::vector<float> scale(static_cast<size_t>(M * w.k_blocks)), block_sum(scale.size());
   quantize_a_int8(A, M, w.K, w.block_size, qa.data(), scale.data(), block_sum.data());
-  if (kernels.nbits_prepare_int8) kernels.nbits_prepare_int8(qa.data(), M, w);
-  const NBitsRowsInt8 rows = kernels.nbits_rows_int8;
+  if (kernels.prepare_int8) kernels.prepare_int8(qa.data(), M, w);
+  const NBitsRowsInt8 rows = kernels.rows_int8;
   const QuantizedA a{qa.data(), scale.data(), block_sum.data(), M, w.k_blocks * w.block_size};
   constexpr int64_t kColumnsPerTask = 16;
   const int64_t tasks = (w.N + kColumnsPerTask - 1) / kColumnsPerTask;
@@ -122,12 +122,12 @@ void matmul_nbits_int8(const float* A, int64_t M, const NBitsWeight& w, const fl
 }
 
 void matmul_nbits_f32(const float* A, int64_t M, const NBitsWeight& w, const float* bias, float* Y) {
-  const QGemmKernels& kernels = active_kernels();  // one table for the preparation and the products
-  const NBitsRows rows = kernels.nbits_rows;
+  const NBitsDispatch& kernels = nbits_kernels();  // one entry for the preparation and the products
+  const NBitsRows rows = kernels.rows;
   std::unique_ptr<float[]> prepared;  // uninitialized: the hook writes all of it, or none
-  if (kernels.nbits_prepare_f32 && M > 1) {
+  if (kernels.prepare_f32 && M > 1) {
     prepared.reset(new float[static_cast<size_t>(M * w.K)]);
-    if (kernels.nbits_prepare_f32(A, M, w.K, prepared.get())) A = prepared.get();
+    if (kernels.prepare_f32(A, M, w.K, prepared.get())) A = prepared.get();
   }
   // Few rows: wider tasks, so that per-task preparation of A (a reordering) is amortized.
   const int64_t columns_per_task = M <= 12 ? 64 : 16;

@@ -77,6 +77,20 @@ struct QuantizedA {
 void quantize_a_int8(const float* A, int64_t M, int64_t K, int64_t block_size, int8_t* qa, float* scale,
                      float* block_sum);
 
+// The kernels of the family (csrc/dispatch.h's NBitsDispatch):
+// levels 0-3: Y[:, n0:n1] for all M rows of A.
+using NBitsRows = void (*)(const float* A, int64_t M, const NBitsWeight& w, int64_t n0, int64_t n1,
+                           const float* bias, float* Y);
+// Level 4: Y[:, n0:n1] from A quantized to int8 per block.
+using NBitsRowsInt8 = void (*)(const QuantizedA& a, const NBitsWeight& w, int64_t n0, int64_t n1, const float* bias,
+                               float* Y);
+// Level 4: rearranges the int8 A [M, k_blocks * block_size] in place, once per call, into the
+// order the same entry's rows_int8 reads for this weight.
+using NBitsPrepareInt8 = void (*)(int8_t* qa, int64_t M, const NBitsWeight& w);
+// Levels 0-3: rearranges A [M, K] once per call into out (M * K floats) in the order the same
+// entry's rows reads for M rows; returns false (out unused) where it reads A as it is.
+using NBitsPrepareF32 = bool (*)(const float* A, int64_t M, int64_t K, float* out);
+
 // Y = sum_b scale_a * scale_b * dot_b(qa, q) - sum_b block_sum_a * (scale_b * zero_point_b) (+ bias),
 // exact integer dot products per block, float32 elsewhere (docs/matmul_nbits.md, level 4).
 void matmul_nbits_int8(const float* A, int64_t M, const NBitsWeight& w, const float* bias, float* Y);

@@ -1,15 +1,23 @@
-// qgemm.h: the 8-bit integer GEMM kernel interface: packed operand layouts and one kernel table per instruction set.
+// qgemm.h: the 8-bit integer GEMM family: packed layouts, the kernel interface, and the packers (csrc/pack.cpp).
 //
-// Layout shared by the portable and AVX2 kernels (docs/quantization.md derives why the zero points
-// stay out of it):
-//   packed A: groups of kMr rows; in a group, for each k-pair p, kMr int32s, one per row r, each
-//             holding the two int16 values a[r,2p] (low half) and a[r,2p+1] (high half);
-//             K padded to whole pairs and the last group to kMr rows with zeros.
-//   packed B: panels of kNr = 16 columns; in a panel, for each k-pair p, 32 bytes:
-//             b[2p,n0] b[2p+1,n0] b[2p,n0+1] b[2p+1,n0+1] ... b[2p+1,n0+15]
-//             (8-bit, the operand's own signedness), zero padded past K and N.
-// With 8-bit values widened to int16, one multiply-add of two pairs (vpmaddwd) is exact in int32,
-// for every signedness combination: no saturation, unlike vpmaddubsw.
+// A packed layout is described by a QGemmLayout; every table of the family names the one its kernel
+// reads, and every packed buffer records the id it was packed with (csrc/qlinear_matmul.h).
+//
+//   packed A: groups of `mr` rows; in a group, for each k-group g (kc consecutive k), mr int32s, one
+//             per row r, holding that row's kc values of k-group g (below); K padded to whole
+//             k-groups and the last group to mr rows, with zeros.
+//   packed B: panels of `nr` columns; in a panel, for each k-group g, nr * kc bytes: column j's kc
+//             values of k-group g, columns in order; zero padded past K and N.
+//
+// The two layouts so far:
+//   kLayoutPairs (portable, AVX2): kc = 2; A holds two int16 (a[r,2g] low half, a[r,2g+1] high),
+//             B two bytes of b's own signedness per column; mr = 4, nr = 16. vpmaddwd on int16
+//             pairs is exact for every signedness combination.
+//   kLayoutQuads (AVX-512 VNNI): kc = 4; A holds four int8 and B four uint8 per column, each value
+//             stored with an offset (unsigned a - 128, signed b + 128) so that vpdpbusd's
+//             uint8 x int8 products are exact; mr = 8, nr = 32. The offsets become zero-point terms:
+//             (a - za)(b - zb) = (a' - (za + oa))(b' - (zb + ob)), docs/quantization.md.
+// Stored values are 0 in padding, so padded k contribute nothing to the raw sums.
 #pragma once
 
 #include <cstdint>
@@ -18,79 +26,54 @@
 
 namespace qmm {
 
-constexpr int64_t kNr = 16;  // columns per B panel
-constexpr int64_t kMr = 4;   // rows per micro-tile (at most)
+enum LayoutId : int32_t { kLayoutPairs = 1, kLayoutQuads = 2 };
 
-inline int64_t k_pairs(int64_t K) { return (K + 1) / 2; }
-inline int64_t n_panels(int64_t N) { return (N + kNr - 1) / kNr; }
-inline int64_t packed_b_bytes(int64_t K, int64_t N) { return n_panels(N) * k_pairs(K) * 2 * kNr; }
-inline int64_t packed_a_int32s(int64_t rows, int64_t K) { return (rows + kMr - 1) / kMr * kMr * k_pairs(K); }
+struct QGemmLayout {
+  LayoutId id;
+  const char* name;
+  int64_t mr, nr, kc;  // rows per A group, columns per B panel, k values per k-group
+  // stored = value + offset, by the operand's signedness: [0] unsigned, [1] signed.
+  int32_t a_offset[2], b_offset[2];
 
-// Packs rows [0, rows) of a row-major 8-bit matrix with row stride lda into int16 pairs.
-void pack_a(const void* a, bool a_signed, int64_t rows, int64_t K, int64_t lda, int32_t* packed);
-// Packs panels [panel0, panel1) (columns 16*panel0 ...) of a row-major 8-bit [K, N] matrix into
-// out (panel0 first), and writes colsum[n] = sum_k b[k, n] for their columns n.
-void pack_b_panels(const void* b, bool b_signed, int64_t K, int64_t N, int64_t panel0, int64_t panel1, int8_t* out,
-                   int32_t* colsum);
-// The same for k-pairs [p_begin, p_end) of one panel, written into out_panel (the panel's start);
-// the column sums are set (first) or added to.
-void pack_b_panel_rows(const void* b, bool b_signed, int64_t K, int64_t N, int64_t panel, int64_t p_begin,
-                       int64_t p_end, int8_t* out_panel, int32_t* colsum, bool first);
+  int64_t k_groups(int64_t K) const { return (K + kc - 1) / kc; }
+  int64_t n_panels(int64_t N) const { return (N + nr - 1) / nr; }
+  int64_t panel_bytes(int64_t K) const { return k_groups(K) * kc * nr; }
+  int64_t packed_b_bytes(int64_t K, int64_t N) const { return n_panels(N) * panel_bytes(K); }
+  int64_t packed_a_int32s(int64_t rows, int64_t K) const { return (rows + mr - 1) / mr * mr * k_groups(K); }
+};
 
-// C[r, j] = sum over k-pairs [p0, p1) of rows [0, rows) of the packed A group at a times the
-// kNr columns of the B panel at b_panel. rows <= kMr. C is row-major with row stride ldc (int32,
-// wrapping: exact while the sum fits).
-using QGemmKernel = void (*)(const int32_t* a, int64_t rows, const int8_t* b_panel, int64_t p0, int64_t p1,
+extern const QGemmLayout kPairsLayout;
+extern const QGemmLayout kQuadsLayout;
+
+// Packs rows [0, rows) of a row-major 8-bit matrix with row stride lda (packed A, above).
+using PackA = void (*)(const void* a, bool a_signed, int64_t rows, int64_t K, int64_t lda, int32_t* packed);
+// Packs panels [panel0, panel1) of a row-major 8-bit [K, N] matrix into out (panel0 first), and
+// writes colsum[n] = sum_k b[k, n] (the values as given, without the layout's offset) for their columns.
+using PackBPanels = void (*)(const void* b, bool b_signed, int64_t K, int64_t N, int64_t panel0, int64_t panel1,
+                             int8_t* out, int32_t* colsum);
+
+void pack_a_pairs(const void* a, bool a_signed, int64_t rows, int64_t K, int64_t lda, int32_t* packed);
+void pack_b_pairs(const void* b, bool b_signed, int64_t K, int64_t N, int64_t panel0, int64_t panel1, int8_t* out,
+                  int32_t* colsum);
+void pack_a_quads(const void* a, bool a_signed, int64_t rows, int64_t K, int64_t lda, int32_t* packed);
+void pack_b_quads(const void* b, bool b_signed, int64_t K, int64_t N, int64_t panel0, int64_t panel1, int8_t* out,
+                  int32_t* colsum);
+
+// C[r, j] = sum over k-groups [g0, g1) of the stored values of rows [0, rows) of the packed A group
+// at a times the nr columns of the B panel at b_panel. rows <= mr; b_signed is b's signedness as
+// given (for layouts that store it). C is row-major with row stride ldc (int32, wrapping: exact
+// while the sum fits, which the driver ensures by chunking k).
+using QGemmKernel = void (*)(const int32_t* a, int64_t rows, const int8_t* b_panel, int64_t g0, int64_t g1,
                              bool b_signed, int32_t* c, int64_t ldc);
 
 // y[j] = saturate(rne(max/min-clamped(f32(acc[j]) * multiplier[j])) + zp[j]) for j < count: the
 // ONNX Runtime epilogue of csrc/requantize.h, vectorized.
-using RequantizeRow = void (*)(const int32_t* acc, const float* multiplier, const int32_t* zp,
-                               int64_t count, bool y_signed, void* y);
+using RequantizeRow = void (*)(const int32_t* acc, const float* multiplier, const int32_t* zp, int64_t count,
+                               bool y_signed, void* y);
 
 // y[r, n] = sum_k a[r, k] * b[k, n] for rows r < rows, float32 fused multiply-adds in order of k
 // from +0 (kernels/sgemm_rows.inc): the float8 path. a is [rows, K], y [rows, N], and b comes
 // in panels of 16 columns, [ceil(N / 16)][K][16], zero padded.
 using SgemmRows = void (*)(const float* a, const float* b, float* y, int64_t rows, int64_t N, int64_t K);
-
-struct NBitsWeight;
-struct QuantizedA;
-// MatMulNBits level 0/1 (csrc/matmul_nbits.h): Y[:, n0:n1] for all M rows of A.
-using NBitsRows = void (*)(const float* A, int64_t M, const NBitsWeight& w, int64_t n0, int64_t n1,
-                           const float* bias, float* Y);
-
-// MatMulNBits level 4 (csrc/matmul_nbits.h): Y[:, n0:n1] from A quantized to int8 per block.
-using NBitsRowsInt8 = void (*)(const QuantizedA& a, const NBitsWeight& w, int64_t n0, int64_t n1, const float* bias,
-                               float* Y);
-
-// Level 4: rearranges the int8 A [M, k_blocks * block_size] in place, once per call, into the
-// order the same table's nbits_rows_int8 reads for this weight (null: the natural order).
-using NBitsPrepareInt8 = void (*)(int8_t* qa, int64_t M, const NBitsWeight& w);
-
-// Level 0/1: rearranges A [M, K] once per call into out (M * K floats) in the order the same
-// table's nbits_rows reads for M rows; returns false (out unused) where it reads A as it is.
-using NBitsPrepareF32 = bool (*)(const float* A, int64_t M, int64_t K, float* out);
-
-struct QGemmKernels {
-  Isa isa;
-  QGemmKernel kernel;
-  RequantizeRow requantize_onnxruntime;
-  SgemmRows sgemm_rows;
-  NBitsRows nbits_rows;
-  NBitsRowsInt8 nbits_rows_int8;
-  NBitsPrepareInt8 nbits_prepare_int8;
-  NBitsPrepareF32 nbits_prepare_f32;
-};
-
-extern const QGemmKernels kPortableKernels;
-extern const QGemmKernels kAvx2Kernels;  // defined in kernels/qgemm_avx2.cpp (compiled with -mavx2)
-bool avx2_kernels_built();
-
-// The table in use: the best supported path, or the one QUANTMATMUL_ISA / set_isa asks for.
-const QGemmKernels& active_kernels();
-// Forces a path (lower than or equal to the best); returns false if unsupported or not built.
-bool set_isa(Isa isa);
-Isa active_isa();
-Isa best_isa();
 
 }  // namespace qmm

@@ -3,77 +3,93 @@
 
 #include <algorithm>
 #include <new>
+#include <stdexcept>
+#include <string>
 #include <vector>
 
+#include "dispatch.h"
 #include "qgemm.h"
 #include "requantize.h"
 #include "thread_pool.h"
 
 namespace qmm {
 
-const int8_t* PackedB::matrix(int64_t i) const { return data.get() + i * packed_b_bytes(K, N); }
+const int8_t* PackedB::matrix(int64_t i) const { return data.get() + i * layout->packed_b_bytes(K, N); }
 
 size_t PackedB::bytes() const {
-  return static_cast<size_t>(count * packed_b_bytes(K, N)) + colsum.size() * sizeof(int32_t);
+  return static_cast<size_t>(count * layout->packed_b_bytes(K, N)) + colsum.size() * sizeof(int32_t);
 }
 
 PackedB pack_b_matrices(const void* b, bool is_signed, int64_t count, int64_t K, int64_t N) {
+  const QGemmDispatch& q = qgemm_kernels();
+  const QGemmLayout& L = *q.layout;
   PackedB packed;
   packed.count = count;
   packed.K = K;
   packed.N = N;
   packed.is_signed = is_signed;
-  const size_t bytes = static_cast<size_t>(count * packed_b_bytes(K, N));
+  packed.layout = &L;
+  const size_t bytes = static_cast<size_t>(count * L.packed_b_bytes(K, N));
   packed.data.reset(static_cast<int8_t*>(std::aligned_alloc(64, (bytes + 63) / 64 * 64 + 64)));
   if (!packed.data) throw std::bad_alloc();  // nanobind turns it into MemoryError
   packed.colsum.resize(static_cast<size_t>(count * N));
   constexpr int64_t kPanelsPerTask = 16;
-  const int64_t panels = n_panels(N), groups = (panels + kPanelsPerTask - 1) / kPanelsPerTask;
+  const int64_t panels = L.n_panels(N), groups = (panels + kPanelsPerTask - 1) / kPanelsPerTask;
   parallel_for(count * groups, [&](int64_t task) {
     const int64_t i = task / groups, panel0 = task % groups * kPanelsPerTask;
-    pack_b_panels(static_cast<const uint8_t*>(b) + i * K * N, is_signed, K, N, panel0,
-                  std::min(panels, panel0 + kPanelsPerTask),
-                  packed.data.get() + i * packed_b_bytes(K, N) + panel0 * k_pairs(K) * 2 * kNr,
-                  packed.colsum.data() + i * N);
+    q.pack_b_panels(static_cast<const uint8_t*>(b) + i * K * N, is_signed, K, N, panel0,
+                    std::min(panels, panel0 + kPanelsPerTask),
+                    packed.data.get() + i * L.packed_b_bytes(K, N) + panel0 * L.panel_bytes(K),
+                    packed.colsum.data() + i * N);
   });
   return packed;
 }
 
 namespace {
 
-constexpr int64_t kBlockRows = 8 * kMr;          // rows of a per task
-constexpr int64_t kPairsPerChunk = 1 << 14;      // 2^14 pairs of products below 2^17: int32 cannot overflow
+constexpr int64_t kBlockRows = 32;               // rows of a per task (a multiple of every layout's mr)
+constexpr int64_t kKPerChunk = 1 << 15;          // 2^15 products of at most 255^2 < 2^16: int32 cannot overflow
 constexpr int64_t kPanelBudgetBytes = 256 << 10;  // the B panels of one task stay in L2
 
 // Calls epilogue(batch, m, n0, cols, acc) with the exact (64-bit) accumulators
 // acc[j] = sum_k (a[m,k] - a_zp[m]) * (b[k,n0+j] - b_zp[n0+j]) for each row m of each block.
 //
 // Work is split into tasks of (matrix, block of rows, block of columns) run on the thread pool.
-// The zero points come out of the inner loop (docs/quantization.md, "Zero-point terms"):
-//   acc = sum a*b - b_zp * rowsum(a) - a_zp * colsum(b) + K * a_zp * b_zp.
+// The zero points come out of the inner loop (docs/quantization.md, "Zero-point terms"). With the
+// layout's stored values a' = a + oa, b' = b + ob and the shifted zero points za' = za + oa,
+// zb' = zb + ob:
+//   acc = sum a'*b' - zb' * rowsum(a') - za' * colsum(b') + K * za' * zb',
+// where rowsum(a') = rowsum(a) + K * oa and colsum(b') = colsum(b) + K * ob.
 template <class Epilogue>
 void accumulate(const QGemmProblem& p, Epilogue&& epilogue) {
-  const QGemmKernels& kernels = active_kernels();
-  const int64_t M = p.M, N = p.N, K = p.K, pairs = k_pairs(K);
+  const QGemmDispatch& q = qgemm_kernels();  // one entry for the whole call
+  const QGemmLayout& L = *q.layout;
+  if (p.b_packed && p.b_packed->layout != &L)
+    throw std::runtime_error(std::string("b was packed in the layout \"") + p.b_packed->layout->name +
+                             "\", but the int8 kernels in use (" + q.info.name + ") read \"" + L.name +
+                             "\": pack it again");
+  const int64_t M = p.M, N = p.N, K = p.K, groups = L.k_groups(K), mr = L.mr, nr = L.nr;
   if (M == 0 || N == 0 || p.batch == 0) return;
-  const int64_t panels_total = n_panels(N);
-  const int64_t panel_bytes = pairs * 2 * kNr;
+  const int64_t panels_total = L.n_panels(N);
+  const int64_t panel_bytes = L.panel_bytes(K);
   const int64_t panels_per_task = std::max<int64_t>(1, std::min(panels_total, kPanelBudgetBytes / std::max<int64_t>(panel_bytes, 1)));
   const int64_t row_blocks = (M + kBlockRows - 1) / kBlockRows;
   const int64_t col_blocks = (panels_total + panels_per_task - 1) / panels_per_task;
-  const bool chunked = pairs > kPairsPerChunk;
+  const int64_t groups_per_chunk = kKPerChunk / L.kc;
+  const bool chunked = groups > groups_per_chunk;
   const bool b_signed = p.b_packed ? p.b_packed->is_signed : p.b_signed;
+  const int64_t oa = L.a_offset[p.a_signed], ob = L.b_offset[b_signed];
 
-  // Pack every distinct matrix of a once (int16 pairs, kMr-row groups) with its row sums.
+  // Pack every distinct matrix of a once (mr-row groups) with its row sums.
   const int64_t a_count = *std::max_element(p.a_index, p.a_index + p.batch) + 1;
-  const int64_t m_padded = (M + kMr - 1) / kMr * kMr;
-  std::vector<int32_t> a_packed(static_cast<size_t>(a_count * m_padded * pairs));
+  const int64_t m_padded = (M + mr - 1) / mr * mr;
+  std::vector<int32_t> a_packed(static_cast<size_t>(a_count * m_padded * groups));
   std::vector<int64_t> rowsums(static_cast<size_t>(a_count * M));
   parallel_for(a_count * row_blocks, [&](int64_t task) {
     const int64_t ia = task / row_blocks, m0 = task % row_blocks * kBlockRows;
     const int64_t rows = std::min(kBlockRows, M - m0);
     const auto* a_bytes = static_cast<const uint8_t*>(p.a) + (ia * M + m0) * K;
-    pack_a(a_bytes, p.a_signed, rows, K, K, a_packed.data() + (ia * m_padded + m0) * pairs);
+    q.pack_a(a_bytes, p.a_signed, rows, K, K, a_packed.data() + (ia * m_padded + m0) * groups);
     for (int64_t r = 0; r < rows; ++r) {
       int64_t sum = 0;
       if (p.a_signed) for (int64_t k = 0; k < K; ++k) sum += reinterpret_cast<const int8_t*>(a_bytes)[r * K + k];
@@ -87,22 +103,22 @@ void accumulate(const QGemmProblem& p, Epilogue&& epilogue) {
   auto compute_block = [&](int64_t bt, int64_t m0, int64_t panel0, const int8_t* b_panels, const int32_t* colsum) {
     const int64_t rows = std::min(kBlockRows, M - m0);
     const int64_t panels = std::min(panels_per_task, panels_total - panel0);
-    const int64_t n0 = panel0 * kNr, cols = std::min(panels * kNr, N - n0);
+    const int64_t n0 = panel0 * nr, cols = std::min(panels * nr, N - n0);
     const int64_t ia = p.a_index[bt], ib = p.b_index[bt];
-    const int64_t ldc = panels * kNr;
-    const int32_t* a_block = a_packed.data() + (ia * m_padded + m0) * pairs;
+    const int64_t ldc = panels * nr;
+    const int32_t* a_block = a_packed.data() + (ia * m_padded + m0) * groups;
     const int64_t* rowsum = rowsums.data() + ia * M + m0;
 
     thread_local std::vector<int32_t> c32;
     thread_local std::vector<int64_t> c64, acc;
     c32.resize(static_cast<size_t>(rows * ldc));
     if (chunked) c64.assign(static_cast<size_t>(rows * ldc), 0);
-    for (int64_t q0 = 0; q0 < std::max<int64_t>(pairs, 1); q0 += kPairsPerChunk) {
-      const int64_t q1 = std::min(pairs, q0 + kPairsPerChunk);
+    for (int64_t g0 = 0; g0 < std::max<int64_t>(groups, 1); g0 += groups_per_chunk) {
+      const int64_t g1 = std::min(groups, g0 + groups_per_chunk);
       for (int64_t j = 0; j < panels; ++j) {
-        for (int64_t r0 = 0; r0 < rows; r0 += kMr) {
-          kernels.kernel(a_block + r0 * pairs, std::min(kMr, rows - r0), b_panels + j * panel_bytes, q0, q1, b_signed,
-                         c32.data() + r0 * ldc + j * kNr, ldc);
+        for (int64_t r0 = 0; r0 < rows; r0 += mr) {
+          q.kernel(a_block + r0 * groups, std::min(mr, rows - r0), b_panels + j * panel_bytes, g0, g1, b_signed,
+                   c32.data() + r0 * ldc + j * nr, ldc);
         }
       }
       if (chunked)
@@ -112,11 +128,11 @@ void accumulate(const QGemmProblem& p, Epilogue&& epilogue) {
     const int32_t* b_zp = p.b_zero_point + ib * N + n0;
     acc.resize(static_cast<size_t>(cols));
     for (int64_t r = 0; r < rows; ++r) {
-      const int64_t za = p.a_zero_point[ia * M + m0 + r];
+      const int64_t za = p.a_zero_point[ia * M + m0 + r] + oa, rowsum_stored = rowsum[r] + K * oa;
       for (int64_t j = 0; j < cols; ++j) {
         const int64_t raw = chunked ? c64[r * ldc + j] : c32[r * ldc + j];
-        const int64_t zb = b_zp[j];
-        acc[j] = raw - zb * rowsum[r] - za * colsum[j] + K * za * zb;
+        const int64_t zb = b_zp[j] + ob;
+        acc[j] = raw - zb * rowsum_stored - za * (colsum[j] + K * ob) + K * za * zb;
       }
       epilogue(bt, m0 + r, n0, cols, acc.data());
     }
@@ -129,7 +145,7 @@ void accumulate(const QGemmProblem& p, Epilogue&& epilogue) {
       const int64_t panel0 = task % col_blocks * panels_per_task;
       const int64_t ib = p.b_index[bt];
       compute_block(bt, m0, panel0, p.b_packed->matrix(ib) + panel0 * panel_bytes,
-                    p.b_packed->colsum.data() + ib * N + panel0 * kNr);
+                    p.b_packed->colsum.data() + ib * N + panel0 * nr);
     });
     return;
   }
@@ -143,9 +159,9 @@ void accumulate(const QGemmProblem& p, Epilogue&& epilogue) {
     b_block.resize(static_cast<size_t>(panels * panel_bytes));
     colsum.resize(static_cast<size_t>(N));
     const auto* b_matrix = static_cast<const uint8_t*>(p.b_raw) + p.b_index[bt] * K * N;
-    pack_b_panels(b_matrix, b_signed, K, N, panel0, panel0 + panels, b_block.data(), colsum.data());
+    q.pack_b_panels(b_matrix, b_signed, K, N, panel0, panel0 + panels, b_block.data(), colsum.data());
     for (int64_t m0 = 0; m0 < M; m0 += kBlockRows)
-      compute_block(bt, m0, panel0, b_block.data(), colsum.data() + panel0 * kNr);
+      compute_block(bt, m0, panel0, b_block.data(), colsum.data() + panel0 * nr);
   });
 }
 
@@ -183,7 +199,7 @@ const T* row_of(const View3<T>& view, int64_t b, int64_t m, int64_t n0, int64_t 
 }  // namespace
 
 void qlinear_matmul_onnxruntime(const QGemmProblem& p, View3<float> multiplier, QOutput out) {
-  const RequantizeRow requantize_row = active_kernels().requantize_onnxruntime;
+  const RequantizeRow requantize_row = qgemm_kernels().requantize_onnxruntime;
   const int64_t M = p.M, N = p.N;
   accumulate(p, [&](int64_t bt, int64_t m, int64_t n0, int64_t cols, const int64_t* acc) {
     thread_local std::vector<int32_t> acc32, zp_buffer;
@@ -212,7 +228,7 @@ void qlinear_matmul_exact(const QGemmProblem& p, View3<float> a_scale, View3<flo
 
 void matmul_f32_sequential(int64_t batch, int64_t M, int64_t N, int64_t K, const float* a,
                            const int64_t* a_index, const float* b, const int64_t* b_index, float* out) {
-  const SgemmRows sgemm_rows = active_kernels().sgemm_rows;
+  const SgemmRows sgemm_rows = float8_kernels().sgemm_rows;
   // Pack each distinct b into panels of 16 columns: [panel][k][16], zero padded.
   const int64_t b_count = batch ? *std::max_element(b_index, b_index + batch) + 1 : 0;
   const int64_t panels = (N + 15) / 16, panel_floats = panels * 16 * K;

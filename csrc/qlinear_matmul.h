@@ -24,21 +24,26 @@ struct View3 {
   }
 };
 
-// One or more 8-bit [K, N] matrices b, packed once for the active kernels (csrc/qgemm.h) with their
-// column sums. QLinearMatMul keeps one for a constant weight; qlinear_matmul packs per call.
+struct QGemmLayout;
+
+// One or more 8-bit [K, N] matrices b, packed once in the layout of the int8 GEMM entry in use
+// (csrc/qgemm.h) with their column sums. QLinearMatMul keeps one for a constant weight;
+// qlinear_matmul packs per call. The layout is recorded: a product run under an entry that reads
+// another layout raises std::runtime_error instead of computing with it.
 struct PackedB {
   struct Free {
     void operator()(void* p) const { std::free(p); }
   };
   int64_t count = 0, K = 0, N = 0;
   bool is_signed = false;
-  std::unique_ptr<int8_t[], Free> data;  // count * packed_b_bytes(K, N), 64-byte aligned, every byte written
+  const QGemmLayout* layout = nullptr;
+  std::unique_ptr<int8_t[], Free> data;  // count * layout->packed_b_bytes(K, N), 64-byte aligned, every byte written
   std::vector<int32_t> colsum;           // count * N: sum_k b[k, n]
   const int8_t* matrix(int64_t i) const;
   size_t bytes() const;
 };
 
-// Packs b, contiguous [count, K, N], 8-bit of the given signedness.
+// Packs b, contiguous [count, K, N], 8-bit of the given signedness, for the int8 GEMM entry in use.
 PackedB pack_b_matrices(const void* b, bool is_signed, int64_t count, int64_t K, int64_t N);
 
 // batch independent products out[i] = (a[a_index[i]] - a_zp) x (b[b_index[i]] - b_zp).

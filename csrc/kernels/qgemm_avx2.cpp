@@ -15,6 +15,7 @@
 #include <cstring>
 #include <vector>
 
+#include "dispatch.h"
 #include "nbits_avx2.h"
 #include "qgemm.h"
 #include "requantize.h"
@@ -23,6 +24,8 @@ namespace qmm {
 #include "fma_tile_avx2.inc"
 
 namespace {
+
+constexpr int64_t kMr = 4, kNr = 16;  // kPairsLayout
 
 template <int MR, bool BSigned>
 void micro_tile(const int32_t* a, const int8_t* b, int64_t p0, int64_t p1, int32_t* c, int64_t ldc) {
@@ -177,11 +180,27 @@ void sgemm_rows_avx2(const float* a, const float* b_panels, float* y, int64_t ro
   }
 }
 
+constexpr EntryInfo kInfo = {.name = "avx2", .isa = Isa::kAvx2, .needs = kAvx2Features, .emulated = false};
+
+const QGemmDispatch kQGemm = {
+    .info = kInfo,
+    .layout = &kPairsLayout,
+    .pack_a = pack_a_pairs,
+    .pack_b_panels = pack_b_pairs,
+    .kernel = kernel_avx2,
+    .requantize_onnxruntime = requantize_row_avx2,
+};
+const NBitsDispatch kNBits = {
+    .info = kInfo,
+    .rows = avx2::nbits_rows,
+    .rows_int8 = avx2::nbits_rows_int8,
+    .prepare_int8 = avx2::nbits_prepare_int8,
+    .prepare_f32 = avx2::nbits_prepare_f32,
+};
+const Float8Dispatch kFloat8 = {.info = kInfo, .sgemm_rows = sgemm_rows_avx2};
+
 }  // namespace
 
-const QGemmKernels kAvx2Kernels = {Isa::kAvx2,          kernel_avx2,           requantize_row_avx2, sgemm_rows_avx2,
-                                 avx2::nbits_rows,    avx2::nbits_rows_int8, avx2::nbits_prepare_int8,
-                                 avx2::nbits_prepare_f32};
-bool avx2_kernels_built() { return true; }
+KernelEntries QMM_KERNELS_FN() { return {&kQGemm, &kNBits, &kFloat8}; }
 
 }  // namespace qmm

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from . import orion
-from ._runtime import available_isas, cpu_info, get_num_threads, set_isa, set_num_threads
+from ._runtime import available_isas, cpu_info, emulated_isas, get_num_threads, set_isa, set_num_threads
 from .matmul_nbits import MatMulNBits, dequantize_nbits, matmul_nbits
 from .nbits_layout import pack_nbits, unpack_nbits
 from .qlinear import QLinearMatMul, qlinear_matmul
@@ -15,5 +15,5 @@ __version__ = "0.1.0"
 __all__ = [
     "qlinear_matmul", "QLinearMatMul", "quantize_linear", "dequantize_linear", "orion",
     "matmul_nbits", "MatMulNBits", "dequantize_nbits", "quantize_nbits", "NBitsWeight", "pack_nbits", "unpack_nbits",
-    "cpu_info", "available_isas", "set_isa", "get_num_threads", "set_num_threads", "__version__",
+    "cpu_info", "available_isas", "emulated_isas", "set_isa", "get_num_threads", "set_num_threads", "__version__",
 ]

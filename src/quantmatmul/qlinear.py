@@ -99,11 +99,19 @@ class QLinearMatMul:
         self.b = np.array(b)  # a private copy: the packed form must stay in sync with it
         for x in (self.b, self.b_scale, self.b_zero_point):
             x.flags.writeable = False
-        self._packed = None
-        if not is_float8(b.dtype):
-            b2 = self.b[:, None] if self.b.ndim == 1 else self.b
-            K, N = b2.shape[-2:]
-            self._packed = _core.pack_b(np.ascontiguousarray(b2).reshape(prod(b2.shape[:-2]), K, N), b.dtype == np.int8)
+        self._packed = None if is_float8(b.dtype) else self._pack()
+
+    def _pack(self):
+        b2 = self.b[:, None] if self.b.ndim == 1 else self.b
+        K, N = b2.shape[-2:]
+        return _core.pack_b(np.ascontiguousarray(b2).reshape(prod(b2.shape[:-2]), K, N), self.b.dtype == np.int8)
+
+    def _packed_for_kernels(self):
+        """The packed weight, packed again from the kept b when the int8 kernels in use read another
+        layout than the one it was packed in (after set_isa, or on another CPU)."""
+        if self._packed is not None and self._packed.layout != _core.qgemm_layout():
+            self._packed = self._pack()
+        return self._packed
 
     @property
     def nbytes(self) -> int:
@@ -113,7 +121,7 @@ class QLinearMatMul:
     def __call__(self, a, a_scale, a_zero_point, y_scale, y_zero_point, *, numerics: str = "onnxruntime") -> np.ndarray:
         _check_numerics(numerics, self._FN)
         return _run(a, a_scale, a_zero_point, self.b, self.b_scale, self.b_zero_point, y_scale, y_zero_point,
-                    numerics, self._FN, self._packed)
+                    numerics, self._FN, self._packed_for_kernels())
 
     def __repr__(self) -> str:
         return (f"QLinearMatMul(b: {self.b.dtype} {self.b.shape}, b_scale: {self.b_scale.dtype} {self.b_scale.shape}, "

@@ -1,0 +1,90 @@
+// dispatch.h: the kernel families, their entries (one per ISA, native or emulated), and which entry each family runs.
+//
+// Three families, each picking its entry independently:
+//   QGemmDispatch   the 8-bit integer GEMM of QLinearMatMul: packed layout, packers, micro-kernel, epilogue;
+//   NBitsDispatch   MatMulNBits' products (levels 0-3 float, level 4 int8 block dots);
+//   Float8Dispatch  the float32 GEMM of QLinearMatMul's float8 path.
+// A kernel build NAME (CMake's qmm_add_kernels, csrc/kernels/) defines `KernelEntries
+// qmm_kernels_NAME()`, listed in the generated kernel_registry.inc; dispatch.cpp collects them. An ISA
+// that is not built has no entry: nothing stands in for it.
+//
+// Selection: set_isa(level, emulated) gives each family its highest entry at or below `level`
+// that this CPU can run (every needed feature present), native entries only, except that with
+// `emulated` the family's emulated entry of exactly that level comes first. A native entry passes a
+// known-answer test against the portable one before its first use; one that fails is never picked
+// (cpu_info says why).
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "cpu_features.h"
+#include "matmul_nbits.h"
+#include "qgemm.h"
+
+namespace qmm {
+
+struct EntryInfo {
+  const char* name;  // for reports: "avx2", "avx512_vnni", ...
+  Isa isa;           // its level
+  Features needs;    // the CPU features its code uses
+  bool emulated;     // AVX-512 / AMX source built over SIMDe or the AMX emulation: for tests
+};
+
+struct QGemmDispatch {
+  EntryInfo info;
+  const QGemmLayout* layout;
+  PackA pack_a;
+  PackBPanels pack_b_panels;
+  QGemmKernel kernel;
+  RequantizeRow requantize_onnxruntime;
+};
+
+struct NBitsDispatch {
+  EntryInfo info;
+  NBitsRows rows;                 // levels 0-3
+  NBitsRowsInt8 rows_int8;        // level 4
+  NBitsPrepareInt8 prepare_int8;  // may be null
+  NBitsPrepareF32 prepare_f32;    // may be null
+};
+
+struct Float8Dispatch {
+  EntryInfo info;
+  SgemmRows sgemm_rows;
+};
+
+// What a kernel file's register function returns: its entries, null for a family it has none for.
+// A plain aggregate: kernel files compiled with wide instructions instantiate no shared code.
+struct KernelEntries {
+  const QGemmDispatch* qgemm;
+  const NBitsDispatch* nbits;
+  const Float8Dispatch* float8;
+};
+
+// The entries in use. Read once per call: a call keeps the entry it started with.
+const QGemmDispatch& qgemm_kernels();
+const NBitsDispatch& nbits_kernels();
+const Float8Dispatch& float8_kernels();
+
+// The level set_isa last selected ("portable" ... "amx"), and whether emulated entries were asked for.
+Isa active_isa();
+bool active_emulated();
+// The highest level with a native entry this CPU runs, in any family.
+Isa best_isa();
+// Whether some family has an entry of exactly this level that this CPU runs (native or emulated).
+bool isa_available(Isa isa, bool emulated);
+// Selects the entries (above); false, changing nothing, where isa_available(isa, emulated) is false.
+bool set_isa(Isa isa, bool emulated);
+// Every registered entry, as "family:name" with " (emulated)", " (not supported here)" or
+// " (failed its self-test: ...)" where that applies.
+std::vector<std::string> kernel_entries();
+// The self-test failures so far (empty when none).
+std::string self_test_report();
+
+// The portable entries (kernels/qgemm_portable.cpp): always present.
+extern const QGemmDispatch kPortableQGemm;
+extern const NBitsDispatch kPortableNBits;
+extern const Float8Dispatch kPortableFloat8;
+
+}  // namespace qmm

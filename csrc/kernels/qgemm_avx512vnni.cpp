@@ -1,0 +1,132 @@
+// qgemm_avx512vnni.cpp: AVX-512 VNNI int8 GEMM micro-kernel (vpdpbusd on the int8-quads layout) and a 16-lane ONNX Runtime epilogue.
+//
+// Layout kLayoutQuads (csrc/qgemm.h): per k-group of 4, A holds one int32 of four int8 per row and
+// a 32-column B panel 128 bytes of uint8, column j's four bytes at 4j. The stored values carry the
+// layout's offsets (unsigned a - 128, signed b + 128), which the driver turns into zero-point terms,
+// so vpdpbusd's uint8 x int8 products are exact for every signedness combination: |b' a'| <=
+// 255 * 128, and four of them summed into an int32 lane.
+//
+// Micro-tile: MR (<= 8) rows x 32 columns in 2 * MR zmm accumulators:
+//   per k-group g:  b0 = B[g][cols 0..15], b1 = B[g][cols 16..31]          (64 bytes each)
+//                   for each row r: a = broadcast(A[g][r]);  acc[r][0] += dpbusd(b0, a); acc[r][1] += dpbusd(b1, a)
+// With one or two rows, the k loop keeps two sets of accumulators (even and odd g) so that
+// consecutive vpdpbusd do not wait on each other.
+//
+// Built twice (CMakeLists.txt): natively with -mavx512*, and with QMM_EMULATED over SIMDe's
+// portable AVX-512 intrinsics for the tests on CPUs without AVX-512.
+#if defined(QMM_EMULATED)
+#define SIMDE_ENABLE_NATIVE_ALIASES
+#include <simde/x86/avx512.h>
+#else
+#include <immintrin.h>
+#endif
+
+#include <cstdint>
+
+#include "dispatch.h"
+#include "qgemm.h"
+#include "requantize.h"
+
+namespace qmm {
+namespace {
+
+constexpr int64_t kMr = 8, kNr = 32, kGroupBytes = 128;  // kQuadsLayout
+
+template <int MR, int U>
+void micro_tile(const int32_t* a, const int8_t* b, int64_t g0, int64_t g1, int32_t* c, int64_t ldc) {
+  __m512i acc[U][MR][2];
+  for (int u = 0; u < U; ++u)
+    for (int r = 0; r < MR; ++r) acc[u][r][0] = acc[u][r][1] = _mm512_setzero_si512();
+  int64_t g = g0;
+  for (; g + U <= g1; g += U) {
+    for (int u = 0; u < U; ++u) {
+      const int8_t* bp = b + (g + u) * kGroupBytes;
+      const __m512i b0 = _mm512_loadu_si512(bp), b1 = _mm512_loadu_si512(bp + 64);
+      for (int r = 0; r < MR; ++r) {
+        const __m512i av = _mm512_set1_epi32(a[(g + u) * kMr + r]);
+        acc[u][r][0] = _mm512_dpbusd_epi32(acc[u][r][0], b0, av);
+        acc[u][r][1] = _mm512_dpbusd_epi32(acc[u][r][1], b1, av);
+      }
+    }
+  }
+  for (; g < g1; ++g) {  // U > 1: the odd k-group left over
+    const int8_t* bp = b + g * kGroupBytes;
+    const __m512i b0 = _mm512_loadu_si512(bp), b1 = _mm512_loadu_si512(bp + 64);
+    for (int r = 0; r < MR; ++r) {
+      const __m512i av = _mm512_set1_epi32(a[g * kMr + r]);
+      acc[0][r][0] = _mm512_dpbusd_epi32(acc[0][r][0], b0, av);
+      acc[0][r][1] = _mm512_dpbusd_epi32(acc[0][r][1], b1, av);
+    }
+  }
+  for (int r = 0; r < MR; ++r) {
+    __m512i s0 = acc[0][r][0], s1 = acc[0][r][1];
+    for (int u = 1; u < U; ++u) {
+      s0 = _mm512_add_epi32(s0, acc[u][r][0]);
+      s1 = _mm512_add_epi32(s1, acc[u][r][1]);
+    }
+    _mm512_storeu_si512(c + r * ldc, s0);
+    _mm512_storeu_si512(c + r * ldc + 16, s1);
+  }
+}
+
+void kernel_vnni(const int32_t* a, int64_t rows, const int8_t* b_panel, int64_t g0, int64_t g1, bool,
+                 int32_t* c, int64_t ldc) {
+  switch (rows) {
+    case 1: return micro_tile<1, 4>(a, b_panel, g0, g1, c, ldc);
+    case 2: return micro_tile<2, 2>(a, b_panel, g0, g1, c, ldc);
+    case 3: return micro_tile<3, 1>(a, b_panel, g0, g1, c, ldc);
+    case 4: return micro_tile<4, 1>(a, b_panel, g0, g1, c, ldc);
+    case 5: return micro_tile<5, 1>(a, b_panel, g0, g1, c, ldc);
+    case 6: return micro_tile<6, 1>(a, b_panel, g0, g1, c, ldc);
+    case 7: return micro_tile<7, 1>(a, b_panel, g0, g1, c, ldc);
+    default: return micro_tile<8, 1>(a, b_panel, g0, g1, c, ldc);
+  }
+}
+
+// The ONNX Runtime epilogue (csrc/requantize.h), 16 lanes at a time: the same float32 operations in
+// the same order as the scalar one, so the same bits.
+void requantize_row_avx512(const int32_t* acc, const float* multiplier, const int32_t* zp, int64_t count,
+                           bool y_signed, void* y) {
+  const int32_t qmin = y_signed ? -128 : 0, qmax = y_signed ? 127 : 255;
+  const __m512i vqmin = _mm512_set1_epi32(qmin), vqmax = _mm512_set1_epi32(qmax);
+  auto* out = static_cast<uint8_t*>(y);
+  int64_t j = 0;
+  for (; j + 16 <= count; j += 16) {
+    const __m512i z = _mm512_loadu_si512(zp + j);
+    const __m512 lo = _mm512_cvtepi32_ps(_mm512_sub_epi32(vqmin, z));
+    const __m512 hi = _mm512_cvtepi32_ps(_mm512_sub_epi32(vqmax, z));
+    __m512 v = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_loadu_si512(acc + j)), _mm512_loadu_ps(multiplier + j));
+    v = _mm512_max_ps(v, lo);  // operand order as MLAS: a NaN becomes the lower bound
+    v = _mm512_min_ps(v, hi);
+    const __m512i q = _mm512_add_epi32(_mm512_cvtps_epi32(v), z);  // round half to even (default MXCSR)
+    const __m256i words = _mm512_cvtsepi32_epi16(q);  // q is in [qmin, qmax]: the narrowing is exact
+    const __m128i w0 = _mm256_castsi256_si128(words), w1 = _mm256_extracti128_si256(words, 1);
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(out + j), y_signed ? _mm_packs_epi16(w0, w1) : _mm_packus_epi16(w0, w1));
+  }
+  for (; j < count; ++j) {
+    const int32_t q = requantize_onnxruntime(acc[j], multiplier[j], zp[j], qmin, qmax);
+    out[j] = static_cast<uint8_t>(y_signed ? static_cast<uint8_t>(static_cast<int8_t>(q)) : q);
+  }
+}
+
+#if defined(QMM_EMULATED)
+constexpr EntryInfo kInfo = {.name = "avx512_vnni", .isa = Isa::kAvx512Vnni, .needs = kAvx2Features, .emulated = true};
+#else
+constexpr EntryInfo kInfo = {
+    .name = "avx512_vnni", .isa = Isa::kAvx512Vnni, .needs = kAvx512Features | kFeatAvx512vnni, .emulated = false};
+#endif
+
+const QGemmDispatch kQGemm = {
+    .info = kInfo,
+    .layout = &kQuadsLayout,
+    .pack_a = pack_a_quads,
+    .pack_b_panels = pack_b_quads,
+    .kernel = kernel_vnni,
+    .requantize_onnxruntime = requantize_row_avx512,
+};
+
+}  // namespace
+
+KernelEntries QMM_KERNELS_FN() { return {&kQGemm, nullptr, nullptr}; }
+
+}  // namespace qmm

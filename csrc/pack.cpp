@@ -1,0 +1,233 @@
+// pack.cpp: the packers of the 8-bit GEMM's layouts (csrc/qgemm.h), compiled for the baseline: every table of a layout shares them.
+#include <algorithm>
+#include <cstring>
+
+#if defined(__SSE2__)
+#include <emmintrin.h>
+#endif
+
+#include "qgemm.h"
+
+namespace qmm {
+
+const QGemmLayout kPairsLayout = {kLayoutPairs, "int16 pairs, 4x16", 4, 16, 2, {0, 0}, {0, 0}};
+// uint8 a -> int8 a - 128 and int8 b -> uint8 b + 128: in both cases the byte XOR 0x80.
+const QGemmLayout kQuadsLayout = {kLayoutQuads, "int8 quads, 8x32", 8, 32, 4, {-128, 0}, {0, 128}};
+
+namespace {
+
+constexpr int64_t kPairsMr = 4, kPairsNr = 16;
+
+#if defined(__SSE2__)
+// Column sums of 16 columns, row by row: int16 partial sums, flushed into int32 totals before
+// 128 rows of 255 could overflow them.
+struct PanelSums {
+  __m128i lo16 = _mm_setzero_si128(), hi16 = _mm_setzero_si128();  // int16 partial sums, 8 columns each
+  int32_t total[16] = {};
+  int pending = 0;
+
+  void add(__m128i row, bool is_signed) {
+    const __m128i zero = _mm_setzero_si128();
+    __m128i lo = _mm_unpacklo_epi8(row, zero), hi = _mm_unpackhi_epi8(row, zero);
+    if (is_signed) {  // sign-extend the bytes
+      lo = _mm_srai_epi16(_mm_slli_epi16(lo, 8), 8);
+      hi = _mm_srai_epi16(_mm_slli_epi16(hi, 8), 8);
+    }
+    lo16 = _mm_add_epi16(lo16, lo);
+    hi16 = _mm_add_epi16(hi16, hi);
+    if (++pending == 120) flush();
+  }
+  void flush() {
+    alignas(16) int16_t parts[16];
+    _mm_store_si128(reinterpret_cast<__m128i*>(parts), lo16);
+    _mm_store_si128(reinterpret_cast<__m128i*>(parts + 8), hi16);
+    for (int j = 0; j < 16; ++j) total[j] += parts[j];
+    lo16 = hi16 = _mm_setzero_si128();
+    pending = 0;
+  }
+};
+#endif
+
+// Row k, columns [n0, n0 + 16) of a row-major [K, N] byte matrix: in place when all are inside,
+// else copied into buffer with zeros past K and N.
+const uint8_t* row16(const uint8_t* bytes, int64_t K, int64_t N, int64_t k, int64_t n0, uint8_t* buffer) {
+  const int64_t cols = std::max<int64_t>(0, std::min<int64_t>(16, N - n0));
+  if (k < K && cols == 16) return bytes + k * N + n0;
+  std::memset(buffer, 0, 16);
+  if (k < K && cols > 0) std::memcpy(buffer, bytes + k * N + n0, static_cast<size_t>(cols));
+  return buffer;
+}
+
+}  // namespace
+
+// Layout kLayoutPairs. A: each k-pair as two int16 in one int32.
+void pack_a_pairs(const void* a, bool a_signed, int64_t rows, int64_t K, int64_t lda, int32_t* packed) {
+  const int64_t pairs = kPairsLayout.k_groups(K);
+  std::fill(packed, packed + kPairsLayout.packed_a_int32s(rows, K), 0);
+  for (int64_t r = 0; r < rows; ++r) {
+    int32_t* out = packed + r / kPairsMr * kPairsMr * pairs + r % kPairsMr;
+    auto pack_row = [&](auto* row) {
+      for (int64_t p = 0; p < pairs; ++p) {
+        const int32_t lo = row[2 * p];
+        const int32_t hi = 2 * p + 1 < K ? int32_t(row[2 * p + 1]) : 0;
+        out[p * kPairsMr] = static_cast<int32_t>((static_cast<uint32_t>(hi) << 16) | (static_cast<uint32_t>(lo) & 0xFFFFu));
+      }
+    };
+    if (a_signed) pack_row(static_cast<const int8_t*>(a) + r * lda);
+    else pack_row(static_cast<const uint8_t*>(a) + r * lda);
+  }
+}
+
+
+namespace {
+
+// Interleaves rows 2p and 2p+1 of one 16-column panel into 32 packed bytes and adds both rows into
+// the column sums. SSE2 (every x86-64 CPU) does the 16 columns at once; elsewhere a scalar loop.
+void pack_b_pairs_rows(const void* b, bool b_signed, int64_t K, int64_t N, int64_t panel, int64_t p_begin,
+                       int64_t p_end, int8_t* out_panel, int32_t* colsum, bool first) {
+  const int64_t n0 = panel * kPairsNr, cols = std::min(kPairsNr, N - n0);
+  const auto* bytes = static_cast<const uint8_t*>(b);
+  auto* out = reinterpret_cast<uint8_t*>(out_panel);
+  auto row = [&](int64_t k, uint8_t* buffer) { return row16(bytes, K, N, k, n0, buffer); };
+  uint8_t buffer0[kPairsNr], buffer1[kPairsNr];
+#if defined(__SSE2__)
+  PanelSums sums;
+  for (int64_t p = p_begin; p < p_end; ++p) {
+    const __m128i r0 = _mm_loadu_si128(reinterpret_cast<const __m128i*>(row(2 * p, buffer0)));
+    const __m128i r1 = _mm_loadu_si128(reinterpret_cast<const __m128i*>(row(2 * p + 1, buffer1)));
+    __m128i* dst = reinterpret_cast<__m128i*>(out + p * 2 * kPairsNr);
+    _mm_storeu_si128(dst, _mm_unpacklo_epi8(r0, r1));      // b[2p,n0] b[2p+1,n0] ... columns 0..7
+    _mm_storeu_si128(dst + 1, _mm_unpackhi_epi8(r0, r1));  // columns 8..15
+    sums.add(r0, b_signed);
+    sums.add(r1, b_signed);
+  }
+  sums.flush();
+  const int32_t* total = sums.total;
+#else
+  int32_t total[kPairsNr] = {};
+  for (int64_t p = p_begin; p < p_end; ++p) {
+    const uint8_t* r0 = row(2 * p, buffer0);
+    const uint8_t* r1 = row(2 * p + 1, buffer1);
+    uint8_t* dst = out + p * 2 * kPairsNr;
+    for (int64_t j = 0; j < kPairsNr; ++j) {
+      dst[2 * j] = r0[j];
+      dst[2 * j + 1] = r1[j];
+      total[j] += b_signed ? int32_t(int8_t(r0[j])) + int32_t(int8_t(r1[j])) : int32_t(r0[j]) + int32_t(r1[j]);
+    }
+  }
+#endif
+  for (int64_t j = 0; j < cols; ++j) colsum[n0 + j] = (first ? 0 : colsum[n0 + j]) + total[j];
+}
+
+}  // namespace
+
+void pack_b_pairs(const void* b, bool b_signed, int64_t K, int64_t N, int64_t panel0, int64_t panel1, int8_t* out,
+                  int32_t* colsum) {
+  // Sweeps of 64 rows across the whole group of panels: reading along b's rows keeps the TLB and
+  // the prefetchers happy (one 16-column panel alone would touch a new page on every row).
+  constexpr int64_t kPairsPerSweep = 32;
+  const int64_t pairs = kPairsLayout.k_groups(K);
+  int64_t p0 = 0;
+  do {  // at least once: K = 0 still sets the column sums
+    const int64_t p1 = std::min(pairs, p0 + kPairsPerSweep);
+    for (int64_t panel = panel0; panel < panel1; ++panel)
+      pack_b_pairs_rows(b, b_signed, K, N, panel, p0, p1, out + (panel - panel0) * pairs * 2 * kPairsNr, colsum, p0 == 0);
+    p0 = p1;
+  } while (p0 < pairs);
+}
+
+
+// Layout kLayoutQuads. A: each k-group's four bytes as one int32, unsigned values XOR 0x80.
+void pack_a_quads(const void* a, bool a_signed, int64_t rows, int64_t K, int64_t lda, int32_t* packed) {
+  const QGemmLayout& L = kQuadsLayout;
+  const int64_t groups = L.k_groups(K), whole = K / 4, mr = L.mr;
+  const uint32_t flip = a_signed ? 0u : 0x80808080u;
+  std::fill(packed, packed + L.packed_a_int32s(rows, K), 0);
+  for (int64_t r = 0; r < rows; ++r) {
+    const auto* row = static_cast<const uint8_t*>(a) + r * lda;
+    int32_t* out = packed + r / mr * mr * groups + r % mr;
+    for (int64_t g = 0; g < whole; ++g) {
+      uint32_t v;
+      std::memcpy(&v, row + 4 * g, 4);
+      out[g * mr] = static_cast<int32_t>(v ^ flip);
+    }
+    if (whole < groups) {  // the last, partial k-group: zeros (stored) past K
+      uint32_t v = 0;
+      for (int64_t k = 4 * whole; k < K; ++k) v |= static_cast<uint32_t>(row[k] ^ (flip & 0xFF)) << (8 * (k - 4 * whole));
+      out[whole * mr] = static_cast<int32_t>(v);
+    }
+  }
+}
+
+namespace {
+
+// k-groups [g_begin, g_end) of one 32-column panel: for each half of 16 columns, 64 bytes per
+// k-group (column j's four bytes at 4j), signed values XOR 0x80, zeros past K and N.
+void pack_b_quads_rows(const void* b, bool b_signed, int64_t K, int64_t N, int64_t panel, int64_t g_begin,
+                       int64_t g_end, int8_t* out_panel, int32_t* colsum, bool first) {
+  const auto* bytes = static_cast<const uint8_t*>(b);
+  auto* out = reinterpret_cast<uint8_t*>(out_panel);
+  for (int64_t half = 0; half < 2; ++half) {
+    const int64_t n0 = panel * 32 + half * 16;
+    const int64_t cols = std::max<int64_t>(0, std::min<int64_t>(16, N - n0));
+    uint8_t buffers[4][16];
+#if defined(__SSE2__)
+    PanelSums sums;
+    const __m128i flip = _mm_set1_epi8(b_signed ? static_cast<char>(0x80) : 0);
+    alignas(16) uint8_t valid_bytes[16];
+    for (int j = 0; j < 16; ++j) valid_bytes[j] = j < cols ? 0xFF : 0;
+    const __m128i valid = _mm_load_si128(reinterpret_cast<const __m128i*>(valid_bytes));
+    for (int64_t g = g_begin; g < g_end; ++g) {
+      __m128i r[4];
+      for (int i = 0; i < 4; ++i) {
+        const int64_t k = 4 * g + i;
+        const __m128i v = _mm_loadu_si128(reinterpret_cast<const __m128i*>(row16(bytes, K, N, k, n0, buffers[i])));
+        if (k < K) sums.add(v, b_signed);
+        r[i] = k < K ? _mm_and_si128(_mm_xor_si128(v, flip), valid) : _mm_setzero_si128();
+      }
+      const __m128i t01lo = _mm_unpacklo_epi8(r[0], r[1]), t01hi = _mm_unpackhi_epi8(r[0], r[1]);
+      const __m128i t23lo = _mm_unpacklo_epi8(r[2], r[3]), t23hi = _mm_unpackhi_epi8(r[2], r[3]);
+      __m128i* dst = reinterpret_cast<__m128i*>(out + g * 128 + half * 64);
+      _mm_storeu_si128(dst, _mm_unpacklo_epi16(t01lo, t23lo));      // columns 0..3
+      _mm_storeu_si128(dst + 1, _mm_unpackhi_epi16(t01lo, t23lo));  // 4..7
+      _mm_storeu_si128(dst + 2, _mm_unpacklo_epi16(t01hi, t23hi));  // 8..11
+      _mm_storeu_si128(dst + 3, _mm_unpackhi_epi16(t01hi, t23hi));  // 12..15
+    }
+    sums.flush();
+    const int32_t* total = sums.total;
+#else
+    int32_t total[16] = {};
+    const uint8_t flip = b_signed ? 0x80 : 0;
+    for (int64_t g = g_begin; g < g_end; ++g) {
+      uint8_t* dst = out + g * 128 + half * 64;
+      for (int i = 0; i < 4; ++i) {
+        const int64_t k = 4 * g + i;
+        const uint8_t* row = row16(bytes, K, N, k, n0, buffers[i]);
+        for (int64_t j = 0; j < 16; ++j) {
+          const bool inside = k < K && j < cols;
+          dst[4 * j + i] = inside ? static_cast<uint8_t>(row[j] ^ flip) : 0;
+          if (inside) total[j] += b_signed ? int32_t(int8_t(row[j])) : int32_t(row[j]);
+        }
+      }
+    }
+#endif
+    for (int64_t j = 0; j < cols; ++j) colsum[n0 + j] = (first ? 0 : colsum[n0 + j]) + total[j];
+  }
+}
+
+}  // namespace
+
+void pack_b_quads(const void* b, bool b_signed, int64_t K, int64_t N, int64_t panel0, int64_t panel1, int8_t* out,
+                  int32_t* colsum) {
+  constexpr int64_t kGroupsPerSweep = 16;  // 64 rows across every panel, along b's rows (see pack_b_pairs)
+  const int64_t groups = kQuadsLayout.k_groups(K), panel_bytes = kQuadsLayout.panel_bytes(K);
+  int64_t g0 = 0;
+  do {  // at least once: K = 0 still sets the column sums
+    const int64_t g1 = std::min(groups, g0 + kGroupsPerSweep);
+    for (int64_t panel = panel0; panel < panel1; ++panel)
+      pack_b_quads_rows(b, b_signed, K, N, panel, g0, g1, out + (panel - panel0) * panel_bytes, colsum, g0 == 0);
+    g0 = g1;
+  } while (g0 < groups);
+}
+
+}  // namespace qmm
