@@ -1,4 +1,4 @@
-"""conftest.py: the per-kernel-path fixture, and a report, at the end of every run, of which kernel paths the suite exercised on this CPU."""
+"""conftest.py: the per-kernel-level fixture, and a report, at the end of every run, of which kernel levels the suite exercised on this CPU, natively or emulated."""
 
 import pytest
 import quantmatmul
@@ -6,9 +6,16 @@ import quantmatmul
 TESTED_ISAS: set[str] = set()
 
 
-@pytest.fixture(params=quantmatmul.available_isas())
+def kernel_levels() -> list[str]:
+    """Every level this machine runs natively, then the emulated levels it lacks natively (AVX-512
+    over SIMDe, AMX over the tile emulation): together, every kernel table of this build."""
+    native = quantmatmul.available_isas()
+    return native + [e for e in quantmatmul.emulated_isas() if e.removesuffix("-emulated") not in native]
+
+
+@pytest.fixture(params=kernel_levels())
 def isa(request):
-    """Runs the test once per kernel path this machine supports; restores the default afterwards."""
+    """Runs the test once per kernel level (native or emulated); restores the previous one afterwards."""
     before = quantmatmul.cpu_info()["isa"]
     quantmatmul.set_isa(request.param)
     assert quantmatmul.cpu_info()["isa"] == request.param
@@ -21,6 +28,9 @@ def pytest_terminal_summary(terminalreporter):
     if not TESTED_ISAS:
         return
     info = quantmatmul.cpu_info()
+    native = sorted(i for i in TESTED_ISAS if not i.endswith("-emulated"))
+    emulated = sorted(i.removesuffix("-emulated") for i in TESTED_ISAS if i.endswith("-emulated"))
     terminalreporter.write_line(
-        f"quantmatmul kernel paths tested: {', '.join(sorted(TESTED_ISAS))} "
-        f"(available here: {', '.join(info['available_isas'])}; CPU: {info['features']['brand']})")
+        f"quantmatmul kernel levels tested: natively {', '.join(native)}; emulated {', '.join(emulated) or 'none'} "
+        f"(native here: {', '.join(info['available_isas'])}; CPU: {info['features']['brand']})")
+    terminalreporter.write_line("quantmatmul kernel entries: " + "; ".join(info["entries"]))

@@ -12,11 +12,12 @@ import numpy as np
 import pytest
 
 import quantmatmul as qm
+from quantmatmul import _core
 from quantmatmul.reference import qlinear_matmul as oracle
 
 u8, s8, f32 = np.uint8, np.int8, np.float32
 COMBOS = [(x, y, z) for x in (u8, s8) for y in (u8, s8) for z in (u8, s8)]
-from conftest import TESTED_ISAS  # the `isa` fixture (conftest.py) records each path it runs
+from conftest import TESTED_ISAS, kernel_levels  # the `isa` fixture (conftest.py) records each level it runs
 
 
 def random_problem(rng, combo, M, K, N, per_column=False, extreme=False):
@@ -70,184 +71,128 @@ def test_isa_report_and_settings():
     assert info["isa"] in info["available_isas"] and info["available_isas"][0] == "portable"
     assert info["best_isa"] == info["available_isas"][-1]
     assert set(info["features"]) >= {"avx2", "avx512_vnni", "amx_int8", "brand"}
+    assert set(info["kernels"]) == {"qgemm", "qgemm_layout", "nbits", "float8"}
+    assert info["self_test"] is None, info["self_test"]  # no native entry failed its known-answer test
     with pytest.raises(ValueError, match="^set_isa: isa must be one of"):
         qm.set_isa("sse9")
-    for unavailable in {"portable", "avx2", "avx512_vnni", "amx"} - set(qm.available_isas()):
+    every = {"portable", "avx2", "avx512_vnni", "amx", "avx512_vnni-emulated", "amx-emulated"}
+    for unavailable in every - set(qm.available_isas()) - set(qm.emulated_isas()):
         with pytest.raises(ValueError, match=f"^set_isa: {unavailable} is not available here"):
             qm.set_isa(unavailable)
 
 
-def _run_python(code, **env):
-    environment = {**os.environ, **env}
-    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=environment, timeout=120)
+def test_each_family_reports_its_entry_per_level(isa):
+    """A level runs each family's entry of that level where it has one, else its best one below;
+    emulated entries run only when asked for by name."""
+    kernels = qm.cpu_info()["kernels"]
+    level = isa.removesuffix("-emulated")
+    order = ["portable", "avx2", "avx512_vnni", "amx"]
+    for family in ("qgemm", "nbits", "float8"):
+        name = kernels[family]
+        assert order.index(name.removesuffix("-emulated")) <= order.index(level), (family, name)
+        assert name.endswith("-emulated") == (name.removesuffix("-emulated") == level and isa.endswith("-emulated"))
+    entries = qm.cpu_info()["entries"]
+    assert f"qgemm:{kernels['qgemm'].replace('-emulated', ' (emulated)')}" in entries
 
 
-def test_environment_variables():
-    done = _run_python("import quantmatmul as q; i = q.cpu_info(); print(i['isa'], q.get_num_threads())",
-                       QUANTMATMUL_ISA="portable", QUANTMATMUL_NUM_THREADS="3")
-    assert done.returncode == 0, done.stderr
-    assert done.stdout.split() == ["portable", "3"]
-    bad = _run_python("import quantmatmul", QUANTMATMUL_ISA="neon")
-    assert bad.returncode != 0 and "QUANTMATMUL_ISA='neon' is not one of" in bad.stderr
+def _weight(rng, b_t, K, N):
+    info = np.iinfo(b_t)
+    b = rng.integers(info.min, int(info.max) + 1, (K, N)).astype(b_t)
+    return b, rng.uniform(0.001, 0.02, N).astype(f32), rng.integers(info.min, int(info.max) + 1, N).astype(b_t)
 
 
-def test_thread_counts_do_not_change_results():
-    rng = np.random.default_rng(1)
-    args = random_problem(rng, (u8, s8, u8), 77, 300, 190, per_column=True)
-    before = qm.get_num_threads()
-    try:
-        results = []
-        for n in (1, 2, 3, 5):
-            qm.set_num_threads(n)
-            assert qm.get_num_threads() == n
-            results.append(qm.qlinear_matmul(*args))
-        assert all(np.array_equal(r, results[0]) for r in results)
-        with pytest.raises(ValueError, match="^set_num_threads: n must be a positive integer"):
-            qm.set_num_threads(0)
-    finally:
-        qm.set_num_threads(before)
-
-
-def test_concurrent_calls_from_python_threads():
-    """The GIL is released in the kernels; concurrent calls must each get their own right answer."""
-    rng = np.random.default_rng(2)
-    problems = [random_problem(rng, COMBOS[i % 8], 40 + i, 200 + 3 * i, 50 + i, per_column=bool(i % 2)) for i in range(8)]
-    expected = [oracle.onnxruntime(*p) for p in problems]
-    weights = [qm.QLinearMatMul(p[3], p[4], p[5]) for p in problems]
-    errors = []
-
-    def worker(i):
-        try:
-            for _ in range(5):
-                p = problems[i]
-                assert np.array_equal(qm.qlinear_matmul(*p), expected[i])
-                assert np.array_equal(weights[i](p[0], p[1], p[2], p[6], p[7]), expected[i])
-        except BaseException as error:  # noqa: BLE001 - reported below
-            errors.append(error)
-
-    threads = [threading.Thread(target=worker, args=(i,)) for i in range(8)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    assert not errors, errors[0]
-
-
-# --------------------------------------------------------------------------------------------------
-# QLinearMatMul: constant weights
-
-
-@pytest.mark.parametrize("numerics", ["onnxruntime", "onnx-reference", "exact"])
-def test_constant_weight_equals_function(numerics):
-    rng = np.random.default_rng(3)
-    for combo in COMBOS:
-        a, a_s, a_z, b, b_s, b_z, y_s, y_z = random_problem(rng, combo, 13, 40, 21, per_column=True)
-        w = qm.QLinearMatMul(b, b_s, b_z)
-        for a_in in (a, a[0], np.stack([a, a[::-1]])):
-            expected = qm.qlinear_matmul(a_in, a_s, a_z, b, b_s, b_z, y_s, y_z, numerics=numerics)
-            assert np.array_equal(w(a_in, a_s, a_z, y_s, y_z, numerics=numerics), expected)
-
-
-def test_constant_weight_batched_vector_and_float8_b():
-    rng = np.random.default_rng(4)
-    b3 = rng.integers(-128, 128, (3, 20, 9), dtype=s8)
-    a = rng.integers(0, 256, (2, 3, 5, 20), dtype=u8)
-    args = (f32(0.02), u8(128), f32(0.5), u8(10))
-    w = qm.QLinearMatMul(b3, f32(0.01), s8(0))
-    assert np.array_equal(w(a, *args), qm.qlinear_matmul(a, args[0], args[1], b3, f32(0.01), s8(0), args[2], args[3]))
-    bv = rng.integers(-128, 128, 20, dtype=s8)
-    wv = qm.QLinearMatMul(bv, f32(0.01), s8(3))
-    assert np.array_equal(wv(a, *args), qm.qlinear_matmul(a, args[0], args[1], bv, f32(0.01), s8(3), args[2], args[3]))
-    e4 = ml_dtypes.float8_e4m3fn
-    bf = rng.normal(size=(20, 4)).astype(e4)
-    wf = qm.QLinearMatMul(bf, f32(0.5), e4(0))
-    assert np.array_equal(wf(a, *args).view(u8),
-                          qm.qlinear_matmul(a, args[0], args[1], bf, f32(0.5), e4(0), args[2], args[3]).view(u8))
-
-
-def test_constant_weight_is_a_private_copy_and_compact():
-    rng = np.random.default_rng(5)
-    b = rng.integers(-128, 128, (4096, 512), dtype=s8)
-    w = qm.QLinearMatMul(b, f32(0.01), s8(0))
-    assert w.nbytes <= 1.25 * b.nbytes
-    a = rng.integers(0, 256, (2, 4096), dtype=u8)
-    before = w(a, f32(0.01), u8(128), f32(1.0), u8(128))
-    b[:] = 0  # the caller's array changes; the packed weight must not
-    assert np.array_equal(w(a, f32(0.01), u8(128), f32(1.0), u8(128)), before)
-    assert "QLinearMatMul(b: int8 (4096, 512)" in repr(w)
-
-
-def test_constant_weight_errors_name_the_class():
-    b = np.zeros((4, 3), s8)
-    with pytest.raises(TypeError, match="^QLinearMatMul: b dtype float32 is not supported"):
-        qm.QLinearMatMul(b.astype(f32), f32(1), s8(0))
-    with pytest.raises(TypeError, match="^QLinearMatMul: b_zero_point dtype uint8 does not match b dtype int8"):
-        qm.QLinearMatMul(b, f32(1), u8(0))
-    with pytest.raises(ValueError, match="^QLinearMatMul: b_scale must be nonzero"):
-        qm.QLinearMatMul(b, f32(0), s8(0))
-    w = qm.QLinearMatMul(b, f32(1), s8(0))
-    with pytest.raises(ValueError, match="^QLinearMatMul: inner dimensions differ"):
-        w(np.zeros((2, 5), u8), f32(1), u8(0), f32(1), u8(0))
-    with pytest.raises(TypeError, match="^QLinearMatMul: the three scales must share one dtype"):
-        w(np.zeros((2, 4), u8), np.float16(1), u8(0), np.float16(1), u8(0))
-    with pytest.raises(ValueError, match="^QLinearMatMul: numerics must be one of"):
-        w(np.zeros((2, 4), u8), f32(1), u8(0), f32(1), u8(0), numerics="fast")
-
-
-def test_report_which_paths_ran():
-    """Runs last in this module: every path this machine supports was exercised above."""
-    assert TESTED_ISAS == set(qm.available_isas()), f"tested {sorted(TESTED_ISAS)} of {qm.available_isas()}"
-    print(f"\nkernel paths tested on {qm.cpu_info()['features']['brand']}: {sorted(TESTED_ISAS)}")
-
-
-@pytest.mark.parametrize("combo", COMBOS, ids=lambda c: "".join(np.dtype(t).char for t in c))
-def test_fast_path_equals_general_path(combo):
-    """2-D calls take a short path; a batch of one takes the general one: identical results."""
-    rng = np.random.default_rng(6 + COMBOS.index(combo))
-    for M, K, N in [(1, 16, 16), (7, 33, 20), (64, 256, 48)]:
-        for per_column in (False, True):
-            a, a_s, a_z, b, b_s, b_z, y_s, y_z = random_problem(rng, combo, M, K, N, per_column=per_column)
-            fast = qm.qlinear_matmul(a, a_s, a_z, b, b_s, b_z, y_s, y_z)
-            general = qm.qlinear_matmul(a[None], a_s, a_z, b, b_s, b_z, y_s, y_z)[0]
-            assert fast.flags.c_contiguous and fast.dtype == y_z.dtype and fast.shape == (M, N)
-            assert np.array_equal(fast, general) and np.array_equal(fast, oracle.onnxruntime(a, a_s, a_z, b, b_s, b_z, y_s, y_z))
-            w = qm.QLinearMatMul(b, b_s, b_z)
-            assert np.array_equal(w(a, a_s, a_z, y_s, y_z), fast)
-
-
-def test_fast_path_multiplier_is_float32_arithmetic():
-    """The fast path forms f32(f32(a_s * b_s) / y_s) with doubles; it must equal numpy's float32 ops bit for bit."""
-    from quantmatmul.qlinear import _f32
-
-    rng = np.random.default_rng(9)
-    bits = rng.integers(0, 2**32, (200_000, 3), dtype=np.uint64).astype(np.uint32)
-    s = bits.view(np.float32).reshape(-1, 3)
-    s = s[np.all(np.isfinite(s) & (s != 0), axis=1)]
-    with np.errstate(all="ignore"):
-        expected = (s[:, 0] * s[:, 1]) / s[:, 2]
-    ours = np.array([_f32(_f32(float(x) * float(y)) / float(z)) for x, y, z in s], np.float64)
-    finite = np.isfinite(ours)
-    assert np.array_equal(ours[finite].astype(np.float32).view(np.uint32), expected[finite].view(np.uint32))
-    assert np.all(~np.isfinite(expected[~finite]) | (np.abs(expected[~finite]) == np.finfo(np.float32).max))
-
-
-def test_float_path_gemm_is_one_fma_per_k_in_order(isa):
-    """The float8 path's float32 GEMM, bit for bit against fma in order of k (oracle, exact rationals),
-    on float32 data whose products are not exact: an unfused multiply-add, another order or a
-    different tiling of the sum would show. Shapes cover the 6 x 16 tiles and their row and column tails."""
-    from quantmatmul import _core
-    from quantmatmul.reference.qlinear_matmul import _fma_f32
-
+def test_a_weight_packed_under_one_table_runs_under_every_other():
+    """QLinearMatMul packs b in the layout of the int8 entry in use; after set_isa to an entry that
+    reads another layout, it packs again from its kept b: the same bits as a weight built under the
+    new entry, never a product of mismatched layouts."""
     rng = np.random.default_rng(11)
-    for M, K, N in [(7, 41, 19), (13, 9, 33), (1, 64, 5)]:
-        a = rng.standard_normal((1, M, K)).astype(np.float32)
-        b = rng.standard_normal((1, K, N)).astype(np.float32)
-        out = np.empty((1, M, N), np.float32)
-        index = np.zeros(1, np.int64)
-        _core.matmul_f32_sequential(a, index, b, index, out)
-        for m in range(M):
-            for n in range(N):
-                acc = 0.0
-                for k in range(K):
-                    acc = _fma_f32(float(a[0, m, k]), float(b[0, k, n]), acc)
-                assert out[0, m, n] == np.float32(acc), (isa, M, K, N, m, n)
+    before = qm.cpu_info()["isa"]
+    try:
+        for b_t in (u8, s8):
+            b, b_scale, b_zp = _weight(rng, b_t, 70, 45)
+            a = rng.integers(0, 256, (9, 70)).astype(u8)
+            call = (a, f32(0.02), u8(3), f32(0.05), u8(128))
+            expected = oracle.onnxruntime(a, f32(0.02), u8(3), b, b_scale, b_zp, f32(0.05), u8(128))
+            for built in kernel_levels():
+                qm.set_isa(built)
+                w = qm.QLinearMatMul(b, b_scale, b_zp)
+                for used in kernel_levels():
+                    qm.set_isa(used)
+                    fresh = qm.QLinearMatMul(b, b_scale, b_zp)
+                    assert np.array_equal(w(*call), fresh(*call)), (built, used)
+                    assert np.array_equal(w(*call), expected), (built, used)
+    finally:
+        qm.set_isa(before)
+
+
+def test_the_core_refuses_a_weight_packed_in_another_layout():
+    """Below the Python wrapper, the driver checks the layout id a packed b records."""
+    layouts = {}
+    before = qm.cpu_info()["isa"]
+    try:
+        for level in kernel_levels():
+            qm.set_isa(level)
+            layouts.setdefault(_core.qgemm_layout(), level)
+        if len(layouts) < 2:
+            pytest.skip("this build runs a single int8 layout here")
+        (first, level_a), (_, level_b) = list(layouts.items())[:2]
+        qm.set_isa(level_a)
+        packed = _core.pack_b(np.ones((1, 8, 8), u8), False)
+        assert packed.layout == first
+        qm.set_isa(level_b)
+        with pytest.raises(RuntimeError, match="was packed in the layout"):
+            _core.qlinear_matmul_2d_onnxruntime(np.ones((2, 8), u8), False, 0, packed, False, np.zeros(1, np.int32),
+                                                np.ones(1, f32), 0, False)
+    finally:
+        qm.set_isa(before)
+
+
+def test_a_matmul_nbits_weight_runs_under_every_table():
+    """MatMulNBits keeps its codes in ONNX Runtime's layout: any entry reads them; built under one
+    level and run under another, it gives the bits of the entry in use."""
+    rng = np.random.default_rng(12)
+    W = rng.normal(size=(256, 40)).astype(f32)
+    A = rng.normal(size=(3, 256)).astype(f32)
+    before = qm.cpu_info()["isa"]
+    try:
+        for level in (0, 4):
+            for built in kernel_levels():
+                qm.set_isa(built)
+                held = qm.MatMulNBits.from_float(W, bits=4, block_size=32, accuracy_level=level)
+                for used in kernel_levels():
+                    qm.set_isa(used)
+                    fresh = qm.MatMulNBits.from_float(W, bits=4, block_size=32, accuracy_level=level)
+                    assert np.array_equal(held(A), fresh(A)), (built, used, level)
+    finally:
+        qm.set_isa(before)
+
+
+# Weak definitions a kernel object may have: the exception personality's data reference, the same
+# bytes in every object.
+WEAK_ALLOWED = {"DW.ref.__gxx_personality_v0"}
+
+
+def test_kernel_objects_define_no_shared_symbols():
+    """Kernel files compiled with wide instructions (-mavx2, -mavx512*, AMX) must not define inline
+    functions, templates or STL instantiations with external linkage: the linker could keep their
+    wide copy for the portable code too, and an older CPU would die on an illegal instruction. A
+    kernel object's global symbols are its build's register function (qmm::qmm_kernels_NAME) and
+    functions in its build's own namespace (qmm::NAME, shared by the files of one build); it has no
+    weak ones beyond WEAK_ALLOWED."""
+    import glob
+    import shutil
+
+    if shutil.which("nm") is None:
+        pytest.skip("nm (binutils) is not installed")
+    root = os.path.join(os.path.dirname(__file__), "..", "build")
+    objects = glob.glob(os.path.join(root, "*", "CMakeFiles", "qmm_kernels_*.dir", "**", "*.o"), recursive=True)
+    if not objects:
+        pytest.skip("no build tree beside the tests (installed from a wheel)")
+    for obj in objects:
+        build = obj.split(os.sep + "qmm_kernels_")[1].split(".dir" + os.sep)[0]
+        own = (f"_ZN3qmm{len('qmm_kernels_' + build)}qmm_kernels_{build}Ev", f"_ZN3qmm{len(build)}{build}")
+        out = subprocess.run(["nm", "--defined-only", obj], capture_output=True, text=True, check=True).stdout
+        symbols = [line.split()[1:] for line in out.splitlines() if len(line.split()) == 3]
+        weak = [name for kind, name in symbols if kind in "WVu" and name not in WEAK_ALLOWED]
+        strong = [name for kind, name in symbols if kind in "TDRBi" and not name.startswith(own)]
+        assert not weak and not strong, f"{obj}: shared with the rest of the library: {weak + strong}"
