@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import statistics
@@ -20,9 +21,17 @@ u8, s8, f32 = np.dtype(np.uint8), np.dtype(np.int8), np.float32
 E4M3 = np.dtype(ml_dtypes.float8_e4m3fn)
 
 
+def shape_label(M: int, K: int, N: int) -> str:
+    """The shape part of a case's label, from the shape itself: "1024^3" for a cube, else "M=.. K=.. N=.."."""
+    return f"{M}^3" if M == K == N else f"M={M} K={K} N={N}"
+
+
+def _type_label(dtype) -> str:
+    return "e4m3" if dtype == E4M3 else ("u8" if dtype == u8 else "s8")
+
+
 @dataclass
 class Case:
-    name: str
     M: int
     K: int
     N: int
@@ -30,7 +39,36 @@ class Case:
     b: np.dtype = s8
     y: np.dtype = u8
     constant_b: bool = True
-    baseline: str | None = None  # for combinations ORT lacks: the case whose time ours is compared with
+    baseline: str | None = None  # for combinations ORT lacks: the kind of the case (same shape) ours is compared with
+    quick: tuple | None = None  # (M, K, N) for `bench --quick`; None: the same shape
+    note: str = ""  # a word after the shape ("call": a tiny call, timed for the fixed overhead)
+
+    @property
+    def kind(self) -> str:
+        """What is multiplied, without the shape: the operand types (and the output's when it differs
+        from a's), then "inputs" when b is not a constant weight."""
+        if self.a == self.b == self.y == E4M3:
+            types = "e4m3"
+        else:
+            types = _type_label(self.a) + _type_label(self.b)
+            if self.y != self.a:
+                types += "->" + _type_label(self.y)
+        return types + ("" if self.constant_b else " inputs")
+
+    @property
+    def name(self) -> str:
+        """The label, derived from what runs: kind, shape, note."""
+        return " ".join(part for part in (self.kind, shape_label(self.M, self.K, self.N), self.note) if part)
+
+    @property
+    def baseline_name(self) -> str | None:
+        """The label of the case ours is compared with: the baseline kind at this case's shape."""
+        return None if self.baseline is None else f"{self.baseline} {shape_label(self.M, self.K, self.N)}"
+
+    def quick_case(self) -> Case:
+        """This case at its --quick shape."""
+        return self if self.quick is None else dataclasses.replace(self, M=self.quick[0], K=self.quick[1],
+                                                                   N=self.quick[2])
 
     @property
     def ops(self) -> float:
@@ -38,20 +76,18 @@ class Case:
 
 
 # The issue's target shapes (docs/benchmarks.md): per-tensor u8 x s8 -> u8 with constant b, both
-# operands as inputs, combinations ONNX Runtime lacks, and a tiny call for the fixed overhead.
+# operands as inputs, combinations ONNX Runtime lacks, and a tiny call for the fixed overhead. The
+# combinations ORT lacks are compared with our u8s8 at the same shape, in the quick run too.
 CASES = [
-    Case("u8s8 M=128 K=N=4096", 128, 4096, 4096),
-    Case("u8s8 M=N=K=2048", 2048, 2048, 2048),
-    Case("u8s8 M=1 K=N=4096", 1, 4096, 4096),
-    Case("u8u8 inputs 1024^3", 1024, 1024, 1024, b=u8, constant_b=False),
-    Case("u8s8 1024^3", 1024, 1024, 1024),
-    Case("s8u8 1024^3", 1024, 1024, 1024, a=s8, b=u8, y=s8, baseline="u8s8 1024^3"),
-    Case("e4m3 1024^3", 1024, 1024, 1024, a=E4M3, b=E4M3, y=E4M3, baseline="u8s8 1024^3"),
-    Case("u8s8 1x16x16 call", 1, 16, 16, constant_b=False),
+    Case(128, 4096, 4096, quick=(64, 1024, 1024)),
+    Case(2048, 2048, 2048, quick=(512, 512, 512)),
+    Case(1, 4096, 4096, quick=(1, 1024, 1024)),
+    Case(1024, 1024, 1024, b=u8, constant_b=False, quick=(256, 256, 256)),
+    Case(1024, 1024, 1024, quick=(256, 256, 256)),
+    Case(1024, 1024, 1024, a=s8, b=u8, y=s8, baseline="u8s8", quick=(256, 256, 256)),
+    Case(1024, 1024, 1024, a=E4M3, b=E4M3, y=E4M3, baseline="u8s8", quick=(256, 256, 256)),
+    Case(1, 16, 16, constant_b=False, note="call"),
 ]
-QUICK = {"u8s8 M=128 K=N=4096": (64, 1024, 1024), "u8s8 M=N=K=2048": (512, 512, 512), "u8s8 M=1 K=N=4096": (1, 1024, 1024),
-         "u8u8 inputs 1024^3": (256, 256, 256), "u8s8 1024^3": (256, 256, 256), "s8u8 1024^3": (256, 256, 256),
-         "e4m3 1024^3": (64, 256, 256)}
 
 
 @dataclass
@@ -131,9 +167,8 @@ def run(cases=None, *, threads=None, repeat=15, quick=False, seed=0, progress=pr
     peak = _core.measure_peak_gops(0.5)
     results = []
     for case in cases or CASES:
-        if quick and case.name in QUICK:
-            M, K, N = QUICK[case.name]
-            case = Case(case.name, M, K, N, case.a, case.b, case.y, case.constant_b, case.baseline)
+        if quick:
+            case = case.quick_case()
         args = _inputs(case, rng)
         runners = {"quantmatmul": _quantmatmul_runner(case, args),
                    "onnxruntime": _onnxruntime_runner(case, args, threads),
@@ -166,7 +201,7 @@ def run(cases=None, *, threads=None, repeat=15, quick=False, seed=0, progress=pr
         "results": [dict(case=r.case, M=c.M, K=c.K, N=c.N, a=str(c.a), b=str(c.b), y=str(c.y), constant_b=c.constant_b,
                          median_ms=r.median_ms, gops={k: c.ops / (v * 1e-3) / 1e9 for k, v in r.median_ms.items()},
                          identical_to_onnxruntime=r.identical_to_onnxruntime,
-                         difference_explained=r.difference_explained, baseline=c.baseline)
+                         difference_explained=r.difference_explained, baseline=c.baseline_name)
                     for c, r in results],
     }
 
@@ -175,13 +210,13 @@ def _format_row(case, result, peak, by_name):
     t = result.median_ms
     ours = t["quantmatmul"]
     gops = case.ops / (ours * 1e-3) / 1e9
-    parts = [f"{case.name:<22} {ours:9.3f} ms {gops:7.1f} GOP/s {100 * gops / peak:5.1f}% peak"]
+    parts = [f"{case.name:<32} {ours:9.3f} ms {gops:7.1f} GOP/s {100 * gops / peak:5.1f}% peak"]
     for peer in ("onnxruntime", "onednn"):
         if peer in t:
             parts.append(f"{peer} {t[peer]:9.3f} ms (x{t[peer] / ours:.2f})")
-    if case.baseline and case.baseline in by_name:
-        base = by_name[case.baseline].median_ms["quantmatmul"]
-        parts.append(f"{ours / base:.2f}x our {case.baseline}")
+    if case.baseline_name in by_name:
+        base = by_name[case.baseline_name].median_ms["quantmatmul"]
+        parts.append(f"{ours / base:.2f}x our {case.baseline_name}")
     if result.identical_to_onnxruntime is not None:
         parts.append("bit-identical" if result.identical_to_onnxruntime else "differs from ORT" + _why_different(case))
     return "  ".join(parts)
@@ -322,27 +357,38 @@ def run_cold_nbits(*, threads=None, count=8, K=4096, N=4096, bits=4, block_size=
     return result
 
 
-def plot(report: dict, path: str) -> None:
+PEERS = ("quantmatmul", "onnxruntime", "onednn")
+
+
+def chart_data(report: dict) -> tuple[list, dict]:
+    """What the chart shows: the labels of the cases large enough to chart, and GOP/s per case for
+    each peer that ran at least one of them (a peer that is not installed is not listed)."""
+    rows = [r for r in report["results"] if r["M"] * r["K"] * r["N"] >= 1e6]
+    ran = [peer for peer in PEERS if any(peer in r["gops"] for r in rows)]
+    return [r["case"] for r in rows], {peer: [r["gops"].get(peer, 0.0) for r in rows] for peer in ran}
+
+
+def plot(report: dict, path: str):
+    """A bar chart of chart_data(report) written to path (PNG, matplotlib's Agg backend); returns the figure."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    rows = [r for r in report["results"] if r["M"] * r["K"] * r["N"] >= 1e6]
-    names = [r["case"] for r in rows]
-    peers = ["quantmatmul", "onnxruntime", "onednn"]
+    names, series = chart_data(report)
     fig, ax = plt.subplots(figsize=(10, 4.5))
-    width = 0.27
-    for i, peer in enumerate(peers):
-        values = [r["gops"].get(peer, 0.0) for r in rows]
-        ax.bar(np.arange(len(rows)) + (i - 1) * width, values, width, label=peer)
+    width = 0.8 / max(len(series), 1)
+    for i, (peer, values) in enumerate(series.items()):
+        ax.bar(np.arange(len(names)) + (i - (len(series) - 1) / 2) * width, values, width, label=peer)
     ax.axhline(report["peak_gops"], color="gray", linestyle="--", linewidth=1, label="measured kernel peak")
-    ax.set_xticks(np.arange(len(rows)), names, rotation=20, ha="right", fontsize=8)
+    ax.set_xticks(np.arange(len(names)), names, rotation=20, ha="right", fontsize=8)
     ax.set_ylabel("GOP/s (higher is better)")
     ax.set_title(f"QLinearMatMul, {report['threads']} threads, {report['cpu']} ({report['isa']})", fontsize=9)
     ax.legend(fontsize=8)
     fig.tight_layout()
     fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return fig
 
 
 def main(args) -> int:
