@@ -126,21 +126,17 @@ def _check_numerics(numerics, fn):
 
 
 def _run(a, a_scale, a_zero_point, b, b_scale, b_zero_point, y_scale, y_zero_point, numerics, fn, packed_b):
-    """The call after b and b_zero_point are validated: validate the rest, normalize, dispatch."""
+    """The call after b and b_zero_point are validated: the fast path when it applies; else validate
+    the rest, normalize (_Problem) and run the integer or the float path."""
     if numerics == "onnxruntime":
         y = _fast_2d(a, a_scale, a_zero_point, b, b_scale, b_zero_point, y_scale, y_zero_point, packed_b)
         if y is not None:
             return y
-    a = _quantized(a, "a", fn)
-    a_zero_point = _zero_point(a_zero_point, "a_zero_point", a.dtype, "a", fn)
-    y_zero_point = _zero_point(y_zero_point, "y_zero_point", None, None, fn)
+    a, a_zero_point, y_zero_point = _operand_dtypes(a, a_zero_point, y_zero_point, fn)
     a_scale, b_scale, y_scale = _scales(a_scale, b_scale, y_scale, fn=fn)
     problem = _Problem(a, a_scale, a_zero_point, b, b_scale, b_zero_point, y_scale, y_zero_point,
                        fn=fn, packed_b=packed_b)
-    if any(is_float8(t) for t in (a.dtype, b.dtype, y_zero_point.dtype)):
-        y = problem.float_path(numerics)
-    else:
-        y = problem.integer_path(numerics)
+    y = _float_path(problem, numerics) if problem.float8 else _integer_path(problem, numerics)
     return y.reshape(problem.out_shape)
 
 
@@ -155,6 +151,14 @@ def _quantized(x, name: str, fn: str = _FN) -> np.ndarray:
     if x.ndim == 0:
         raise ValueError(f"{fn}: {name} must have at least 1 dimension, got a 0-d array")
     return x
+
+
+def _operand_dtypes(a, a_zero_point, y_zero_point, fn: str):
+    """a, its zero point and the output's zero point (which selects the output type), validated."""
+    a = _quantized(a, "a", fn)
+    a_zero_point = _zero_point(a_zero_point, "a_zero_point", a.dtype, "a", fn)
+    y_zero_point = _zero_point(y_zero_point, "y_zero_point", None, None, fn)
+    return a, a_zero_point, y_zero_point
 
 
 def _zero_point(x, name: str, dtype, tensor: str | None, fn: str = _FN) -> np.ndarray:
@@ -209,44 +213,63 @@ def _fits(shape, target) -> bool:
 
 
 class _Problem:
-    """One validated call, normalized to the core's batched form [B, M, K] x [B, K, N] -> [B, M, N]."""
+    """One validated call, normalized to the core's batched form [B, M, K] x [B, K, N] -> [B, M, N].
+
+    Built in three steps, each a method below: the operands' shapes (1-D promotion, K, the batch),
+    the scales and zero points (reshaped into the output's coordinates), and the batch index maps.
+    The products themselves are the functions after the class (_integer_path, _float_path)."""
 
     def __init__(self, a, a_scale, a_zero_point, b, b_scale, b_zero_point, y_scale, y_zero_point, *,
                  fn: str = _FN, packed_b=None):
         self.fn, self.packed_b = fn, packed_b
+        self._shapes(a, b)
+        self._parameters(a_scale, a_zero_point, b_scale, b_zero_point, y_scale, y_zero_point)
+        # Batch broadcasting as index maps: output matrix i multiplies a[a_index[i]] by b[b_index[i]].
+        self.a_index = self._batch_index(self.a.shape[:-2])
+        self.b_index = self._batch_index(self.b.shape[:-2])
+
+    @property
+    def float8(self) -> bool:
+        """True when an operand or the output is float8: the float path."""
+        return any(is_float8(t) for t in (self.a.dtype, self.b.dtype, self.y_dtype))
+
+    # ---------------------------------------------------------------------------------------------
+    # Step 1: shapes. 1-D operands promoted as numpy.matmul does, K checked, batches broadcast.
+
+    def _shapes(self, a, b):
         self.a_1d, self.b_1d = a.ndim == 1, b.ndim == 1
-        a2 = a[None, :] if self.a_1d else a
-        b2 = b[:, None] if self.b_1d else b
-        M, K = a2.shape[-2:]
-        K_b, N = b2.shape[-2:]
-        if K != K_b:
-            raise ValueError(f"{self.fn}: inner dimensions differ: a has shape {a.shape} (K={K}) "
+        self.a = a[None, :] if self.a_1d else a
+        self.b = b[:, None] if self.b_1d else b
+        self.M, self.K = self.a.shape[-2:]
+        K_b, self.N = self.b.shape[-2:]
+        if self.K != K_b:
+            raise ValueError(f"{self.fn}: inner dimensions differ: a has shape {a.shape} (K={self.K}) "
                              f"and b has shape {b.shape} (K={K_b})")
+        self.batch = self._broadcast_batch(a, b)
+        self.B = prod(self.batch)
+        self.out_shape = self.batch + (() if self.a_1d else (self.M,)) + (() if self.b_1d else (self.N,))
+        self.internal = self.batch + (self.M, self.N)
+
+    def _broadcast_batch(self, a, b) -> tuple:
         try:
-            batch = np.broadcast_shapes(a2.shape[:-2], b2.shape[:-2])
+            return tuple(np.broadcast_shapes(self.a.shape[:-2], self.b.shape[:-2]))
         except ValueError:
             raise ValueError(f"{self.fn}: batch dimensions of a {a.shape} and b {b.shape} do not broadcast") from None
-        self.M, self.N, self.K, self.batch = M, N, K, tuple(batch)
-        self.B = prod(self.batch)
-        self.out_shape = self.batch + (() if self.a_1d else (M,)) + (() if self.b_1d else (N,))
-        self.internal = self.batch + (M, N)
-        self.a, self.b = a2, b2
 
-        _check_pair(a_scale, a_zero_point, "a_scale", "a_zero_point", fn)
-        _check_pair(b_scale, b_zero_point, "b_scale", "b_zero_point", fn)
-        _check_pair(y_scale, y_zero_point, "y_scale", "y_zero_point", fn)
+    # ---------------------------------------------------------------------------------------------
+    # Step 2: scales and zero points. Each pair shares a shape; each parameter is reshaped into the
+    # internal coordinates (..., M, N) of the output, without broadcasting it: a per-row parameter
+    # becomes (..., M, 1), a per-column one (..., 1, N).
+
+    def _parameters(self, a_scale, a_zero_point, b_scale, b_zero_point, y_scale, y_zero_point):
+        _check_pair(a_scale, a_zero_point, "a_scale", "a_zero_point", self.fn)
+        _check_pair(b_scale, b_zero_point, "b_scale", "b_zero_point", self.fn)
+        _check_pair(y_scale, y_zero_point, "y_scale", "y_zero_point", self.fn)
         self.a_params = [self._row_param(p) for p in (a_scale, a_zero_point)]
         self.b_params = [self._column_param(p) for p in (b_scale, b_zero_point)]
         self.y_params = [self._output_param(p, name) for p, name in ((y_scale, "y_scale"), (y_zero_point, "y_zero_point"))]
         self.y_dtype = y_zero_point.dtype
         self.scale_dtype = a_scale.dtype
-
-        # Batch broadcasting as index maps: output matrix i multiplies a[a_index[i]] by b[b_index[i]].
-        self.a_index = self._batch_index(a2.shape[:-2])
-        self.b_index = self._batch_index(b2.shape[:-2])
-
-    # Parameters are reshaped into the internal coordinates (..., M, N) of the output, without
-    # broadcasting them: a per-row parameter becomes (..., M, 1), a per-column one (..., 1, N).
 
     def _row_param(self, p):
         target = self.a.shape[:-1] + (1,)
@@ -282,6 +305,9 @@ class _Problem:
             p = np.expand_dims(p, -2)
         return p
 
+    # ---------------------------------------------------------------------------------------------
+    # Step 3: the batch index maps, and views of parameters and operands in the kernels' form.
+
     def _batch_index(self, own_batch):
         own = np.arange(prod(own_batch), dtype=np.int64).reshape(own_batch)
         return np.ascontiguousarray(np.broadcast_to(own, self.batch).reshape(-1))
@@ -294,115 +320,152 @@ class _Problem:
     def operand3(self, x, rows, cols):
         return np.ascontiguousarray(x).reshape(prod(x.shape[:-2]), rows, cols)
 
-    # ---------------------------------------------------------------------------------------------
-    # Integer operands and output: the fused C++ kernels.
 
-    def integer_path(self, numerics):
-        a_scale, a_zp = self.a_params
-        b_scale, b_zp = self.b_params
-        y_scale, y_zp = self.y_params
-        a3 = self.operand3(self.a, self.M, self.K)
-        # a constant weight comes packed; otherwise the kernels pack b per call, block by block in cache
-        packed = self.packed_b if self.packed_b is not None else self.operand3(self.b, self.K, self.N)
-        b_count = len(packed) if self.packed_b is None else packed.count
-        a_zp2 = np.broadcast_to(a_zp.astype(np.int32), self.a.shape[:-1] + (1,))
-        a_zp2 = np.ascontiguousarray(a_zp2.reshape(len(a3), self.M))
-        b_zp2 = np.broadcast_to(b_zp.astype(np.int32), self.b.shape[:-2] + (1, self.N))
-        b_zp2 = np.ascontiguousarray(b_zp2.reshape(b_count, self.N))
-        y = np.empty((self.B, self.M, self.N), self.y_dtype)
-        y_zp3 = self.view3(y_zp, np.int32)
-        common = (a3, a3.dtype == np.int8, self.a_index, a_zp2, packed, self.b.dtype == np.int8, self.b_index, b_zp2)
-        if numerics == "onnxruntime":
-            f32 = [s.astype(np.float32) for s in (a_scale, b_scale, y_scale)]
-            multiplier = self._multiplier(f32, "float32")
-            _core.qlinear_matmul_onnxruntime(*common, self.view3(multiplier, np.float32), y, y.dtype == np.int8, y_zp3)
-        elif numerics == "onnx-reference":
-            multiplier = self._multiplier((a_scale, b_scale, y_scale), str(self.scale_dtype))
-            _core.qlinear_matmul_onnx_reference(*common, self.view3(multiplier, np.float64), y, y.dtype == np.int8, y_zp3)
+# ---------------------------------------------------------------------------------------------------
+# Integer operands and output: the fused C++ kernels, one per numerics.
+
+
+def _integer_path(p: _Problem, numerics):
+    a_scale, _ = p.a_params
+    b_scale, _ = p.b_params
+    y_scale, y_zp = p.y_params
+    y = np.empty((p.B, p.M, p.N), p.y_dtype)
+    common = _integer_operands(p)
+    y_zp3 = p.view3(y_zp, np.int32)
+    if numerics == "onnxruntime":
+        f32 = [s.astype(np.float32) for s in (a_scale, b_scale, y_scale)]
+        multiplier = _multiplier(p.fn, f32, "float32")
+        _core.qlinear_matmul_onnxruntime(*common, p.view3(multiplier, np.float32), y, y.dtype == np.int8, y_zp3)
+    elif numerics == "onnx-reference":
+        multiplier = _multiplier(p.fn, (a_scale, b_scale, y_scale), str(p.scale_dtype))
+        _core.qlinear_matmul_onnx_reference(*common, p.view3(multiplier, np.float64), y, y.dtype == np.int8, y_zp3)
+    else:
+        scales = [p.view3(s, np.float32) for s in (a_scale, b_scale, y_scale)]
+        _core.qlinear_matmul_exact(*common, *scales, y, y.dtype == np.int8, y_zp3)
+    return y
+
+
+def _integer_operands(p: _Problem) -> tuple:
+    """The operands every integer kernel takes: a, b (packed or not) and their zero points, with the batch maps."""
+    _, a_zp = p.a_params
+    _, b_zp = p.b_params
+    a3 = p.operand3(p.a, p.M, p.K)
+    # a constant weight comes packed; otherwise the kernels pack b per call, block by block in cache
+    packed = p.packed_b if p.packed_b is not None else p.operand3(p.b, p.K, p.N)
+    b_count = len(packed) if p.packed_b is None else packed.count
+    a_zp2 = np.broadcast_to(a_zp.astype(np.int32), p.a.shape[:-1] + (1,))
+    a_zp2 = np.ascontiguousarray(a_zp2.reshape(len(a3), p.M))
+    b_zp2 = np.broadcast_to(b_zp.astype(np.int32), p.b.shape[:-2] + (1, p.N))
+    b_zp2 = np.ascontiguousarray(b_zp2.reshape(b_count, p.N))
+    return a3, a3.dtype == np.int8, p.a_index, a_zp2, packed, p.b.dtype == np.int8, p.b_index, b_zp2
+
+
+def _multiplier(fn, scales, precision):
+    """a_scale * b_scale / y_scale in the scales' dtype; a ValueError if it overflows."""
+    a_scale, b_scale, y_scale = scales
+    with np.errstate(over="ignore", under="ignore"):
+        multiplier = (a_scale * b_scale) / y_scale
+    if not np.all(np.isfinite(multiplier.astype(np.float32))):
+        raise ValueError(f"{fn}: a_scale * b_scale / y_scale overflows {precision}; "
+                         "use numerics='exact' for such scales")
+    return multiplier
+
+
+# ---------------------------------------------------------------------------------------------------
+# Float8 operands or output: dequantize, multiply, quantize.
+
+
+def _float_path(p: _Problem, numerics):
+    if numerics == "exact":
+        return _float_path_exact(p)
+    return _quantize_output(p, _dequantized_product(p))
+
+
+def _dequantized_product(p: _Problem):
+    """sum_k (a - a_zp)(b - b_zp) in float32, [B, M, N]: float32 FMAs in order of k (C++)."""
+    _, a_zp = p.a_params
+    _, b_zp = p.b_params
+    f32 = np.float32
+    ca, cb = to_float32(p.a), to_float32(p.b)
+    if np.any(a_zp):  # float8 zero points are 0 (DequantizeLinear requires it); integer ones need not be
+        ca = ca - a_zp.astype(f32)
+    if np.any(b_zp):
+        cb = cb - b_zp.astype(f32)
+    d = np.empty((p.B, p.M, p.N), f32)
+    _core.matmul_f32_sequential(p.operand3(ca, p.M, p.K), p.a_index, p.operand3(cb, p.K, p.N), p.b_index, d)
+    return d
+
+
+def _quantize_output(p: _Problem, d):
+    """d times a_scale * b_scale, divided by y_scale, to the output type (float8 or integer)."""
+    a_scale, _ = p.a_params
+    b_scale, _ = p.b_params
+    y_scale, y_zp = p.y_params
+    f32 = np.float32
+    with np.errstate(over="ignore", invalid="ignore"):
+        # Scales are per row of a and per column of b: constant along k, so they factor out.
+        x = d.reshape(p.internal) * (a_scale.astype(f32) * b_scale.astype(f32))
+        v = x / y_scale.astype(f32)
+        if is_float8(p.y_dtype):
+            v = v + y_zp.astype(f32)
+            # Saturating, nearest even: np.clip(v, -max, max).astype(y_dtype), in C++.
+            code = FLOAT8_TYPES.index(p.y_dtype)
+            return _core.float32_to_float8(np.ascontiguousarray(v, f32).reshape(-1), code).view(
+                p.y_dtype).reshape(v.shape)
+        return _integer_rule(np.rint(v), np.broadcast_to(y_zp, p.internal), p.y_dtype)
+
+
+def _float_path_exact(p: _Problem):
+    """Exact sum and one rounding: scales are constant along k, so
+    y = a_scale * b_scale * sum_k (a - a_zp)(b - b_zp) / y_scale + y_zp, where every difference
+    is an integer times 2^-e for the float8 type's e; the sum is exact in 128 bits (C++)."""
+    total, denominator = _exact_sum(p)
+    return _round_exact(p, total, denominator)
+
+
+def _exact_sum(p: _Problem):
+    """sum_k (a - a_zp)(b - b_zp) exactly: Python integers [..., M, N] over a power-of-two denominator."""
+    _, a_zp = p.a_params
+    _, b_zp = p.b_params
+    ea = float8_scale_exponent(p.a.dtype) if is_float8(p.a.dtype) else 0
+    eb = float8_scale_exponent(p.b.dtype) if is_float8(p.b.dtype) else 0
+    ia = _integerized(p.fn, p.a, a_zp, ea, "a")
+    ib = _integerized(p.fn, p.b, b_zp, eb, "b")
+    hi = np.empty((p.B, p.M, p.N), np.int64)
+    lo = np.empty((p.B, p.M, p.N), np.uint64)
+    _core.matmul_i64_exact128(p.operand3(ia, p.M, p.K), p.a_index, p.operand3(ib, p.K, p.N), p.b_index, hi, lo)
+    total = hi.reshape(p.internal).astype(object) * (1 << 64) + lo.reshape(p.internal).astype(object)
+    return total, 1 << (ea + eb)
+
+
+def _round_exact(p: _Problem, total, denominator):
+    """The exact real value of every output, scaled, rounded once to the output type."""
+    a_scale, _ = p.a_params
+    b_scale, _ = p.b_params
+    y_scale, y_zp = p.y_params
+    scale = (np.broadcast_to(a_scale, p.internal).astype(np.float64).astype(object)
+             * np.broadcast_to(b_scale, p.internal).astype(np.float64).astype(object))
+    ys = np.broadcast_to(y_scale, p.internal).astype(np.float64)
+    zp = np.broadcast_to(y_zp, p.internal)
+    out = np.empty(p.internal, p.y_dtype)
+    rounder = _Float8Rounder(p.y_dtype) if is_float8(p.y_dtype) else None
+    for idx in np.ndindex(*p.internal):
+        value = (Fraction(int(total[idx]), denominator) * Fraction(scale[idx])) / Fraction(float(ys[idx]))
+        if rounder is not None:
+            out[idx] = rounder(value + Fraction(float(zp[idx])))
         else:
-            scales = [self.view3(s, np.float32) for s in (a_scale, b_scale, y_scale)]
-            _core.qlinear_matmul_exact(*common, *scales, y, y.dtype == np.int8, y_zp3)
-        return y
+            q = round(value) + int(zp[idx])
+            info = np.iinfo(p.y_dtype)
+            out[idx] = min(max(q, info.min), info.max)
+    return out
 
-    def _multiplier(self, scales, precision):
-        """a_scale * b_scale / y_scale in the scales' dtype; a ValueError if it overflows."""
-        a_scale, b_scale, y_scale = scales
-        with np.errstate(over="ignore", under="ignore"):
-            multiplier = (a_scale * b_scale) / y_scale
-        if not np.all(np.isfinite(multiplier.astype(np.float32))):
-            raise ValueError(f"{self.fn}: a_scale * b_scale / y_scale overflows {precision}; "
-                             "use numerics='exact' for such scales")
-        return multiplier
 
-    # ---------------------------------------------------------------------------------------------
-    # Float8 operands or output: dequantize, multiply, quantize.
-
-    def float_path(self, numerics):
-        if numerics == "exact":
-            return self._float_path_exact()
-        a_scale, a_zp = self.a_params
-        b_scale, b_zp = self.b_params
-        y_scale, y_zp = self.y_params
-        f32 = np.float32
-        ca, cb = to_float32(self.a), to_float32(self.b)
-        if np.any(a_zp):  # float8 zero points are 0 (DequantizeLinear requires it); integer ones need not be
-            ca = ca - a_zp.astype(f32)
-        if np.any(b_zp):
-            cb = cb - b_zp.astype(f32)
-        d = np.empty((self.B, self.M, self.N), f32)
-        _core.matmul_f32_sequential(self.operand3(ca, self.M, self.K), self.a_index,
-                                    self.operand3(cb, self.K, self.N), self.b_index, d)
-        with np.errstate(over="ignore", invalid="ignore"):
-            # Scales are per row of a and per column of b: constant along k, so they factor out.
-            x = d.reshape(self.internal) * (a_scale.astype(f32) * b_scale.astype(f32))
-            v = x / y_scale.astype(f32)
-            if is_float8(self.y_dtype):
-                v = v + y_zp.astype(f32)
-                # Saturating, nearest even: np.clip(v, -max, max).astype(y_dtype), in C++.
-                code = FLOAT8_TYPES.index(self.y_dtype)
-                return _core.float32_to_float8(np.ascontiguousarray(v, f32).reshape(-1), code).view(
-                    self.y_dtype).reshape(v.shape)
-            return _integer_rule(np.rint(v), np.broadcast_to(y_zp, self.internal), self.y_dtype)
-
-    def _float_path_exact(self):
-        """Exact sum and one rounding: scales are constant along k, so
-        y = a_scale * b_scale * sum_k (a - a_zp)(b - b_zp) / y_scale + y_zp, where every difference
-        is an integer times 2^-e for the float8 type's e; the sum is exact in 128 bits (C++)."""
-        a_scale, a_zp = self.a_params
-        b_scale, b_zp = self.b_params
-        y_scale, y_zp = self.y_params
-        ea = float8_scale_exponent(self.a.dtype) if is_float8(self.a.dtype) else 0
-        eb = float8_scale_exponent(self.b.dtype) if is_float8(self.b.dtype) else 0
-        ia = self._integerized(self.a, a_zp, ea, "a")
-        ib = self._integerized(self.b, b_zp, eb, "b")
-        hi = np.empty((self.B, self.M, self.N), np.int64)
-        lo = np.empty((self.B, self.M, self.N), np.uint64)
-        _core.matmul_i64_exact128(self.operand3(ia, self.M, self.K), self.a_index,
-                                  self.operand3(ib, self.K, self.N), self.b_index, hi, lo)
-        total = hi.reshape(self.internal).astype(object) * (1 << 64) + lo.reshape(self.internal).astype(object)
-        scale = (np.broadcast_to(a_scale, self.internal).astype(np.float64).astype(object)
-                 * np.broadcast_to(b_scale, self.internal).astype(np.float64).astype(object))
-        ys = np.broadcast_to(y_scale, self.internal).astype(np.float64)
-        zp = np.broadcast_to(y_zp, self.internal)
-        denominator = 1 << (ea + eb)
-        out = np.empty(self.internal, self.y_dtype)
-        rounder = _Float8Rounder(self.y_dtype) if is_float8(self.y_dtype) else None
-        for idx in np.ndindex(*self.internal):
-            value = (Fraction(int(total[idx]), denominator) * Fraction(scale[idx])) / Fraction(float(ys[idx]))
-            if rounder is not None:
-                out[idx] = rounder(value + Fraction(float(zp[idx])))
-            else:
-                q = round(value) + int(zp[idx])
-                info = np.iinfo(self.y_dtype)
-                out[idx] = min(max(q, info.min), info.max)
-        return out
-
-    def _integerized(self, q, zp, e, name):
-        values = q.astype(np.float64) - zp.astype(np.float64)  # exact: float8 differences need <= 35 bits
-        if not np.all(np.isfinite(values)):
-            raise ValueError(f"{self.fn}: numerics='exact' needs finite operands; {name} or {name}_zero_point "
-                             "holds NaN or infinity (use the default numerics)")
-        return np.ldexp(values, e).astype(np.int64)
+def _integerized(fn, q, zp, e, name):
+    values = q.astype(np.float64) - zp.astype(np.float64)  # exact: float8 differences need <= 35 bits
+    if not np.all(np.isfinite(values)):
+        raise ValueError(f"{fn}: numerics='exact' needs finite operands; {name} or {name}_zero_point "
+                         "holds NaN or infinity (use the default numerics)")
+    return np.ldexp(values, e).astype(np.int64)
 
 
 # --------------------------------------------------------------------------------------------------
