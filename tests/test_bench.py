@@ -77,8 +77,10 @@ def test_labels_follow_the_shape():
 
 
 def _report(peers_by_case):
-    results = [dict(case=f"case {i}", M=64, K=256, N=256, gops={p: 10.0 + i for p in peers})
-               for i, peers in enumerate(peers_by_case)]
+    results = [
+        dict(case=f"case {i}", M=64, K=256, N=256, gops={p: 10.0 + i for p in peers})
+        for i, peers in enumerate(peers_by_case)
+    ]
     results.append(dict(case="tiny", M=1, K=16, N=16, gops={"quantmatmul": 1.0, "onednn": 1.0}))  # not charted
     return dict(results=results, peak_gops=100.0, threads=1, cpu="test CPU", isa="test")
 

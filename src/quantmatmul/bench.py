@@ -67,8 +67,9 @@ class Case:
 
     def quick_case(self) -> Case:
         """This case at its --quick shape."""
-        return self if self.quick is None else dataclasses.replace(self, M=self.quick[0], K=self.quick[1],
-                                                                   N=self.quick[2])
+        return (
+            self if self.quick is None else dataclasses.replace(self, M=self.quick[0], K=self.quick[1], N=self.quick[2])
+        )
 
     @property
     def ops(self) -> float:
@@ -106,7 +107,7 @@ def _inputs(case: Case, rng):
         info = np.iinfo(dtype)
         return rng.integers(info.min, int(info.max) + 1, shape).astype(dtype)
 
-    zero = lambda dtype: np.zeros((), dtype)  # noqa: E731 - symmetric b: what oneDNN's qint8 weights need
+    zero = lambda dtype: np.zeros((), dtype)  # symmetric b: what oneDNN's qint8 weights need
     a_zp = zero(case.a) if case.a == E4M3 else np.array(128 if case.a == u8 else 0, case.a)
     y_zp = zero(case.y) if case.y == E4M3 else np.array(128 if case.y == u8 else 0, case.y)
     a, b = values(case.a, (case.M, case.K)), values(case.b, (case.K, case.N))
@@ -124,7 +125,8 @@ def _quantmatmul_runner(case, args):
 
 def _onnxruntime_runner(case, args, threads):
     try:
-        from .peers import INPUTS, qlinear_model, session as ort_session
+        from .peers import INPUTS, qlinear_model
+        from .peers import session as ort_session
     except ImportError:
         return None
     try:
@@ -170,9 +172,11 @@ def run(cases=None, *, threads=None, repeat=15, quick=False, seed=0, progress=pr
         if quick:
             case = case.quick_case()
         args = _inputs(case, rng)
-        runners = {"quantmatmul": _quantmatmul_runner(case, args),
-                   "onnxruntime": _onnxruntime_runner(case, args, threads),
-                   "onednn": _onednn_runner(case, args, threads)}
+        runners = {
+            "quantmatmul": _quantmatmul_runner(case, args),
+            "onnxruntime": _onnxruntime_runner(case, args, threads),
+            "onednn": _onednn_runner(case, args, threads),
+        }
         runners = {k: v for k, v in runners.items() if v is not None}
         result = Result(case.name, (case.M, case.K, case.N))
         if "onnxruntime" in runners:
@@ -182,7 +186,7 @@ def run(cases=None, *, threads=None, repeat=15, quick=False, seed=0, progress=pr
         times = {name: [] for name in runners}
         small = case.M * case.K * case.N < 1e6
         inner = 200 if small else 1  # tiny calls: time a batch of calls, report per call
-        for name, fn in runners.items():  # warm up
+        for fn in runners.values():  # warm up
             fn()
         for _ in range(repeat):
             for name, fn in runners.items():
@@ -198,11 +202,24 @@ def run(cases=None, *, threads=None, repeat=15, quick=False, seed=0, progress=pr
         "isa": cpu_info()["isa"],
         "threads": threads,
         "peak_gops": peak,
-        "results": [dict(case=r.case, M=c.M, K=c.K, N=c.N, a=str(c.a), b=str(c.b), y=str(c.y), constant_b=c.constant_b,
-                         median_ms=r.median_ms, gops={k: c.ops / (v * 1e-3) / 1e9 for k, v in r.median_ms.items()},
-                         identical_to_onnxruntime=r.identical_to_onnxruntime,
-                         difference_explained=r.difference_explained, baseline=c.baseline_name)
-                    for c, r in results],
+        "results": [
+            dict(
+                case=r.case,
+                M=c.M,
+                K=c.K,
+                N=c.N,
+                a=str(c.a),
+                b=str(c.b),
+                y=str(c.y),
+                constant_b=c.constant_b,
+                median_ms=r.median_ms,
+                gops={k: c.ops / (v * 1e-3) / 1e9 for k, v in r.median_ms.items()},
+                identical_to_onnxruntime=r.identical_to_onnxruntime,
+                difference_explained=r.difference_explained,
+                baseline=c.baseline_name,
+            )
+            for c, r in results
+        ],
     }
 
 
@@ -250,15 +267,30 @@ class NBitsCase:
         return f"{self.bits}-bit b{self.block_size} level {self.level} M={self.M} K={self.K} N={self.N}"
 
 
-NBITS_CASES = [
-    NBitsCase(1, 4096, 4096, 4, 32, 0), NBitsCase(1, 4096, 4096, 4, 128, 0), NBitsCase(1, 4096, 11008, 4, 128, 0),
-    NBitsCase(1, 4096, 4096, 4, 32, 4), NBitsCase(1, 4096, 4096, 4, 128, 4), NBitsCase(1, 4096, 4096, 8, 32, 4),
-    NBitsCase(4, 4096, 4096, 4, 32, 4), NBitsCase(16, 4096, 4096, 4, 32, 4),
-    NBitsCase(128, 4096, 4096, 4, 128, 0), NBitsCase(128, 4096, 4096, 4, 128, 4), NBitsCase(128, 4096, 4096, 4, 32, 4),
-    NBitsCase(512, 4096, 4096, 4, 128, 0), NBitsCase(512, 4096, 4096, 4, 128, 4),
-] + [NBitsCase(1, 4096, 4096, bits, 32, 0) for bits in (2, 3, 5, 6, 7, 8)] + [
-    NBitsCase(128, 4096, 4096, bits, 32, 4) for bits in (2, 3, 5, 8)]
-NBITS_QUICK = [NBitsCase(1, 1024, 1024, 4, 32, 0), NBitsCase(1, 1024, 1024, 4, 32, 4), NBitsCase(16, 512, 512, 3, 32, 0)]
+NBITS_CASES = (
+    [
+        NBitsCase(1, 4096, 4096, 4, 32, 0),
+        NBitsCase(1, 4096, 4096, 4, 128, 0),
+        NBitsCase(1, 4096, 11008, 4, 128, 0),
+        NBitsCase(1, 4096, 4096, 4, 32, 4),
+        NBitsCase(1, 4096, 4096, 4, 128, 4),
+        NBitsCase(1, 4096, 4096, 8, 32, 4),
+        NBitsCase(4, 4096, 4096, 4, 32, 4),
+        NBitsCase(16, 4096, 4096, 4, 32, 4),
+        NBitsCase(128, 4096, 4096, 4, 128, 0),
+        NBitsCase(128, 4096, 4096, 4, 128, 4),
+        NBitsCase(128, 4096, 4096, 4, 32, 4),
+        NBitsCase(512, 4096, 4096, 4, 128, 0),
+        NBitsCase(512, 4096, 4096, 4, 128, 4),
+    ]
+    + [NBitsCase(1, 4096, 4096, bits, 32, 0) for bits in (2, 3, 5, 6, 7, 8)]
+    + [NBitsCase(128, 4096, 4096, bits, 32, 4) for bits in (2, 3, 5, 8)]
+)
+NBITS_QUICK = [
+    NBitsCase(1, 1024, 1024, 4, 32, 0),
+    NBitsCase(1, 1024, 1024, 4, 32, 4),
+    NBitsCase(16, 512, 512, 3, 32, 0),
+]
 
 
 def run_nbits(cases=None, *, threads=None, repeat=15, quick=False, seed=0, progress=print) -> list:
@@ -269,7 +301,8 @@ def run_nbits(cases=None, *, threads=None, repeat=15, quick=False, seed=0, progr
     set_num_threads(threads)
     rng = np.random.default_rng(seed)
     try:
-        from .peers import matmul_nbits_model, session as ort_session
+        from .peers import matmul_nbits_model
+        from .peers import session as ort_session
     except ImportError:
         ort_session = None
     rows = []
@@ -278,12 +311,12 @@ def run_nbits(cases=None, *, threads=None, repeat=15, quick=False, seed=0, progr
         q = quantize_nbits(W, bits=case.bits, block_size=case.block_size)
         A = rng.standard_normal((case.M, case.K)).astype(np.float32)
         ours = MatMulNBits(*q.tensors(), **q.attributes(), accuracy_level=case.level)
-        runners = {"quantmatmul": lambda ours=ours: ours(A)}
+        runners = {"quantmatmul": lambda ours=ours, A=A: ours(A)}
         if ort_session is not None and case.bits in (2, 4, 8):
             for level in sorted({case.level, 4}):
                 model = matmul_nbits_model(np.float32, *q.tensors(), **q.attributes(), accuracy_level=level)
                 session = ort_session(model, threads=threads, spinning=False)
-                runners[f"onnxruntime level {level}"] = lambda session=session: session.run(None, {"A": A})[0]
+                runners[f"onnxruntime level {level}"] = lambda session=session, A=A: session.run(None, {"A": A})[0]
         for fn in runners.values():
             fn()
         times = {name: [] for name in runners}
@@ -294,12 +327,24 @@ def run_nbits(cases=None, *, threads=None, repeat=15, quick=False, seed=0, progr
                 times[name].append(time.perf_counter() - start)
         medians = {name: statistics.median(t) * 1e3 for name, t in times.items()}
         weight_gb = q.B.nbytes / 1e9
-        row = dict(case=case.name, M=case.M, K=case.K, N=case.N, bits=case.bits, block_size=case.block_size,
-                   level=case.level, median_ms=medians, weight_gbps=weight_gb / (medians["quantmatmul"] * 1e-3))
+        row = dict(
+            case=case.name,
+            M=case.M,
+            K=case.K,
+            N=case.N,
+            bits=case.bits,
+            block_size=case.block_size,
+            level=case.level,
+            median_ms=medians,
+            weight_gbps=weight_gb / (medians["quantmatmul"] * 1e-3),
+        )
         rows.append(row)
         parts = [f"{case.name:<40} {medians['quantmatmul']:8.3f} ms {row['weight_gbps']:6.1f} GB/s of codes"]
-        parts += [f"{name} {t:8.3f} ms (x{t / medians['quantmatmul']:.2f})" for name, t in medians.items()
-                  if name != "quantmatmul"]
+        parts += [
+            f"{name} {t:8.3f} ms (x{t / medians['quantmatmul']:.2f})"
+            for name, t in medians.items()
+            if name != "quantmatmul"
+        ]
         progress("  ".join(parts))
     return rows
 
@@ -318,8 +363,9 @@ def _time(fn) -> float:
     return time.perf_counter() - start
 
 
-def run_cold_nbits(*, threads=None, count=8, K=4096, N=4096, bits=4, block_size=32, level=0, rounds=5,
-                   progress=print) -> dict:
+def run_cold_nbits(
+    *, threads=None, count=8, K=4096, N=4096, bits=4, block_size=32, level=0, rounds=5, progress=print
+) -> dict:
     """Cold weights, as in real decoding: `count` constant weights (together larger than the last-level
     cache) multiplied in turn by one row each; GB/s of packed codes read, ours and ORT's."""
     from .matmul_nbits import MatMulNBits
@@ -328,17 +374,26 @@ def run_cold_nbits(*, threads=None, count=8, K=4096, N=4096, bits=4, block_size=
     threads = threads or get_num_threads()
     set_num_threads(threads)
     rng = np.random.default_rng(1)
-    weights = [quantize_nbits((rng.standard_normal((K, N)) * 0.02).astype(np.float32), bits=bits,
-                              block_size=block_size) for _ in range(count)]
+    weights = [
+        quantize_nbits((rng.standard_normal((K, N)) * 0.02).astype(np.float32), bits=bits, block_size=block_size)
+        for _ in range(count)
+    ]
     A = rng.standard_normal((1, K)).astype(np.float32)
     total_bytes = sum(q.B.nbytes for q in weights)
     ours = [MatMulNBits(*q.tensors(), **q.attributes(), accuracy_level=level) for q in weights]
     sweeps = {"quantmatmul": lambda: [w(A) for w in ours]}
     try:
-        from .peers import matmul_nbits_model, session as ort_session
+        from .peers import matmul_nbits_model
+        from .peers import session as ort_session
 
-        sessions = [ort_session(matmul_nbits_model(np.float32, *q.tensors(), **q.attributes(), accuracy_level=4),
-                                threads=threads, spinning=False) for q in weights]
+        sessions = [
+            ort_session(
+                matmul_nbits_model(np.float32, *q.tensors(), **q.attributes(), accuracy_level=4),
+                threads=threads,
+                spinning=False,
+            )
+            for q in weights
+        ]
         sweeps["onnxruntime level 4"] = lambda: [s.run(None, {"A": A}) for s in sessions]
     except ImportError:
         pass
@@ -349,11 +404,19 @@ def run_cold_nbits(*, threads=None, count=8, K=4096, N=4096, bits=4, block_size=
         for name, sweep in sweeps.items():
             times[name].append(_time(sweep))
     bandwidth = memory_bandwidth_gbps()
-    result = {"weights": count, "total_mb": total_bytes / 1e6, "level": level, "memory_bandwidth_gbps": bandwidth,
-              "gbps": {name: total_bytes / statistics.median(t) / 1e9 for name, t in times.items()}}
-    progress(f"cold weights: {count} x {bits}-bit [{K}, {N}] b{block_size} ({result['total_mb']:.0f} MB of codes), "
-             f"level {level}, M=1: " + ", ".join(f"{name} {g:.1f} GB/s" for name, g in result["gbps"].items())
-             + f"; memory bandwidth (copy) {bandwidth:.1f} GB/s")
+    result = {
+        "weights": count,
+        "total_mb": total_bytes / 1e6,
+        "level": level,
+        "memory_bandwidth_gbps": bandwidth,
+        "gbps": {name: total_bytes / statistics.median(t) / 1e9 for name, t in times.items()},
+    }
+    progress(
+        f"cold weights: {count} x {bits}-bit [{K}, {N}] b{block_size} ({result['total_mb']:.0f} MB of codes), "
+        f"level {level}, M=1: "
+        + ", ".join(f"{name} {g:.1f} GB/s" for name, g in result["gbps"].items())
+        + f"; memory bandwidth (copy) {bandwidth:.1f} GB/s"
+    )
     return result
 
 
@@ -395,15 +458,22 @@ def main(args) -> int:
     progress = (lambda _line: None) if args.json == "-" else print
     if progress is print:
         info = cpu_info()
-        print(f"CPU {info['features']['brand']}, path {info['isa']}, {args.threads or get_num_threads()} threads; "
-              "ratios are peer time / quantmatmul time (above 1: quantmatmul is faster)")
+        print(
+            f"CPU {info['features']['brand']}, path {info['isa']}, {args.threads or get_num_threads()} threads; "
+            "ratios are peer time / quantmatmul time (above 1: quantmatmul is faster)"
+        )
     report = run(threads=args.threads, repeat=args.repeat, quick=args.quick, progress=progress)
     if progress is print:
         print("MatMulNBits (constant weights; ratios are ORT time / quantmatmul time)")
     report["matmul_nbits"] = run_nbits(threads=args.threads, repeat=args.repeat, quick=args.quick, progress=progress)
-    report["matmul_nbits_cold"] = run_cold_nbits(threads=args.threads, count=2 if args.quick else 8,
-                                                 K=1024 if args.quick else 4096, N=1024 if args.quick else 4096,
-                                                 rounds=2 if args.quick else 5, progress=progress)
+    report["matmul_nbits_cold"] = run_cold_nbits(
+        threads=args.threads,
+        count=2 if args.quick else 8,
+        K=1024 if args.quick else 4096,
+        N=1024 if args.quick else 4096,
+        rounds=2 if args.quick else 5,
+        progress=progress,
+    )
     if args.json == "-":
         print(json.dumps(report, indent=1))
     elif args.json:

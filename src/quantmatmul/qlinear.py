@@ -18,8 +18,9 @@ NUMERICS = ("onnxruntime", "onnx-reference", "exact")
 _FN = "qlinear_matmul"
 
 
-def qlinear_matmul(a, a_scale, a_zero_point, b, b_scale, b_zero_point, y_scale, y_zero_point, *,
-                   numerics: str = "onnxruntime") -> np.ndarray:
+def qlinear_matmul(
+    a, a_scale, a_zero_point, b, b_scale, b_zero_point, y_scale, y_zero_point, *, numerics: str = "onnxruntime"
+) -> np.ndarray:
     """Quantized matrix product, ONNX QLinearMatMul (opsets 10 and 21).
 
     ``y = saturate(round(((a - a_zero_point) @ (b - b_zero_point)) * a_scale * b_scale / y_scale) + y_zero_point)``
@@ -112,12 +113,25 @@ class QLinearMatMul:
 
     def __call__(self, a, a_scale, a_zero_point, y_scale, y_zero_point, *, numerics: str = "onnxruntime") -> np.ndarray:
         _check_numerics(numerics, self._FN)
-        return _run(a, a_scale, a_zero_point, self.b, self.b_scale, self.b_zero_point, y_scale, y_zero_point,
-                    numerics, self._FN, self._packed)
+        return _run(
+            a,
+            a_scale,
+            a_zero_point,
+            self.b,
+            self.b_scale,
+            self.b_zero_point,
+            y_scale,
+            y_zero_point,
+            numerics,
+            self._FN,
+            self._packed,
+        )
 
     def __repr__(self) -> str:
-        return (f"QLinearMatMul(b: {self.b.dtype} {self.b.shape}, b_scale: {self.b_scale.dtype} {self.b_scale.shape}, "
-                f"packed {self.nbytes} bytes)")
+        return (
+            f"QLinearMatMul(b: {self.b.dtype} {self.b.shape}, b_scale: {self.b_scale.dtype} {self.b_scale.shape}, "
+            f"packed {self.nbytes} bytes)"
+        )
 
 
 def _check_numerics(numerics, fn):
@@ -134,8 +148,9 @@ def _run(a, a_scale, a_zero_point, b, b_scale, b_zero_point, y_scale, y_zero_poi
             return y
     a, a_zero_point, y_zero_point = _operand_dtypes(a, a_zero_point, y_zero_point, fn)
     a_scale, b_scale, y_scale = _scales(a_scale, b_scale, y_scale, fn=fn)
-    problem = _Problem(a, a_scale, a_zero_point, b, b_scale, b_zero_point, y_scale, y_zero_point,
-                       fn=fn, packed_b=packed_b)
+    problem = _Problem(
+        a, a_scale, a_zero_point, b, b_scale, b_zero_point, y_scale, y_zero_point, fn=fn, packed_b=packed_b
+    )
     y = _float_path(problem, numerics) if problem.float8 else _integer_path(problem, numerics)
     return y.reshape(problem.out_shape)
 
@@ -163,13 +178,16 @@ def _operand_dtypes(a, a_zero_point, y_zero_point, fn: str):
 
 def _zero_point(x, name: str, dtype, tensor: str | None, fn: str = _FN) -> np.ndarray:
     if not isinstance(x, (np.ndarray, np.generic)):
-        raise TypeError(f"{fn}: {name} must be a numpy array or scalar with a dtype "
-                        f"({names(QUANT_TYPES)}), got {type(x).__name__}")
+        raise TypeError(
+            f"{fn}: {name} must be a numpy array or scalar with a dtype ({names(QUANT_TYPES)}), got {type(x).__name__}"
+        )
     x = np.asarray(x)
     if tensor is None:
         if x.dtype not in QUANT_TYPES:
-            raise TypeError(f"{fn}: {name} dtype {x.dtype} is not supported, expected {names(QUANT_TYPES)} "
-                            f"(it selects the output type)")
+            raise TypeError(
+                f"{fn}: {name} dtype {x.dtype} is not supported, expected {names(QUANT_TYPES)} "
+                f"(it selects the output type)"
+            )
     elif x.dtype != dtype:
         raise TypeError(f"{fn}: {name} dtype {x.dtype} does not match {tensor} dtype {dtype}")
     return x
@@ -194,15 +212,18 @@ def _scales(a_scale, b_scale, y_scale, fn: str = _FN):
     labels = ("a_scale", "b_scale", "y_scale")
     arrays = [_scale(s, name, fn) for name, s in zip(labels, (a_scale, b_scale, y_scale))]
     if len({s.dtype for s in arrays}) > 1:
-        raise TypeError(f"{fn}: the three scales must share one dtype (ONNX type TS), got "
-                        + ", ".join(f"{n} {s.dtype}" for n, s in zip(labels, arrays)))
+        raise TypeError(
+            f"{fn}: the three scales must share one dtype (ONNX type TS), got "
+            + ", ".join(f"{n} {s.dtype}" for n, s in zip(labels, arrays))
+        )
     return arrays
 
 
 def _check_pair(scale: np.ndarray, zero_point: np.ndarray, scale_name: str, zp_name: str, fn: str):
     if scale.shape != zero_point.shape:
-        raise ValueError(f"{fn}: {zp_name} has shape {zero_point.shape}, expected its scale's shape "
-                         f"{scale.shape} ({scale_name})")
+        raise ValueError(
+            f"{fn}: {zp_name} has shape {zero_point.shape}, expected its scale's shape {scale.shape} ({scale_name})"
+        )
 
 
 def _fits(shape, target) -> bool:
@@ -219,8 +240,9 @@ class _Problem:
     the scales and zero points (reshaped into the output's coordinates), and the batch index maps.
     The products themselves are the functions after the class (_integer_path, _float_path)."""
 
-    def __init__(self, a, a_scale, a_zero_point, b, b_scale, b_zero_point, y_scale, y_zero_point, *,
-                 fn: str = _FN, packed_b=None):
+    def __init__(
+        self, a, a_scale, a_zero_point, b, b_scale, b_zero_point, y_scale, y_zero_point, *, fn: str = _FN, packed_b=None
+    ):
         self.fn, self.packed_b = fn, packed_b
         self._shapes(a, b)
         self._parameters(a_scale, a_zero_point, b_scale, b_zero_point, y_scale, y_zero_point)
@@ -243,8 +265,10 @@ class _Problem:
         self.M, self.K = self.a.shape[-2:]
         K_b, self.N = self.b.shape[-2:]
         if self.K != K_b:
-            raise ValueError(f"{self.fn}: inner dimensions differ: a has shape {a.shape} (K={self.K}) "
-                             f"and b has shape {b.shape} (K={K_b})")
+            raise ValueError(
+                f"{self.fn}: inner dimensions differ: a has shape {a.shape} (K={self.K}) "
+                f"and b has shape {b.shape} (K={K_b})"
+            )
         self.batch = self._broadcast_batch(a, b)
         self.B = prod(self.batch)
         self.out_shape = self.batch + (() if self.a_1d else (self.M,)) + (() if self.b_1d else (self.N,))
@@ -267,7 +291,9 @@ class _Problem:
         _check_pair(y_scale, y_zero_point, "y_scale", "y_zero_point", self.fn)
         self.a_params = [self._row_param(p) for p in (a_scale, a_zero_point)]
         self.b_params = [self._column_param(p) for p in (b_scale, b_zero_point)]
-        self.y_params = [self._output_param(p, name) for p, name in ((y_scale, "y_scale"), (y_zero_point, "y_zero_point"))]
+        self.y_params = [
+            self._output_param(p, name) for p, name in ((y_scale, "y_scale"), (y_zero_point, "y_zero_point"))
+        ]
         self.y_dtype = y_zero_point.dtype
         self.scale_dtype = a_scale.dtype
 
@@ -278,9 +304,11 @@ class _Problem:
         elif p.shape == (1,):
             p = p.reshape(())
         if not _fits(p.shape, target):
-            raise ValueError(f"{self.fn}: a_scale/a_zero_point has shape {p.shape}, expected () or (1,) per tensor"
-                             + (f", ({self.M},) per row" if self.a.ndim == 2 and not self.a_1d else "")
-                             + f" or a shape broadcasting to {target} per row")
+            raise ValueError(
+                f"{self.fn}: a_scale/a_zero_point has shape {p.shape}, expected () or (1,) per tensor"
+                + (f", ({self.M},) per row" if self.a.ndim == 2 and not self.a_1d else "")
+                + f" or a shape broadcasting to {target} per row"
+            )
         return p
 
     def _column_param(self, p):
@@ -288,16 +316,20 @@ class _Problem:
         if p.shape == (1,):
             p = p.reshape(())
         if not _fits(p.shape, target):
-            raise ValueError(f"{self.fn}: b_scale/b_zero_point has shape {p.shape}, expected () or (1,) per tensor "
-                             f"or ({self.N},) or a shape broadcasting to {target} per column")
+            raise ValueError(
+                f"{self.fn}: b_scale/b_zero_point has shape {p.shape}, expected () or (1,) per tensor "
+                f"or ({self.N},) or a shape broadcasting to {target} per column"
+            )
         return p
 
     def _output_param(self, p, name):
         if p.shape == (1,):
             p = p.reshape(())
         if not _fits(p.shape, self.out_shape):
-            raise ValueError(f"{self.fn}: {name} has shape {p.shape}, expected () or (1,) per tensor, or a shape "
-                             f"that broadcasts to the output shape {self.out_shape}")
+            raise ValueError(
+                f"{self.fn}: {name} has shape {p.shape}, expected () or (1,) per tensor, or a shape "
+                f"that broadcasts to the output shape {self.out_shape}"
+            )
         p = p.reshape((1,) * (len(self.out_shape) - p.ndim) + p.shape)
         if self.b_1d:
             p = p[..., None]
@@ -366,8 +398,9 @@ def _multiplier(fn, scales, precision):
     with np.errstate(over="ignore", under="ignore"):
         multiplier = (a_scale * b_scale) / y_scale
     if not np.all(np.isfinite(multiplier.astype(np.float32))):
-        raise ValueError(f"{fn}: a_scale * b_scale / y_scale overflows {precision}; "
-                         "use numerics='exact' for such scales")
+        raise ValueError(
+            f"{fn}: a_scale * b_scale / y_scale overflows {precision}; use numerics='exact' for such scales"
+        )
     return multiplier
 
 
@@ -410,8 +443,9 @@ def _quantize_output(p: _Problem, d):
             v = v + y_zp.astype(f32)
             # Saturating, nearest even: np.clip(v, -max, max).astype(y_dtype), in C++.
             code = FLOAT8_TYPES.index(p.y_dtype)
-            return _core.float32_to_float8(np.ascontiguousarray(v, f32).reshape(-1), code).view(
-                p.y_dtype).reshape(v.shape)
+            return (
+                _core.float32_to_float8(np.ascontiguousarray(v, f32).reshape(-1), code).view(p.y_dtype).reshape(v.shape)
+            )
         return _integer_rule(np.rint(v), np.broadcast_to(y_zp, p.internal), p.y_dtype)
 
 
@@ -443,8 +477,9 @@ def _round_exact(p: _Problem, total, denominator):
     a_scale, _ = p.a_params
     b_scale, _ = p.b_params
     y_scale, y_zp = p.y_params
-    scale = (np.broadcast_to(a_scale, p.internal).astype(np.float64).astype(object)
-             * np.broadcast_to(b_scale, p.internal).astype(np.float64).astype(object))
+    scale = np.broadcast_to(a_scale, p.internal).astype(np.float64).astype(object) * np.broadcast_to(
+        b_scale, p.internal
+    ).astype(np.float64).astype(object)
     ys = np.broadcast_to(y_scale, p.internal).astype(np.float64)
     zp = np.broadcast_to(y_zp, p.internal)
     out = np.empty(p.internal, p.y_dtype)
@@ -463,8 +498,10 @@ def _round_exact(p: _Problem, total, denominator):
 def _integerized(fn, q, zp, e, name):
     values = q.astype(np.float64) - zp.astype(np.float64)  # exact: float8 differences need <= 35 bits
     if not np.all(np.isfinite(values)):
-        raise ValueError(f"{fn}: numerics='exact' needs finite operands; {name} or {name}_zero_point "
-                         "holds NaN or infinity (use the default numerics)")
+        raise ValueError(
+            f"{fn}: numerics='exact' needs finite operands; {name} or {name}_zero_point "
+            "holds NaN or infinity (use the default numerics)"
+        )
     return np.ldexp(values, e).astype(np.int64)
 
 
@@ -511,12 +548,22 @@ def _f32(x: float) -> float:
 
 
 def _fast_2d(a, a_scale, a_zero_point, b, b_scale, b_zero_point, y_scale, y_zero_point, packed_b):
-    if type(a) is not np.ndarray or a.ndim != 2 or a.dtype not in _INT8_DTYPES or b.ndim != 2 \
-            or b.dtype not in _INT8_DTYPES or a.shape[1] != b.shape[0]:
+    if (
+        type(a) is not np.ndarray
+        or a.ndim != 2
+        or a.dtype not in _INT8_DTYPES
+        or b.ndim != 2
+        or b.dtype not in _INT8_DTYPES
+        or a.shape[1] != b.shape[0]
+    ):
         return None
     sa, sy = _per_tensor_f32(a_scale), _per_tensor_f32(y_scale)
-    if sa is None or sy is None or not isinstance(y_zero_point, (np.ndarray, np.generic)) \
-            or y_zero_point.dtype not in _INT8_DTYPES:
+    if (
+        sa is None
+        or sy is None
+        or not isinstance(y_zero_point, (np.ndarray, np.generic))
+        or y_zero_point.dtype not in _INT8_DTYPES
+    ):
         return None
     za = _per_tensor_int(a_zero_point, a.dtype, a_scale)
     zy = _per_tensor_int(y_zero_point, y_zero_point.dtype, y_scale)
@@ -534,9 +581,16 @@ def _fast_2d(a, a_scale, a_zero_point, b, b_scale, b_zero_point, y_scale, y_zero
         if not math.isfinite(m):
             return None
         multiplier, b_zp = np.array([m], np.float32), np.array([zb], np.int32)
-    elif (type(b_scale) is np.ndarray and b_scale.dtype == _F32 and b_scale.shape == (N,)
-          and type(b_zero_point) is np.ndarray and b_zero_point.shape == (N,) and b_zero_point.dtype == b.dtype
-          and np.isfinite(b_scale).all() and b_scale.all()):
+    elif (
+        type(b_scale) is np.ndarray
+        and b_scale.dtype == _F32
+        and b_scale.shape == (N,)
+        and type(b_zero_point) is np.ndarray
+        and b_zero_point.shape == (N,)
+        and b_zero_point.dtype == b.dtype
+        and np.isfinite(b_scale).all()
+        and b_scale.all()
+    ):
         with np.errstate(over="ignore", under="ignore"):
             multiplier = (np.float32(sa) * b_scale) / np.float32(sy)
         if not np.isfinite(multiplier).all():
@@ -545,8 +599,17 @@ def _fast_2d(a, a_scale, a_zero_point, b, b_scale, b_zero_point, y_scale, y_zero
     else:
         return None
     b_operand = packed_b if packed_b is not None else np.ascontiguousarray(b)  # packed per call, in cache
-    return _core.qlinear_matmul_2d_onnxruntime(np.ascontiguousarray(a), a.dtype == _I8, za, b_operand,
-                                               b.dtype == _I8, b_zp, multiplier, zy, y_zero_point.dtype == _I8)
+    return _core.qlinear_matmul_2d_onnxruntime(
+        np.ascontiguousarray(a),
+        a.dtype == _I8,
+        za,
+        b_operand,
+        b.dtype == _I8,
+        b_zp,
+        multiplier,
+        zy,
+        y_zero_point.dtype == _I8,
+    )
 
 
 def _integer_rule(rounded, zp, dtype):
