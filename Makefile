@@ -4,7 +4,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 PIP := $(VENV)/bin/pip
 
-.PHONY: demo test bench build clean
+.PHONY: demo test bench build clean lint
 
 $(VENV)/.created:
 	$(PYTHON) -m venv $(VENV)
@@ -42,6 +42,17 @@ test: $(VENV)/.test-deps build
 bench: $(VENV)/.build-deps
 	$(PIP) install -q --no-build-isolation -e ".[bench]"
 	OPENBLAS_NUM_THREADS=1 $(VENV)/bin/python benchmarks/run.py
+
+# Style, checked and never rewritten: ruff (pyproject.toml [tool.ruff]) over the Python tree, and
+# clang-format (.clang-format) over csrc/. The tools are pinned: their output changes between releases.
+$(VENV)/.lint-deps: $(VENV)/.created
+	$(PIP) install -q ruff==0.17.6 clang-format==23.1.5
+	touch $@
+
+lint: $(VENV)/.lint-deps
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check .
+	find csrc -name '*.cpp' -o -name '*.h' -o -name '*.inc' | sort | xargs $(VENV)/bin/clang-format --dry-run --Werror
 
 clean:
 	rm -rf build $(VENV)

@@ -27,8 +27,11 @@ def main() -> int:
         print("MatMulNBits (constant weights; ratios are ORT time / quantmatmul time)")
         report["matmul_nbits"] = bench.run_nbits(threads=threads, repeat=args.repeat)
         report["matmul_nbits_cold"] = bench.run_cold_nbits(threads=threads)
-        report["machine"] = {"platform": platform.platform(), "python": platform.python_version(),
-                             "OPENBLAS_NUM_THREADS": os.environ.get("OPENBLAS_NUM_THREADS")}
+        report["machine"] = {
+            "platform": platform.platform(),
+            "python": platform.python_version(),
+            "OPENBLAS_NUM_THREADS": os.environ.get("OPENBLAS_NUM_THREADS"),
+        }
         stem = f"qlinear_{report['isa']}_{threads}t"
         (results / f"{stem}.json").write_text(json.dumps(report, indent=1))
         try:

@@ -690,6 +690,7 @@ def check_against_oracle(a, b, params, fixed_point, given_params=None):
     return "all outputs 0 or +-127" if np.all(np.isin(expected, [0, 127, -127])) else "varied outputs"
 
 
+@pytest.mark.slow
 @settings(max_examples=600, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
 @given(cases())
 def test_matches_oracle(case):

@@ -7,13 +7,29 @@ from ._runtime import available_isas, cpu_info, emulated_isas, get_num_threads, 
 from .matmul_nbits import MatMulNBits, dequantize_nbits, matmul_nbits
 from .nbits_layout import pack_nbits, unpack_nbits
 from .qlinear import QLinearMatMul, qlinear_matmul
-from .quantize_nbits import NBitsWeight, quantize_nbits
 from .quantize_linear import dequantize_linear, quantize_linear
+from .quantize_nbits import NBitsWeight, quantize_nbits
 
 __version__ = "0.1.0"
 
 __all__ = [
-    "qlinear_matmul", "QLinearMatMul", "quantize_linear", "dequantize_linear", "orion",
-    "matmul_nbits", "MatMulNBits", "dequantize_nbits", "quantize_nbits", "NBitsWeight", "pack_nbits", "unpack_nbits",
-    "cpu_info", "available_isas", "emulated_isas", "set_isa", "get_num_threads", "set_num_threads", "__version__",
+    "qlinear_matmul",
+    "QLinearMatMul",
+    "quantize_linear",
+    "dequantize_linear",
+    "orion",
+    "matmul_nbits",
+    "MatMulNBits",
+    "dequantize_nbits",
+    "quantize_nbits",
+    "NBitsWeight",
+    "pack_nbits",
+    "unpack_nbits",
+    "cpu_info",
+    "available_isas",
+    "emulated_isas",
+    "set_isa",
+    "get_num_threads",
+    "set_num_threads",
+    "__version__",
 ]

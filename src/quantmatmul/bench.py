@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import statistics
@@ -20,9 +21,17 @@ u8, s8, f32 = np.dtype(np.uint8), np.dtype(np.int8), np.float32
 E4M3 = np.dtype(ml_dtypes.float8_e4m3fn)
 
 
+def shape_label(M: int, K: int, N: int) -> str:
+    """The shape part of a case's label, from the shape itself: "1024^3" for a cube, else "M=.. K=.. N=.."."""
+    return f"{M}^3" if M == K == N else f"M={M} K={K} N={N}"
+
+
+def _type_label(dtype) -> str:
+    return "e4m3" if dtype == E4M3 else ("u8" if dtype == u8 else "s8")
+
+
 @dataclass
 class Case:
-    name: str
     M: int
     K: int
     N: int
@@ -30,7 +39,37 @@ class Case:
     b: np.dtype = s8
     y: np.dtype = u8
     constant_b: bool = True
-    baseline: str | None = None  # for combinations ORT lacks: the case whose time ours is compared with
+    baseline: str | None = None  # for combinations ORT lacks: the kind of the case (same shape) ours is compared with
+    quick: tuple | None = None  # (M, K, N) for `bench --quick`; None: the same shape
+    note: str = ""  # a word after the shape ("call": a tiny call, timed for the fixed overhead)
+
+    @property
+    def kind(self) -> str:
+        """What is multiplied, without the shape: the operand types (and the output's when it differs
+        from a's), then "inputs" when b is not a constant weight."""
+        if self.a == self.b == self.y == E4M3:
+            types = "e4m3"
+        else:
+            types = _type_label(self.a) + _type_label(self.b)
+            if self.y != self.a:
+                types += "->" + _type_label(self.y)
+        return types + ("" if self.constant_b else " inputs")
+
+    @property
+    def name(self) -> str:
+        """The label, derived from what runs: kind, shape, note."""
+        return " ".join(part for part in (self.kind, shape_label(self.M, self.K, self.N), self.note) if part)
+
+    @property
+    def baseline_name(self) -> str | None:
+        """The label of the case ours is compared with: the baseline kind at this case's shape."""
+        return None if self.baseline is None else f"{self.baseline} {shape_label(self.M, self.K, self.N)}"
+
+    def quick_case(self) -> Case:
+        """This case at its --quick shape."""
+        return (
+            self if self.quick is None else dataclasses.replace(self, M=self.quick[0], K=self.quick[1], N=self.quick[2])
+        )
 
     @property
     def ops(self) -> float:
@@ -38,20 +77,18 @@ class Case:
 
 
 # The issue's target shapes (docs/benchmarks.md): per-tensor u8 x s8 -> u8 with constant b, both
-# operands as inputs, combinations ONNX Runtime lacks, and a tiny call for the fixed overhead.
+# operands as inputs, combinations ONNX Runtime lacks, and a tiny call for the fixed overhead. The
+# combinations ORT lacks are compared with our u8s8 at the same shape, in the quick run too.
 CASES = [
-    Case("u8s8 M=128 K=N=4096", 128, 4096, 4096),
-    Case("u8s8 M=N=K=2048", 2048, 2048, 2048),
-    Case("u8s8 M=1 K=N=4096", 1, 4096, 4096),
-    Case("u8u8 inputs 1024^3", 1024, 1024, 1024, b=u8, constant_b=False),
-    Case("u8s8 1024^3", 1024, 1024, 1024),
-    Case("s8u8 1024^3", 1024, 1024, 1024, a=s8, b=u8, y=s8, baseline="u8s8 1024^3"),
-    Case("e4m3 1024^3", 1024, 1024, 1024, a=E4M3, b=E4M3, y=E4M3, baseline="u8s8 1024^3"),
-    Case("u8s8 1x16x16 call", 1, 16, 16, constant_b=False),
+    Case(128, 4096, 4096, quick=(64, 1024, 1024)),
+    Case(2048, 2048, 2048, quick=(512, 512, 512)),
+    Case(1, 4096, 4096, quick=(1, 1024, 1024)),
+    Case(1024, 1024, 1024, b=u8, constant_b=False, quick=(256, 256, 256)),
+    Case(1024, 1024, 1024, quick=(256, 256, 256)),
+    Case(1024, 1024, 1024, a=s8, b=u8, y=s8, baseline="u8s8", quick=(256, 256, 256)),
+    Case(1024, 1024, 1024, a=E4M3, b=E4M3, y=E4M3, baseline="u8s8", quick=(256, 256, 256)),
+    Case(1, 16, 16, constant_b=False, note="call"),
 ]
-QUICK = {"u8s8 M=128 K=N=4096": (64, 1024, 1024), "u8s8 M=N=K=2048": (512, 512, 512), "u8s8 M=1 K=N=4096": (1, 1024, 1024),
-         "u8u8 inputs 1024^3": (256, 256, 256), "u8s8 1024^3": (256, 256, 256), "s8u8 1024^3": (256, 256, 256),
-         "e4m3 1024^3": (64, 256, 256)}
 
 
 @dataclass
@@ -70,7 +107,7 @@ def _inputs(case: Case, rng):
         info = np.iinfo(dtype)
         return rng.integers(info.min, int(info.max) + 1, shape).astype(dtype)
 
-    zero = lambda dtype: np.zeros((), dtype)  # noqa: E731 - symmetric b: what oneDNN's qint8 weights need
+    zero = lambda dtype: np.zeros((), dtype)  # symmetric b: what oneDNN's qint8 weights need
     a_zp = zero(case.a) if case.a == E4M3 else np.array(128 if case.a == u8 else 0, case.a)
     y_zp = zero(case.y) if case.y == E4M3 else np.array(128 if case.y == u8 else 0, case.y)
     a, b = values(case.a, (case.M, case.K)), values(case.b, (case.K, case.N))
@@ -88,7 +125,8 @@ def _quantmatmul_runner(case, args):
 
 def _onnxruntime_runner(case, args, threads):
     try:
-        from .peers import INPUTS, qlinear_model, session as ort_session
+        from .peers import INPUTS, qlinear_model
+        from .peers import session as ort_session
     except ImportError:
         return None
     try:
@@ -131,13 +169,14 @@ def run(cases=None, *, threads=None, repeat=15, quick=False, seed=0, progress=pr
     peak = _core.measure_peak_gops(0.5)
     results = []
     for case in cases or CASES:
-        if quick and case.name in QUICK:
-            M, K, N = QUICK[case.name]
-            case = Case(case.name, M, K, N, case.a, case.b, case.y, case.constant_b, case.baseline)
+        if quick:
+            case = case.quick_case()
         args = _inputs(case, rng)
-        runners = {"quantmatmul": _quantmatmul_runner(case, args),
-                   "onnxruntime": _onnxruntime_runner(case, args, threads),
-                   "onednn": _onednn_runner(case, args, threads)}
+        runners = {
+            "quantmatmul": _quantmatmul_runner(case, args),
+            "onnxruntime": _onnxruntime_runner(case, args, threads),
+            "onednn": _onednn_runner(case, args, threads),
+        }
         runners = {k: v for k, v in runners.items() if v is not None}
         result = Result(case.name, (case.M, case.K, case.N))
         if "onnxruntime" in runners:
@@ -147,7 +186,7 @@ def run(cases=None, *, threads=None, repeat=15, quick=False, seed=0, progress=pr
         times = {name: [] for name in runners}
         small = case.M * case.K * case.N < 1e6
         inner = 200 if small else 1  # tiny calls: time a batch of calls, report per call
-        for name, fn in runners.items():  # warm up
+        for fn in runners.values():  # warm up
             fn()
         for _ in range(repeat):
             for name, fn in runners.items():
@@ -163,11 +202,24 @@ def run(cases=None, *, threads=None, repeat=15, quick=False, seed=0, progress=pr
         "isa": cpu_info()["isa"],
         "threads": threads,
         "peak_gops": peak,
-        "results": [dict(case=r.case, M=c.M, K=c.K, N=c.N, a=str(c.a), b=str(c.b), y=str(c.y), constant_b=c.constant_b,
-                         median_ms=r.median_ms, gops={k: c.ops / (v * 1e-3) / 1e9 for k, v in r.median_ms.items()},
-                         identical_to_onnxruntime=r.identical_to_onnxruntime,
-                         difference_explained=r.difference_explained, baseline=c.baseline)
-                    for c, r in results],
+        "results": [
+            dict(
+                case=r.case,
+                M=c.M,
+                K=c.K,
+                N=c.N,
+                a=str(c.a),
+                b=str(c.b),
+                y=str(c.y),
+                constant_b=c.constant_b,
+                median_ms=r.median_ms,
+                gops={k: c.ops / (v * 1e-3) / 1e9 for k, v in r.median_ms.items()},
+                identical_to_onnxruntime=r.identical_to_onnxruntime,
+                difference_explained=r.difference_explained,
+                baseline=c.baseline_name,
+            )
+            for c, r in results
+        ],
     }
 
 
@@ -175,13 +227,13 @@ def _format_row(case, result, peak, by_name):
     t = result.median_ms
     ours = t["quantmatmul"]
     gops = case.ops / (ours * 1e-3) / 1e9
-    parts = [f"{case.name:<22} {ours:9.3f} ms {gops:7.1f} GOP/s {100 * gops / peak:5.1f}% peak"]
+    parts = [f"{case.name:<32} {ours:9.3f} ms {gops:7.1f} GOP/s {100 * gops / peak:5.1f}% peak"]
     for peer in ("onnxruntime", "onednn"):
         if peer in t:
             parts.append(f"{peer} {t[peer]:9.3f} ms (x{t[peer] / ours:.2f})")
-    if case.baseline and case.baseline in by_name:
-        base = by_name[case.baseline].median_ms["quantmatmul"]
-        parts.append(f"{ours / base:.2f}x our {case.baseline}")
+    if case.baseline_name in by_name:
+        base = by_name[case.baseline_name].median_ms["quantmatmul"]
+        parts.append(f"{ours / base:.2f}x our {case.baseline_name}")
     if result.identical_to_onnxruntime is not None:
         parts.append("bit-identical" if result.identical_to_onnxruntime else "differs from ORT" + _why_different(case))
     return "  ".join(parts)
@@ -215,15 +267,30 @@ class NBitsCase:
         return f"{self.bits}-bit b{self.block_size} level {self.level} M={self.M} K={self.K} N={self.N}"
 
 
-NBITS_CASES = [
-    NBitsCase(1, 4096, 4096, 4, 32, 0), NBitsCase(1, 4096, 4096, 4, 128, 0), NBitsCase(1, 4096, 11008, 4, 128, 0),
-    NBitsCase(1, 4096, 4096, 4, 32, 4), NBitsCase(1, 4096, 4096, 4, 128, 4), NBitsCase(1, 4096, 4096, 8, 32, 4),
-    NBitsCase(4, 4096, 4096, 4, 32, 4), NBitsCase(16, 4096, 4096, 4, 32, 4),
-    NBitsCase(128, 4096, 4096, 4, 128, 0), NBitsCase(128, 4096, 4096, 4, 128, 4), NBitsCase(128, 4096, 4096, 4, 32, 4),
-    NBitsCase(512, 4096, 4096, 4, 128, 0), NBitsCase(512, 4096, 4096, 4, 128, 4),
-] + [NBitsCase(1, 4096, 4096, bits, 32, 0) for bits in (2, 3, 5, 6, 7, 8)] + [
-    NBitsCase(128, 4096, 4096, bits, 32, 4) for bits in (2, 3, 5, 8)]
-NBITS_QUICK = [NBitsCase(1, 1024, 1024, 4, 32, 0), NBitsCase(1, 1024, 1024, 4, 32, 4), NBitsCase(16, 512, 512, 3, 32, 0)]
+NBITS_CASES = (
+    [
+        NBitsCase(1, 4096, 4096, 4, 32, 0),
+        NBitsCase(1, 4096, 4096, 4, 128, 0),
+        NBitsCase(1, 4096, 11008, 4, 128, 0),
+        NBitsCase(1, 4096, 4096, 4, 32, 4),
+        NBitsCase(1, 4096, 4096, 4, 128, 4),
+        NBitsCase(1, 4096, 4096, 8, 32, 4),
+        NBitsCase(4, 4096, 4096, 4, 32, 4),
+        NBitsCase(16, 4096, 4096, 4, 32, 4),
+        NBitsCase(128, 4096, 4096, 4, 128, 0),
+        NBitsCase(128, 4096, 4096, 4, 128, 4),
+        NBitsCase(128, 4096, 4096, 4, 32, 4),
+        NBitsCase(512, 4096, 4096, 4, 128, 0),
+        NBitsCase(512, 4096, 4096, 4, 128, 4),
+    ]
+    + [NBitsCase(1, 4096, 4096, bits, 32, 0) for bits in (2, 3, 5, 6, 7, 8)]
+    + [NBitsCase(128, 4096, 4096, bits, 32, 4) for bits in (2, 3, 5, 8)]
+)
+NBITS_QUICK = [
+    NBitsCase(1, 1024, 1024, 4, 32, 0),
+    NBitsCase(1, 1024, 1024, 4, 32, 4),
+    NBitsCase(16, 512, 512, 3, 32, 0),
+]
 
 
 def run_nbits(cases=None, *, threads=None, repeat=15, quick=False, seed=0, progress=print) -> list:
@@ -234,7 +301,8 @@ def run_nbits(cases=None, *, threads=None, repeat=15, quick=False, seed=0, progr
     set_num_threads(threads)
     rng = np.random.default_rng(seed)
     try:
-        from .peers import matmul_nbits_model, session as ort_session
+        from .peers import matmul_nbits_model
+        from .peers import session as ort_session
     except ImportError:
         ort_session = None
     rows = []
@@ -243,12 +311,12 @@ def run_nbits(cases=None, *, threads=None, repeat=15, quick=False, seed=0, progr
         q = quantize_nbits(W, bits=case.bits, block_size=case.block_size)
         A = rng.standard_normal((case.M, case.K)).astype(np.float32)
         ours = MatMulNBits(*q.tensors(), **q.attributes(), accuracy_level=case.level)
-        runners = {"quantmatmul": lambda ours=ours: ours(A)}
+        runners = {"quantmatmul": lambda ours=ours, A=A: ours(A)}
         if ort_session is not None and case.bits in (2, 4, 8):
             for level in sorted({case.level, 4}):
                 model = matmul_nbits_model(np.float32, *q.tensors(), **q.attributes(), accuracy_level=level)
                 session = ort_session(model, threads=threads, spinning=False)
-                runners[f"onnxruntime level {level}"] = lambda session=session: session.run(None, {"A": A})[0]
+                runners[f"onnxruntime level {level}"] = lambda session=session, A=A: session.run(None, {"A": A})[0]
         for fn in runners.values():
             fn()
         times = {name: [] for name in runners}
@@ -259,12 +327,24 @@ def run_nbits(cases=None, *, threads=None, repeat=15, quick=False, seed=0, progr
                 times[name].append(time.perf_counter() - start)
         medians = {name: statistics.median(t) * 1e3 for name, t in times.items()}
         weight_gb = q.B.nbytes / 1e9
-        row = dict(case=case.name, M=case.M, K=case.K, N=case.N, bits=case.bits, block_size=case.block_size,
-                   level=case.level, median_ms=medians, weight_gbps=weight_gb / (medians["quantmatmul"] * 1e-3))
+        row = dict(
+            case=case.name,
+            M=case.M,
+            K=case.K,
+            N=case.N,
+            bits=case.bits,
+            block_size=case.block_size,
+            level=case.level,
+            median_ms=medians,
+            weight_gbps=weight_gb / (medians["quantmatmul"] * 1e-3),
+        )
         rows.append(row)
         parts = [f"{case.name:<40} {medians['quantmatmul']:8.3f} ms {row['weight_gbps']:6.1f} GB/s of codes"]
-        parts += [f"{name} {t:8.3f} ms (x{t / medians['quantmatmul']:.2f})" for name, t in medians.items()
-                  if name != "quantmatmul"]
+        parts += [
+            f"{name} {t:8.3f} ms (x{t / medians['quantmatmul']:.2f})"
+            for name, t in medians.items()
+            if name != "quantmatmul"
+        ]
         progress("  ".join(parts))
     return rows
 
@@ -283,8 +363,9 @@ def _time(fn) -> float:
     return time.perf_counter() - start
 
 
-def run_cold_nbits(*, threads=None, count=8, K=4096, N=4096, bits=4, block_size=32, level=0, rounds=5,
-                   progress=print) -> dict:
+def run_cold_nbits(
+    *, threads=None, count=8, K=4096, N=4096, bits=4, block_size=32, level=0, rounds=5, progress=print
+) -> dict:
     """Cold weights, as in real decoding: `count` constant weights (together larger than the last-level
     cache) multiplied in turn by one row each; GB/s of packed codes read, ours and ORT's."""
     from .matmul_nbits import MatMulNBits
@@ -293,17 +374,26 @@ def run_cold_nbits(*, threads=None, count=8, K=4096, N=4096, bits=4, block_size=
     threads = threads or get_num_threads()
     set_num_threads(threads)
     rng = np.random.default_rng(1)
-    weights = [quantize_nbits((rng.standard_normal((K, N)) * 0.02).astype(np.float32), bits=bits,
-                              block_size=block_size) for _ in range(count)]
+    weights = [
+        quantize_nbits((rng.standard_normal((K, N)) * 0.02).astype(np.float32), bits=bits, block_size=block_size)
+        for _ in range(count)
+    ]
     A = rng.standard_normal((1, K)).astype(np.float32)
     total_bytes = sum(q.B.nbytes for q in weights)
     ours = [MatMulNBits(*q.tensors(), **q.attributes(), accuracy_level=level) for q in weights]
     sweeps = {"quantmatmul": lambda: [w(A) for w in ours]}
     try:
-        from .peers import matmul_nbits_model, session as ort_session
+        from .peers import matmul_nbits_model
+        from .peers import session as ort_session
 
-        sessions = [ort_session(matmul_nbits_model(np.float32, *q.tensors(), **q.attributes(), accuracy_level=4),
-                                threads=threads, spinning=False) for q in weights]
+        sessions = [
+            ort_session(
+                matmul_nbits_model(np.float32, *q.tensors(), **q.attributes(), accuracy_level=4),
+                threads=threads,
+                spinning=False,
+            )
+            for q in weights
+        ]
         sweeps["onnxruntime level 4"] = lambda: [s.run(None, {"A": A}) for s in sessions]
     except ImportError:
         pass
@@ -314,50 +404,76 @@ def run_cold_nbits(*, threads=None, count=8, K=4096, N=4096, bits=4, block_size=
         for name, sweep in sweeps.items():
             times[name].append(_time(sweep))
     bandwidth = memory_bandwidth_gbps()
-    result = {"weights": count, "total_mb": total_bytes / 1e6, "level": level, "memory_bandwidth_gbps": bandwidth,
-              "gbps": {name: total_bytes / statistics.median(t) / 1e9 for name, t in times.items()}}
-    progress(f"cold weights: {count} x {bits}-bit [{K}, {N}] b{block_size} ({result['total_mb']:.0f} MB of codes), "
-             f"level {level}, M=1: " + ", ".join(f"{name} {g:.1f} GB/s" for name, g in result["gbps"].items())
-             + f"; memory bandwidth (copy) {bandwidth:.1f} GB/s")
+    result = {
+        "weights": count,
+        "total_mb": total_bytes / 1e6,
+        "level": level,
+        "memory_bandwidth_gbps": bandwidth,
+        "gbps": {name: total_bytes / statistics.median(t) / 1e9 for name, t in times.items()},
+    }
+    progress(
+        f"cold weights: {count} x {bits}-bit [{K}, {N}] b{block_size} ({result['total_mb']:.0f} MB of codes), "
+        f"level {level}, M=1: "
+        + ", ".join(f"{name} {g:.1f} GB/s" for name, g in result["gbps"].items())
+        + f"; memory bandwidth (copy) {bandwidth:.1f} GB/s"
+    )
     return result
 
 
-def plot(report: dict, path: str) -> None:
+PEERS = ("quantmatmul", "onnxruntime", "onednn")
+
+
+def chart_data(report: dict) -> tuple[list, dict]:
+    """What the chart shows: the labels of the cases large enough to chart, and GOP/s per case for
+    each peer that ran at least one of them (a peer that is not installed is not listed)."""
+    rows = [r for r in report["results"] if r["M"] * r["K"] * r["N"] >= 1e6]
+    ran = [peer for peer in PEERS if any(peer in r["gops"] for r in rows)]
+    return [r["case"] for r in rows], {peer: [r["gops"].get(peer, 0.0) for r in rows] for peer in ran}
+
+
+def plot(report: dict, path: str):
+    """A bar chart of chart_data(report) written to path (PNG, matplotlib's Agg backend); returns the figure."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    rows = [r for r in report["results"] if r["M"] * r["K"] * r["N"] >= 1e6]
-    names = [r["case"] for r in rows]
-    peers = ["quantmatmul", "onnxruntime", "onednn"]
+    names, series = chart_data(report)
     fig, ax = plt.subplots(figsize=(10, 4.5))
-    width = 0.27
-    for i, peer in enumerate(peers):
-        values = [r["gops"].get(peer, 0.0) for r in rows]
-        ax.bar(np.arange(len(rows)) + (i - 1) * width, values, width, label=peer)
+    width = 0.8 / max(len(series), 1)
+    for i, (peer, values) in enumerate(series.items()):
+        ax.bar(np.arange(len(names)) + (i - (len(series) - 1) / 2) * width, values, width, label=peer)
     ax.axhline(report["peak_gops"], color="gray", linestyle="--", linewidth=1, label="measured kernel peak")
-    ax.set_xticks(np.arange(len(rows)), names, rotation=20, ha="right", fontsize=8)
+    ax.set_xticks(np.arange(len(names)), names, rotation=20, ha="right", fontsize=8)
     ax.set_ylabel("GOP/s (higher is better)")
     ax.set_title(f"QLinearMatMul, {report['threads']} threads, {report['cpu']} ({report['isa']})", fontsize=9)
     ax.legend(fontsize=8)
     fig.tight_layout()
     fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return fig
 
 
 def main(args) -> int:
     progress = (lambda _line: None) if args.json == "-" else print
     if progress is print:
         info = cpu_info()
-        print(f"CPU {info['features']['brand']}, path {info['isa']}, {args.threads or get_num_threads()} threads; "
-              "ratios are peer time / quantmatmul time (above 1: quantmatmul is faster)")
+        print(
+            f"CPU {info['features']['brand']}, path {info['isa']}, {args.threads or get_num_threads()} threads; "
+            "ratios are peer time / quantmatmul time (above 1: quantmatmul is faster)"
+        )
     report = run(threads=args.threads, repeat=args.repeat, quick=args.quick, progress=progress)
     if progress is print:
         print("MatMulNBits (constant weights; ratios are ORT time / quantmatmul time)")
     report["matmul_nbits"] = run_nbits(threads=args.threads, repeat=args.repeat, quick=args.quick, progress=progress)
-    report["matmul_nbits_cold"] = run_cold_nbits(threads=args.threads, count=2 if args.quick else 8,
-                                                 K=1024 if args.quick else 4096, N=1024 if args.quick else 4096,
-                                                 rounds=2 if args.quick else 5, progress=progress)
+    report["matmul_nbits_cold"] = run_cold_nbits(
+        threads=args.threads,
+        count=2 if args.quick else 8,
+        K=1024 if args.quick else 4096,
+        N=1024 if args.quick else 4096,
+        rounds=2 if args.quick else 5,
+        progress=progress,
+    )
     if args.json == "-":
         print(json.dumps(report, indent=1))
     elif args.json:

@@ -37,14 +37,20 @@ def _compare_with_onnxruntime(args, ours):
         reason = str(error).strip().splitlines()[0]
         print(f"  ONNX Runtime: cannot run this case ({reason[:110]}...)")
         return True
-    same = theirs.dtype == ours.dtype and theirs.shape == ours.shape and np.array_equal(theirs.view(np.uint8), ours.view(np.uint8))
+    same = (
+        theirs.dtype == ours.dtype
+        and theirs.shape == ours.shape
+        and np.array_equal(theirs.view(np.uint8), ours.view(np.uint8))
+    )
     print(f"  ONNX Runtime: {'bit-identical' if same else 'DIFFERENT: ' + str(theirs.tolist())}")
     return same
 
 
 def _qlinear_example(title, args, expected, source="documented result"):
     print(f"\n== {title}")
-    for name, value in zip(("a", "a_scale", "a_zero_point", "b", "b_scale", "b_zero_point", "y_scale", "y_zero_point"), args):
+    for name, value in zip(
+        ("a", "a_scale", "a_zero_point", "b", "b_scale", "b_zero_point", "y_scale", "y_zero_point"), args
+    ):
         _show(name, value)
     y = qlinear_matmul(*args)
     _show("y", y)
@@ -61,20 +67,27 @@ def demo() -> int:
     a = np.array([[208, 236, 0, 238], [3, 214, 255, 29]], np.uint8)
     b = np.array([[152, 51, 244], [60, 26, 255], [0, 127, 246], [127, 254, 247]], np.uint8)
     expected = np.array([[168, 115, 255], [1, 66, 151]], np.uint8)
-    ok = _qlinear_example("ONNX QLinearMatMul, 2-D example (opsets 10 and 21)",
-                          (a, s(0.0066), u(113), b, s(0.00705), u(114), s(0.0107), u(118)), expected)
-    ok &= _qlinear_example("ONNX QLinearMatMul, 3-D example",
-                           (np.stack([a, a]), s(0.0066), u(113), np.stack([b, b]), s(0.00705), u(114), s(0.0107), u(118)),
-                           np.stack([expected, expected]))
+    ok = _qlinear_example(
+        "ONNX QLinearMatMul, 2-D example (opsets 10 and 21)",
+        (a, s(0.0066), u(113), b, s(0.00705), u(114), s(0.0107), u(118)),
+        expected,
+    )
+    ok &= _qlinear_example(
+        "ONNX QLinearMatMul, 3-D example",
+        (np.stack([a, a]), s(0.0066), u(113), np.stack([b, b]), s(0.00705), u(114), s(0.0107), u(118)),
+        np.stack([expected, expected]),
+    )
 
     e4 = ml_dtypes.float8_e4m3fn
     fa = np.array([[1.5, -2.0, 0.25], [3.0, 0.5, -1.0]], e4)
     fb = np.array([[2.0, 1.0], [0.5, -0.75], [4.0, 1.0]], e4)
     # dequantized: a * 0.5 and b * 2; (a@b) * 1.0 / 0.25 -> e4m3fn, round to nearest even, saturate
-    ok &= _qlinear_example("Float8 QLinearMatMul (opset 21 types; no runtime implements it)",
-                           (fa, s(0.5), np.zeros(1, e4), fb, s(2.0), np.zeros(1, e4), s(0.25), np.zeros(1, e4)),
-                           (fa.astype(np.float32) @ fb.astype(np.float32) / 0.25).astype(e4),
-                           source="float32 matmul of the dequantized values, cast to e4m3fn")
+    ok &= _qlinear_example(
+        "Float8 QLinearMatMul (opset 21 types; no runtime implements it)",
+        (fa, s(0.5), np.zeros(1, e4), fb, s(2.0), np.zeros(1, e4), s(0.25), np.zeros(1, e4)),
+        (fa.astype(np.float32) @ fb.astype(np.float32) / 0.25).astype(e4),
+        source="float32 matmul of the dequantized values, cast to e4m3fn",
+    )
 
     print("\n== Orion tensor.qlinear_matmul, documented example (FP16x16 fixed point)")
     oa = np.array([[3, 4, 5], [2, 4, 3]], np.int8)

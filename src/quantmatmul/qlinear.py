@@ -18,8 +18,9 @@ NUMERICS = ("onnxruntime", "onnx-reference", "exact")
 _FN = "qlinear_matmul"
 
 
-def qlinear_matmul(a, a_scale, a_zero_point, b, b_scale, b_zero_point, y_scale, y_zero_point, *,
-                   numerics: str = "onnxruntime") -> np.ndarray:
+def qlinear_matmul(
+    a, a_scale, a_zero_point, b, b_scale, b_zero_point, y_scale, y_zero_point, *, numerics: str = "onnxruntime"
+) -> np.ndarray:
     """Quantized matrix product, ONNX QLinearMatMul (opsets 10 and 21).
 
     ``y = saturate(round(((a - a_zero_point) @ (b - b_zero_point)) * a_scale * b_scale / y_scale) + y_zero_point)``
@@ -120,12 +121,25 @@ class QLinearMatMul:
 
     def __call__(self, a, a_scale, a_zero_point, y_scale, y_zero_point, *, numerics: str = "onnxruntime") -> np.ndarray:
         _check_numerics(numerics, self._FN)
-        return _run(a, a_scale, a_zero_point, self.b, self.b_scale, self.b_zero_point, y_scale, y_zero_point,
-                    numerics, self._FN, self._packed_for_kernels())
+        return _run(
+            a,
+            a_scale,
+            a_zero_point,
+            self.b,
+            self.b_scale,
+            self.b_zero_point,
+            y_scale,
+            y_zero_point,
+            numerics,
+            self._FN,
+            self._packed_for_kernels(),
+        )
 
     def __repr__(self) -> str:
-        return (f"QLinearMatMul(b: {self.b.dtype} {self.b.shape}, b_scale: {self.b_scale.dtype} {self.b_scale.shape}, "
-                f"packed {self.nbytes} bytes)")
+        return (
+            f"QLinearMatMul(b: {self.b.dtype} {self.b.shape}, b_scale: {self.b_scale.dtype} {self.b_scale.shape}, "
+            f"packed {self.nbytes} bytes)"
+        )
 
 
 def _check_numerics(numerics, fn):
@@ -134,21 +148,18 @@ def _check_numerics(numerics, fn):
 
 
 def _run(a, a_scale, a_zero_point, b, b_scale, b_zero_point, y_scale, y_zero_point, numerics, fn, packed_b):
-    """The call after b and b_zero_point are validated: validate the rest, normalize, dispatch."""
+    """The call after b and b_zero_point are validated: the fast path when it applies; else validate
+    the rest, normalize (_Problem) and run the integer or the float path."""
     if numerics == "onnxruntime":
         y = _fast_2d(a, a_scale, a_zero_point, b, b_scale, b_zero_point, y_scale, y_zero_point, packed_b)
         if y is not None:
             return y
-    a = _quantized(a, "a", fn)
-    a_zero_point = _zero_point(a_zero_point, "a_zero_point", a.dtype, "a", fn)
-    y_zero_point = _zero_point(y_zero_point, "y_zero_point", None, None, fn)
+    a, a_zero_point, y_zero_point = _operand_dtypes(a, a_zero_point, y_zero_point, fn)
     a_scale, b_scale, y_scale = _scales(a_scale, b_scale, y_scale, fn=fn)
-    problem = _Problem(a, a_scale, a_zero_point, b, b_scale, b_zero_point, y_scale, y_zero_point,
-                       fn=fn, packed_b=packed_b)
-    if any(is_float8(t) for t in (a.dtype, b.dtype, y_zero_point.dtype)):
-        y = problem.float_path(numerics)
-    else:
-        y = problem.integer_path(numerics)
+    problem = _Problem(
+        a, a_scale, a_zero_point, b, b_scale, b_zero_point, y_scale, y_zero_point, fn=fn, packed_b=packed_b
+    )
+    y = _float_path(problem, numerics) if problem.float8 else _integer_path(problem, numerics)
     return y.reshape(problem.out_shape)
 
 
@@ -165,15 +176,26 @@ def _quantized(x, name: str, fn: str = _FN) -> np.ndarray:
     return x
 
 
+def _operand_dtypes(a, a_zero_point, y_zero_point, fn: str):
+    """a, its zero point and the output's zero point (which selects the output type), validated."""
+    a = _quantized(a, "a", fn)
+    a_zero_point = _zero_point(a_zero_point, "a_zero_point", a.dtype, "a", fn)
+    y_zero_point = _zero_point(y_zero_point, "y_zero_point", None, None, fn)
+    return a, a_zero_point, y_zero_point
+
+
 def _zero_point(x, name: str, dtype, tensor: str | None, fn: str = _FN) -> np.ndarray:
     if not isinstance(x, (np.ndarray, np.generic)):
-        raise TypeError(f"{fn}: {name} must be a numpy array or scalar with a dtype "
-                        f"({names(QUANT_TYPES)}), got {type(x).__name__}")
+        raise TypeError(
+            f"{fn}: {name} must be a numpy array or scalar with a dtype ({names(QUANT_TYPES)}), got {type(x).__name__}"
+        )
     x = np.asarray(x)
     if tensor is None:
         if x.dtype not in QUANT_TYPES:
-            raise TypeError(f"{fn}: {name} dtype {x.dtype} is not supported, expected {names(QUANT_TYPES)} "
-                            f"(it selects the output type)")
+            raise TypeError(
+                f"{fn}: {name} dtype {x.dtype} is not supported, expected {names(QUANT_TYPES)} "
+                f"(it selects the output type)"
+            )
     elif x.dtype != dtype:
         raise TypeError(f"{fn}: {name} dtype {x.dtype} does not match {tensor} dtype {dtype}")
     return x
@@ -198,15 +220,18 @@ def _scales(a_scale, b_scale, y_scale, fn: str = _FN):
     labels = ("a_scale", "b_scale", "y_scale")
     arrays = [_scale(s, name, fn) for name, s in zip(labels, (a_scale, b_scale, y_scale))]
     if len({s.dtype for s in arrays}) > 1:
-        raise TypeError(f"{fn}: the three scales must share one dtype (ONNX type TS), got "
-                        + ", ".join(f"{n} {s.dtype}" for n, s in zip(labels, arrays)))
+        raise TypeError(
+            f"{fn}: the three scales must share one dtype (ONNX type TS), got "
+            + ", ".join(f"{n} {s.dtype}" for n, s in zip(labels, arrays))
+        )
     return arrays
 
 
 def _check_pair(scale: np.ndarray, zero_point: np.ndarray, scale_name: str, zp_name: str, fn: str):
     if scale.shape != zero_point.shape:
-        raise ValueError(f"{fn}: {zp_name} has shape {zero_point.shape}, expected its scale's shape "
-                         f"{scale.shape} ({scale_name})")
+        raise ValueError(
+            f"{fn}: {zp_name} has shape {zero_point.shape}, expected its scale's shape {scale.shape} ({scale_name})"
+        )
 
 
 def _fits(shape, target) -> bool:
@@ -217,44 +242,68 @@ def _fits(shape, target) -> bool:
 
 
 class _Problem:
-    """One validated call, normalized to the core's batched form [B, M, K] x [B, K, N] -> [B, M, N]."""
+    """One validated call, normalized to the core's batched form [B, M, K] x [B, K, N] -> [B, M, N].
 
-    def __init__(self, a, a_scale, a_zero_point, b, b_scale, b_zero_point, y_scale, y_zero_point, *,
-                 fn: str = _FN, packed_b=None):
+    Built in three steps, each a method below: the operands' shapes (1-D promotion, K, the batch),
+    the scales and zero points (reshaped into the output's coordinates), and the batch index maps.
+    The products themselves are the functions after the class (_integer_path, _float_path)."""
+
+    def __init__(
+        self, a, a_scale, a_zero_point, b, b_scale, b_zero_point, y_scale, y_zero_point, *, fn: str = _FN, packed_b=None
+    ):
         self.fn, self.packed_b = fn, packed_b
+        self._shapes(a, b)
+        self._parameters(a_scale, a_zero_point, b_scale, b_zero_point, y_scale, y_zero_point)
+        # Batch broadcasting as index maps: output matrix i multiplies a[a_index[i]] by b[b_index[i]].
+        self.a_index = self._batch_index(self.a.shape[:-2])
+        self.b_index = self._batch_index(self.b.shape[:-2])
+
+    @property
+    def float8(self) -> bool:
+        """True when an operand or the output is float8: the float path."""
+        return any(is_float8(t) for t in (self.a.dtype, self.b.dtype, self.y_dtype))
+
+    # ---------------------------------------------------------------------------------------------
+    # Step 1: shapes. 1-D operands promoted as numpy.matmul does, K checked, batches broadcast.
+
+    def _shapes(self, a, b):
         self.a_1d, self.b_1d = a.ndim == 1, b.ndim == 1
-        a2 = a[None, :] if self.a_1d else a
-        b2 = b[:, None] if self.b_1d else b
-        M, K = a2.shape[-2:]
-        K_b, N = b2.shape[-2:]
-        if K != K_b:
-            raise ValueError(f"{self.fn}: inner dimensions differ: a has shape {a.shape} (K={K}) "
-                             f"and b has shape {b.shape} (K={K_b})")
+        self.a = a[None, :] if self.a_1d else a
+        self.b = b[:, None] if self.b_1d else b
+        self.M, self.K = self.a.shape[-2:]
+        K_b, self.N = self.b.shape[-2:]
+        if self.K != K_b:
+            raise ValueError(
+                f"{self.fn}: inner dimensions differ: a has shape {a.shape} (K={self.K}) "
+                f"and b has shape {b.shape} (K={K_b})"
+            )
+        self.batch = self._broadcast_batch(a, b)
+        self.B = prod(self.batch)
+        self.out_shape = self.batch + (() if self.a_1d else (self.M,)) + (() if self.b_1d else (self.N,))
+        self.internal = self.batch + (self.M, self.N)
+
+    def _broadcast_batch(self, a, b) -> tuple:
         try:
-            batch = np.broadcast_shapes(a2.shape[:-2], b2.shape[:-2])
+            return tuple(np.broadcast_shapes(self.a.shape[:-2], self.b.shape[:-2]))
         except ValueError:
             raise ValueError(f"{self.fn}: batch dimensions of a {a.shape} and b {b.shape} do not broadcast") from None
-        self.M, self.N, self.K, self.batch = M, N, K, tuple(batch)
-        self.B = prod(self.batch)
-        self.out_shape = self.batch + (() if self.a_1d else (M,)) + (() if self.b_1d else (N,))
-        self.internal = self.batch + (M, N)
-        self.a, self.b = a2, b2
 
-        _check_pair(a_scale, a_zero_point, "a_scale", "a_zero_point", fn)
-        _check_pair(b_scale, b_zero_point, "b_scale", "b_zero_point", fn)
-        _check_pair(y_scale, y_zero_point, "y_scale", "y_zero_point", fn)
+    # ---------------------------------------------------------------------------------------------
+    # Step 2: scales and zero points. Each pair shares a shape; each parameter is reshaped into the
+    # internal coordinates (..., M, N) of the output, without broadcasting it: a per-row parameter
+    # becomes (..., M, 1), a per-column one (..., 1, N).
+
+    def _parameters(self, a_scale, a_zero_point, b_scale, b_zero_point, y_scale, y_zero_point):
+        _check_pair(a_scale, a_zero_point, "a_scale", "a_zero_point", self.fn)
+        _check_pair(b_scale, b_zero_point, "b_scale", "b_zero_point", self.fn)
+        _check_pair(y_scale, y_zero_point, "y_scale", "y_zero_point", self.fn)
         self.a_params = [self._row_param(p) for p in (a_scale, a_zero_point)]
         self.b_params = [self._column_param(p) for p in (b_scale, b_zero_point)]
-        self.y_params = [self._output_param(p, name) for p, name in ((y_scale, "y_scale"), (y_zero_point, "y_zero_point"))]
+        self.y_params = [
+            self._output_param(p, name) for p, name in ((y_scale, "y_scale"), (y_zero_point, "y_zero_point"))
+        ]
         self.y_dtype = y_zero_point.dtype
         self.scale_dtype = a_scale.dtype
-
-        # Batch broadcasting as index maps: output matrix i multiplies a[a_index[i]] by b[b_index[i]].
-        self.a_index = self._batch_index(a2.shape[:-2])
-        self.b_index = self._batch_index(b2.shape[:-2])
-
-    # Parameters are reshaped into the internal coordinates (..., M, N) of the output, without
-    # broadcasting them: a per-row parameter becomes (..., M, 1), a per-column one (..., 1, N).
 
     def _row_param(self, p):
         target = self.a.shape[:-1] + (1,)
@@ -263,9 +312,11 @@ class _Problem:
         elif p.shape == (1,):
             p = p.reshape(())
         if not _fits(p.shape, target):
-            raise ValueError(f"{self.fn}: a_scale/a_zero_point has shape {p.shape}, expected () or (1,) per tensor"
-                             + (f", ({self.M},) per row" if self.a.ndim == 2 and not self.a_1d else "")
-                             + f" or a shape broadcasting to {target} per row")
+            raise ValueError(
+                f"{self.fn}: a_scale/a_zero_point has shape {p.shape}, expected () or (1,) per tensor"
+                + (f", ({self.M},) per row" if self.a.ndim == 2 and not self.a_1d else "")
+                + f" or a shape broadcasting to {target} per row"
+            )
         return p
 
     def _column_param(self, p):
@@ -273,22 +324,29 @@ class _Problem:
         if p.shape == (1,):
             p = p.reshape(())
         if not _fits(p.shape, target):
-            raise ValueError(f"{self.fn}: b_scale/b_zero_point has shape {p.shape}, expected () or (1,) per tensor "
-                             f"or ({self.N},) or a shape broadcasting to {target} per column")
+            raise ValueError(
+                f"{self.fn}: b_scale/b_zero_point has shape {p.shape}, expected () or (1,) per tensor "
+                f"or ({self.N},) or a shape broadcasting to {target} per column"
+            )
         return p
 
     def _output_param(self, p, name):
         if p.shape == (1,):
             p = p.reshape(())
         if not _fits(p.shape, self.out_shape):
-            raise ValueError(f"{self.fn}: {name} has shape {p.shape}, expected () or (1,) per tensor, or a shape "
-                             f"that broadcasts to the output shape {self.out_shape}")
+            raise ValueError(
+                f"{self.fn}: {name} has shape {p.shape}, expected () or (1,) per tensor, or a shape "
+                f"that broadcasts to the output shape {self.out_shape}"
+            )
         p = p.reshape((1,) * (len(self.out_shape) - p.ndim) + p.shape)
         if self.b_1d:
             p = p[..., None]
         if self.a_1d:
             p = np.expand_dims(p, -2)
         return p
+
+    # ---------------------------------------------------------------------------------------------
+    # Step 3: the batch index maps, and views of parameters and operands in the kernels' form.
 
     def _batch_index(self, own_batch):
         own = np.arange(prod(own_batch), dtype=np.int64).reshape(own_batch)
@@ -302,115 +360,157 @@ class _Problem:
     def operand3(self, x, rows, cols):
         return np.ascontiguousarray(x).reshape(prod(x.shape[:-2]), rows, cols)
 
-    # ---------------------------------------------------------------------------------------------
-    # Integer operands and output: the fused C++ kernels.
 
-    def integer_path(self, numerics):
-        a_scale, a_zp = self.a_params
-        b_scale, b_zp = self.b_params
-        y_scale, y_zp = self.y_params
-        a3 = self.operand3(self.a, self.M, self.K)
-        # a constant weight comes packed; otherwise the kernels pack b per call, block by block in cache
-        packed = self.packed_b if self.packed_b is not None else self.operand3(self.b, self.K, self.N)
-        b_count = len(packed) if self.packed_b is None else packed.count
-        a_zp2 = np.broadcast_to(a_zp.astype(np.int32), self.a.shape[:-1] + (1,))
-        a_zp2 = np.ascontiguousarray(a_zp2.reshape(len(a3), self.M))
-        b_zp2 = np.broadcast_to(b_zp.astype(np.int32), self.b.shape[:-2] + (1, self.N))
-        b_zp2 = np.ascontiguousarray(b_zp2.reshape(b_count, self.N))
-        y = np.empty((self.B, self.M, self.N), self.y_dtype)
-        y_zp3 = self.view3(y_zp, np.int32)
-        common = (a3, a3.dtype == np.int8, self.a_index, a_zp2, packed, self.b.dtype == np.int8, self.b_index, b_zp2)
-        if numerics == "onnxruntime":
-            f32 = [s.astype(np.float32) for s in (a_scale, b_scale, y_scale)]
-            multiplier = self._multiplier(f32, "float32")
-            _core.qlinear_matmul_onnxruntime(*common, self.view3(multiplier, np.float32), y, y.dtype == np.int8, y_zp3)
-        elif numerics == "onnx-reference":
-            multiplier = self._multiplier((a_scale, b_scale, y_scale), str(self.scale_dtype))
-            _core.qlinear_matmul_onnx_reference(*common, self.view3(multiplier, np.float64), y, y.dtype == np.int8, y_zp3)
+# ---------------------------------------------------------------------------------------------------
+# Integer operands and output: the fused C++ kernels, one per numerics.
+
+
+def _integer_path(p: _Problem, numerics):
+    a_scale, _ = p.a_params
+    b_scale, _ = p.b_params
+    y_scale, y_zp = p.y_params
+    y = np.empty((p.B, p.M, p.N), p.y_dtype)
+    common = _integer_operands(p)
+    y_zp3 = p.view3(y_zp, np.int32)
+    if numerics == "onnxruntime":
+        f32 = [s.astype(np.float32) for s in (a_scale, b_scale, y_scale)]
+        multiplier = _multiplier(p.fn, f32, "float32")
+        _core.qlinear_matmul_onnxruntime(*common, p.view3(multiplier, np.float32), y, y.dtype == np.int8, y_zp3)
+    elif numerics == "onnx-reference":
+        multiplier = _multiplier(p.fn, (a_scale, b_scale, y_scale), str(p.scale_dtype))
+        _core.qlinear_matmul_onnx_reference(*common, p.view3(multiplier, np.float64), y, y.dtype == np.int8, y_zp3)
+    else:
+        scales = [p.view3(s, np.float32) for s in (a_scale, b_scale, y_scale)]
+        _core.qlinear_matmul_exact(*common, *scales, y, y.dtype == np.int8, y_zp3)
+    return y
+
+
+def _integer_operands(p: _Problem) -> tuple:
+    """The operands every integer kernel takes: a, b (packed or not) and their zero points, with the batch maps."""
+    _, a_zp = p.a_params
+    _, b_zp = p.b_params
+    a3 = p.operand3(p.a, p.M, p.K)
+    # a constant weight comes packed; otherwise the kernels pack b per call, block by block in cache
+    packed = p.packed_b if p.packed_b is not None else p.operand3(p.b, p.K, p.N)
+    b_count = len(packed) if p.packed_b is None else packed.count
+    a_zp2 = np.broadcast_to(a_zp.astype(np.int32), p.a.shape[:-1] + (1,))
+    a_zp2 = np.ascontiguousarray(a_zp2.reshape(len(a3), p.M))
+    b_zp2 = np.broadcast_to(b_zp.astype(np.int32), p.b.shape[:-2] + (1, p.N))
+    b_zp2 = np.ascontiguousarray(b_zp2.reshape(b_count, p.N))
+    return a3, a3.dtype == np.int8, p.a_index, a_zp2, packed, p.b.dtype == np.int8, p.b_index, b_zp2
+
+
+def _multiplier(fn, scales, precision):
+    """a_scale * b_scale / y_scale in the scales' dtype; a ValueError if it overflows."""
+    a_scale, b_scale, y_scale = scales
+    with np.errstate(over="ignore", under="ignore"):
+        multiplier = (a_scale * b_scale) / y_scale
+    if not np.all(np.isfinite(multiplier.astype(np.float32))):
+        raise ValueError(
+            f"{fn}: a_scale * b_scale / y_scale overflows {precision}; use numerics='exact' for such scales"
+        )
+    return multiplier
+
+
+# ---------------------------------------------------------------------------------------------------
+# Float8 operands or output: dequantize, multiply, quantize.
+
+
+def _float_path(p: _Problem, numerics):
+    if numerics == "exact":
+        return _float_path_exact(p)
+    return _quantize_output(p, _dequantized_product(p))
+
+
+def _dequantized_product(p: _Problem):
+    """sum_k (a - a_zp)(b - b_zp) in float32, [B, M, N]: float32 FMAs in order of k (C++)."""
+    _, a_zp = p.a_params
+    _, b_zp = p.b_params
+    f32 = np.float32
+    ca, cb = to_float32(p.a), to_float32(p.b)
+    if np.any(a_zp):  # float8 zero points are 0 (DequantizeLinear requires it); integer ones need not be
+        ca = ca - a_zp.astype(f32)
+    if np.any(b_zp):
+        cb = cb - b_zp.astype(f32)
+    d = np.empty((p.B, p.M, p.N), f32)
+    _core.matmul_f32_sequential(p.operand3(ca, p.M, p.K), p.a_index, p.operand3(cb, p.K, p.N), p.b_index, d)
+    return d
+
+
+def _quantize_output(p: _Problem, d):
+    """d times a_scale * b_scale, divided by y_scale, to the output type (float8 or integer)."""
+    a_scale, _ = p.a_params
+    b_scale, _ = p.b_params
+    y_scale, y_zp = p.y_params
+    f32 = np.float32
+    with np.errstate(over="ignore", invalid="ignore"):
+        # Scales are per row of a and per column of b: constant along k, so they factor out.
+        x = d.reshape(p.internal) * (a_scale.astype(f32) * b_scale.astype(f32))
+        v = x / y_scale.astype(f32)
+        if is_float8(p.y_dtype):
+            v = v + y_zp.astype(f32)
+            # Saturating, nearest even: np.clip(v, -max, max).astype(y_dtype), in C++.
+            code = FLOAT8_TYPES.index(p.y_dtype)
+            return (
+                _core.float32_to_float8(np.ascontiguousarray(v, f32).reshape(-1), code).view(p.y_dtype).reshape(v.shape)
+            )
+        return _integer_rule(np.rint(v), np.broadcast_to(y_zp, p.internal), p.y_dtype)
+
+
+def _float_path_exact(p: _Problem):
+    """Exact sum and one rounding: scales are constant along k, so
+    y = a_scale * b_scale * sum_k (a - a_zp)(b - b_zp) / y_scale + y_zp, where every difference
+    is an integer times 2^-e for the float8 type's e; the sum is exact in 128 bits (C++)."""
+    total, denominator = _exact_sum(p)
+    return _round_exact(p, total, denominator)
+
+
+def _exact_sum(p: _Problem):
+    """sum_k (a - a_zp)(b - b_zp) exactly: Python integers [..., M, N] over a power-of-two denominator."""
+    _, a_zp = p.a_params
+    _, b_zp = p.b_params
+    ea = float8_scale_exponent(p.a.dtype) if is_float8(p.a.dtype) else 0
+    eb = float8_scale_exponent(p.b.dtype) if is_float8(p.b.dtype) else 0
+    ia = _integerized(p.fn, p.a, a_zp, ea, "a")
+    ib = _integerized(p.fn, p.b, b_zp, eb, "b")
+    hi = np.empty((p.B, p.M, p.N), np.int64)
+    lo = np.empty((p.B, p.M, p.N), np.uint64)
+    _core.matmul_i64_exact128(p.operand3(ia, p.M, p.K), p.a_index, p.operand3(ib, p.K, p.N), p.b_index, hi, lo)
+    total = hi.reshape(p.internal).astype(object) * (1 << 64) + lo.reshape(p.internal).astype(object)
+    return total, 1 << (ea + eb)
+
+
+def _round_exact(p: _Problem, total, denominator):
+    """The exact real value of every output, scaled, rounded once to the output type."""
+    a_scale, _ = p.a_params
+    b_scale, _ = p.b_params
+    y_scale, y_zp = p.y_params
+    scale = np.broadcast_to(a_scale, p.internal).astype(np.float64).astype(object) * np.broadcast_to(
+        b_scale, p.internal
+    ).astype(np.float64).astype(object)
+    ys = np.broadcast_to(y_scale, p.internal).astype(np.float64)
+    zp = np.broadcast_to(y_zp, p.internal)
+    out = np.empty(p.internal, p.y_dtype)
+    rounder = _Float8Rounder(p.y_dtype) if is_float8(p.y_dtype) else None
+    for idx in np.ndindex(*p.internal):
+        value = (Fraction(int(total[idx]), denominator) * Fraction(scale[idx])) / Fraction(float(ys[idx]))
+        if rounder is not None:
+            out[idx] = rounder(value + Fraction(float(zp[idx])))
         else:
-            scales = [self.view3(s, np.float32) for s in (a_scale, b_scale, y_scale)]
-            _core.qlinear_matmul_exact(*common, *scales, y, y.dtype == np.int8, y_zp3)
-        return y
+            q = round(value) + int(zp[idx])
+            info = np.iinfo(p.y_dtype)
+            out[idx] = min(max(q, info.min), info.max)
+    return out
 
-    def _multiplier(self, scales, precision):
-        """a_scale * b_scale / y_scale in the scales' dtype; a ValueError if it overflows."""
-        a_scale, b_scale, y_scale = scales
-        with np.errstate(over="ignore", under="ignore"):
-            multiplier = (a_scale * b_scale) / y_scale
-        if not np.all(np.isfinite(multiplier.astype(np.float32))):
-            raise ValueError(f"{self.fn}: a_scale * b_scale / y_scale overflows {precision}; "
-                             "use numerics='exact' for such scales")
-        return multiplier
 
-    # ---------------------------------------------------------------------------------------------
-    # Float8 operands or output: dequantize, multiply, quantize.
-
-    def float_path(self, numerics):
-        if numerics == "exact":
-            return self._float_path_exact()
-        a_scale, a_zp = self.a_params
-        b_scale, b_zp = self.b_params
-        y_scale, y_zp = self.y_params
-        f32 = np.float32
-        ca, cb = to_float32(self.a), to_float32(self.b)
-        if np.any(a_zp):  # float8 zero points are 0 (DequantizeLinear requires it); integer ones need not be
-            ca = ca - a_zp.astype(f32)
-        if np.any(b_zp):
-            cb = cb - b_zp.astype(f32)
-        d = np.empty((self.B, self.M, self.N), f32)
-        _core.matmul_f32_sequential(self.operand3(ca, self.M, self.K), self.a_index,
-                                    self.operand3(cb, self.K, self.N), self.b_index, d)
-        with np.errstate(over="ignore", invalid="ignore"):
-            # Scales are per row of a and per column of b: constant along k, so they factor out.
-            x = d.reshape(self.internal) * (a_scale.astype(f32) * b_scale.astype(f32))
-            v = x / y_scale.astype(f32)
-            if is_float8(self.y_dtype):
-                v = v + y_zp.astype(f32)
-                # Saturating, nearest even: np.clip(v, -max, max).astype(y_dtype), in C++.
-                code = FLOAT8_TYPES.index(self.y_dtype)
-                return _core.float32_to_float8(np.ascontiguousarray(v, f32).reshape(-1), code).view(
-                    self.y_dtype).reshape(v.shape)
-            return _integer_rule(np.rint(v), np.broadcast_to(y_zp, self.internal), self.y_dtype)
-
-    def _float_path_exact(self):
-        """Exact sum and one rounding: scales are constant along k, so
-        y = a_scale * b_scale * sum_k (a - a_zp)(b - b_zp) / y_scale + y_zp, where every difference
-        is an integer times 2^-e for the float8 type's e; the sum is exact in 128 bits (C++)."""
-        a_scale, a_zp = self.a_params
-        b_scale, b_zp = self.b_params
-        y_scale, y_zp = self.y_params
-        ea = float8_scale_exponent(self.a.dtype) if is_float8(self.a.dtype) else 0
-        eb = float8_scale_exponent(self.b.dtype) if is_float8(self.b.dtype) else 0
-        ia = self._integerized(self.a, a_zp, ea, "a")
-        ib = self._integerized(self.b, b_zp, eb, "b")
-        hi = np.empty((self.B, self.M, self.N), np.int64)
-        lo = np.empty((self.B, self.M, self.N), np.uint64)
-        _core.matmul_i64_exact128(self.operand3(ia, self.M, self.K), self.a_index,
-                                  self.operand3(ib, self.K, self.N), self.b_index, hi, lo)
-        total = hi.reshape(self.internal).astype(object) * (1 << 64) + lo.reshape(self.internal).astype(object)
-        scale = (np.broadcast_to(a_scale, self.internal).astype(np.float64).astype(object)
-                 * np.broadcast_to(b_scale, self.internal).astype(np.float64).astype(object))
-        ys = np.broadcast_to(y_scale, self.internal).astype(np.float64)
-        zp = np.broadcast_to(y_zp, self.internal)
-        denominator = 1 << (ea + eb)
-        out = np.empty(self.internal, self.y_dtype)
-        rounder = _Float8Rounder(self.y_dtype) if is_float8(self.y_dtype) else None
-        for idx in np.ndindex(*self.internal):
-            value = (Fraction(int(total[idx]), denominator) * Fraction(scale[idx])) / Fraction(float(ys[idx]))
-            if rounder is not None:
-                out[idx] = rounder(value + Fraction(float(zp[idx])))
-            else:
-                q = round(value) + int(zp[idx])
-                info = np.iinfo(self.y_dtype)
-                out[idx] = min(max(q, info.min), info.max)
-        return out
-
-    def _integerized(self, q, zp, e, name):
-        values = q.astype(np.float64) - zp.astype(np.float64)  # exact: float8 differences need <= 35 bits
-        if not np.all(np.isfinite(values)):
-            raise ValueError(f"{self.fn}: numerics='exact' needs finite operands; {name} or {name}_zero_point "
-                             "holds NaN or infinity (use the default numerics)")
-        return np.ldexp(values, e).astype(np.int64)
+def _integerized(fn, q, zp, e, name):
+    values = q.astype(np.float64) - zp.astype(np.float64)  # exact: float8 differences need <= 35 bits
+    if not np.all(np.isfinite(values)):
+        raise ValueError(
+            f"{fn}: numerics='exact' needs finite operands; {name} or {name}_zero_point "
+            "holds NaN or infinity (use the default numerics)"
+        )
+    return np.ldexp(values, e).astype(np.int64)
 
 
 # --------------------------------------------------------------------------------------------------
@@ -456,12 +556,22 @@ def _f32(x: float) -> float:
 
 
 def _fast_2d(a, a_scale, a_zero_point, b, b_scale, b_zero_point, y_scale, y_zero_point, packed_b):
-    if type(a) is not np.ndarray or a.ndim != 2 or a.dtype not in _INT8_DTYPES or b.ndim != 2 \
-            or b.dtype not in _INT8_DTYPES or a.shape[1] != b.shape[0]:
+    if (
+        type(a) is not np.ndarray
+        or a.ndim != 2
+        or a.dtype not in _INT8_DTYPES
+        or b.ndim != 2
+        or b.dtype not in _INT8_DTYPES
+        or a.shape[1] != b.shape[0]
+    ):
         return None
     sa, sy = _per_tensor_f32(a_scale), _per_tensor_f32(y_scale)
-    if sa is None or sy is None or not isinstance(y_zero_point, (np.ndarray, np.generic)) \
-            or y_zero_point.dtype not in _INT8_DTYPES:
+    if (
+        sa is None
+        or sy is None
+        or not isinstance(y_zero_point, (np.ndarray, np.generic))
+        or y_zero_point.dtype not in _INT8_DTYPES
+    ):
         return None
     za = _per_tensor_int(a_zero_point, a.dtype, a_scale)
     zy = _per_tensor_int(y_zero_point, y_zero_point.dtype, y_scale)
@@ -479,9 +589,16 @@ def _fast_2d(a, a_scale, a_zero_point, b, b_scale, b_zero_point, y_scale, y_zero
         if not math.isfinite(m):
             return None
         multiplier, b_zp = np.array([m], np.float32), np.array([zb], np.int32)
-    elif (type(b_scale) is np.ndarray and b_scale.dtype == _F32 and b_scale.shape == (N,)
-          and type(b_zero_point) is np.ndarray and b_zero_point.shape == (N,) and b_zero_point.dtype == b.dtype
-          and np.isfinite(b_scale).all() and b_scale.all()):
+    elif (
+        type(b_scale) is np.ndarray
+        and b_scale.dtype == _F32
+        and b_scale.shape == (N,)
+        and type(b_zero_point) is np.ndarray
+        and b_zero_point.shape == (N,)
+        and b_zero_point.dtype == b.dtype
+        and np.isfinite(b_scale).all()
+        and b_scale.all()
+    ):
         with np.errstate(over="ignore", under="ignore"):
             multiplier = (np.float32(sa) * b_scale) / np.float32(sy)
         if not np.isfinite(multiplier).all():
@@ -490,8 +607,17 @@ def _fast_2d(a, a_scale, a_zero_point, b, b_scale, b_zero_point, y_scale, y_zero
     else:
         return None
     b_operand = packed_b if packed_b is not None else np.ascontiguousarray(b)  # packed per call, in cache
-    return _core.qlinear_matmul_2d_onnxruntime(np.ascontiguousarray(a), a.dtype == _I8, za, b_operand,
-                                               b.dtype == _I8, b_zp, multiplier, zy, y_zero_point.dtype == _I8)
+    return _core.qlinear_matmul_2d_onnxruntime(
+        np.ascontiguousarray(a),
+        a.dtype == _I8,
+        za,
+        b_operand,
+        b.dtype == _I8,
+        b_zp,
+        multiplier,
+        zy,
+        y_zero_point.dtype == _I8,
+    )
 
 
 def _integer_rule(rounded, zp, dtype):
