@@ -200,6 +200,7 @@ def run(cases=None, *, threads=None, repeat=15, quick=False, seed=0, progress=pr
     return {
         "cpu": cpu_info()["features"]["brand"],
         "isa": cpu_info()["isa"],
+        "kernels": cpu_info()["kernels"],
         "threads": threads,
         "peak_gops": peak,
         "results": [
@@ -459,8 +460,10 @@ def main(args) -> int:
     if progress is print:
         info = cpu_info()
         print(
-            f"CPU {info['features']['brand']}, path {info['isa']}, {args.threads or get_num_threads()} threads; "
-            "ratios are peer time / quantmatmul time (above 1: quantmatmul is faster)"
+            f"CPU {info['features']['brand']}, level {info['isa']} (int8 GEMM {info['kernels']['qgemm']}, MatMulNBits "
+            f"{info['kernels']['nbits']}, float8 {info['kernels']['float8']}), {args.threads or get_num_threads()} "
+            "threads; ratios are peer time / quantmatmul time (above 1: quantmatmul is faster); peak: the int8 "
+            "kernel in use on cache-resident data"
         )
     report = run(threads=args.threads, repeat=args.repeat, quick=args.quick, progress=progress)
     if progress is print:
