@@ -77,10 +77,36 @@ void qlinear_binding(const In& a, bool a_signed, const In& a_index, const In& a_
   product(p, mult, out);
 }
 
+// A new numpy array that C++ fills (with the GIL released) and Python then owns: the one way this
+// module returns arrays. Zero-size arrays still get one element of storage.
+template <class T>
+class NewArray {
+ public:
+  explicit NewArray(std::initializer_list<int64_t> dims) {
+    size_t count = 1;
+    for (int64_t d : dims) {
+      shape_.push_back(static_cast<size_t>(d));
+      count *= static_cast<size_t>(d);
+    }
+    data_ = new T[std::max<size_t>(count, 1)];
+    owner_ = nb::capsule(data_, [](void* p) noexcept { delete[] static_cast<T*>(p); });
+  }
+  T* data() { return data_; }
+  // The array, as dtype (by default T's own: int8 results are written through uint8 storage).
+  nb::ndarray<nb::numpy> array(nb::dlpack::dtype dtype = nb::dtype<T>()) {
+    return nb::ndarray<nb::numpy>(data_, shape_.size(), shape_.data(), owner_, nullptr, dtype);
+  }
+
+ private:
+  T* data_;
+  nb::capsule owner_;
+  std::vector<size_t> shape_;
+};
+
 using NBitsProduct = void (*)(const float*, int64_t, const qmm::NBitsWeight&, const float*, float*);
 
 template <NBitsProduct product>
-nb::ndarray<nb::numpy, float> matmul_nbits_binding(const In& A, const In& codes, int64_t K, int64_t bits,
+nb::ndarray<nb::numpy> matmul_nbits_binding(const In& A, const In& codes, int64_t K, int64_t bits,
                                                    int64_t block_size, const In& scales, const In& zero_points,
                                                    std::optional<In> bias, int operands, std::optional<In> g_idx) {
   const int64_t M = static_cast<int64_t>(A.shape(0)), N = static_cast<int64_t>(codes.shape(0));
@@ -97,37 +123,17 @@ nb::ndarray<nb::numpy, float> matmul_nbits_binding(const In& A, const In& codes,
                            integer_zero_points ? static_cast<const uint8_t*>(zero_points.data()) : nullptr,
                            static_cast<qmm::NBitsOperands>(operands),
                            g_idx ? static_cast<const int32_t*>(g_idx->data()) : nullptr};
-  auto* y = new float[static_cast<size_t>(std::max<int64_t>(M * N, 1))];
-  nb::capsule owner(y, [](void* p) noexcept { delete[] static_cast<float*>(p); });
+  NewArray<float> y({M, N});
   {
     nb::gil_scoped_release release;
-    product(static_cast<const float*>(A.data()), M, w, bias ? static_cast<const float*>(bias->data()) : nullptr, y);
+    product(static_cast<const float*>(A.data()), M, w, bias ? static_cast<const float*>(bias->data()) : nullptr,
+            y.data());
   }
-  const size_t shape[2] = {static_cast<size_t>(M), static_cast<size_t>(N)};
-  return nb::ndarray<nb::numpy, float>(y, 2, shape, owner);
+  return y.array();
 }
 
-}  // namespace
-
-NB_MODULE(_core, m) {
-  m.doc() = "quantmatmul's compiled core (private; use the quantmatmul package)";
-
-  nb::class_<qmm::PackedB>(m, "PackedB", "8-bit [K, N] matrices packed for the active kernels, with column sums")
-      .def_ro("count", &qmm::PackedB::count)
-      .def_ro("K", &qmm::PackedB::K)
-      .def_ro("N", &qmm::PackedB::N)
-      .def_ro("is_signed", &qmm::PackedB::is_signed)
-      .def_prop_ro("layout", [](const qmm::PackedB& p) { return static_cast<int>(p.layout->id); })
-      .def_prop_ro("nbytes", &qmm::PackedB::bytes);
-
-  m.def("pack_b", [](const In& b, bool is_signed) {
-    const int64_t count = static_cast<int64_t>(b.shape(0)), K = static_cast<int64_t>(b.shape(1));
-    const int64_t N = static_cast<int64_t>(b.shape(2));
-    const void* data = b.data();
-    nb::gil_scoped_release release;
-    return qmm::pack_b_matrices(data, is_signed, count, K, N);
-  });
-
+// CPU features, the kernel entries (levels, self-test) and threads.
+void bind_runtime(nb::module_& m) {
   m.def("measure_peak_gops", [](double seconds) {
     nb::gil_scoped_release release;
     return qmm::measure_peak_gops(seconds);
@@ -180,6 +186,25 @@ NB_MODULE(_core, m) {
     for (const auto& [name, value] : flags) d[name] = value;
     return d;
   });
+}
+
+// QLinearMatMul: packed weights, the three integer numerics, the float8 path's helpers.
+void bind_qlinear_matmul(nb::module_& m) {
+  nb::class_<qmm::PackedB>(m, "PackedB", "8-bit [K, N] matrices packed for the active kernels, with column sums")
+      .def_ro("count", &qmm::PackedB::count)
+      .def_ro("K", &qmm::PackedB::K)
+      .def_ro("N", &qmm::PackedB::N)
+      .def_ro("is_signed", &qmm::PackedB::is_signed)
+      .def_prop_ro("layout", [](const qmm::PackedB& p) { return static_cast<int>(p.layout->id); })
+      .def_prop_ro("nbytes", &qmm::PackedB::bytes);
+
+  m.def("pack_b", [](const In& b, bool is_signed) {
+    const int64_t count = static_cast<int64_t>(b.shape(0)), K = static_cast<int64_t>(b.shape(1));
+    const int64_t N = static_cast<int64_t>(b.shape(2));
+    const void* data = b.data();
+    nb::gil_scoped_release release;
+    return qmm::pack_b_matrices(data, is_signed, count, K, N);
+  });
 
   m.def("qlinear_matmul_onnxruntime", qlinear_binding<float, qmm::qlinear_matmul_onnxruntime>);
   m.def("qlinear_matmul_onnx_reference", qlinear_binding<double, qmm::qlinear_matmul_onnx_reference>);
@@ -194,8 +219,7 @@ NB_MODULE(_core, m) {
           const qmm::PackedB* packed = nb::isinstance<qmm::PackedB>(b) ? nb::inst_ptr<qmm::PackedB>(b) : nullptr;
           const void* raw = packed ? nullptr : nb::cast<In>(b).data();  // a contiguous [K, N] array
           const int64_t N = packed ? packed->N : static_cast<int64_t>(nb::cast<In>(b).shape(1));
-          auto* y = new uint8_t[static_cast<size_t>(std::max<int64_t>(M * N, 1))];
-          nb::capsule owner(y, [](void* p) noexcept { delete[] static_cast<uint8_t*>(p); });
+          NewArray<uint8_t> y({M, N});
           {
             nb::gil_scoped_release release;
             const int64_t zero = 0;
@@ -207,38 +231,10 @@ NB_MODULE(_core, m) {
             const auto* mult = static_cast<const float*>(multiplier.data());
             const qmm::View3<float> mult_view{mult, 0, 0, multiplier.shape(0) == 1 ? 0 : 1};
             const qmm::View3<int32_t> zp_view{&y_zp, 0, 0, 0};
-            qmm::qlinear_matmul_onnxruntime(p, mult_view, {y, y_signed, zp_view});
+            qmm::qlinear_matmul_onnxruntime(p, mult_view, {y.data(), y_signed, zp_view});
           }
-          const size_t shape[2] = {static_cast<size_t>(M), static_cast<size_t>(N)};
-          const nb::dlpack::dtype dtype = y_signed ? nb::dtype<int8_t>() : nb::dtype<uint8_t>();
-          return nb::ndarray<nb::numpy>(y, 2, shape, owner, nullptr, dtype);
+          return y.array(y_signed ? nb::dtype<int8_t>() : nb::dtype<uint8_t>());
         });
-
-  // MatMulNBits: A float32 [M, K] contiguous, codes uint8 [N, row_bytes], scales float32 and zero
-  // points uint8 or float32 [N, k_blocks], bias float32 [N] or None; returns Y float32 [M, N]. Levels 0/1 in
-  // float32, level 4 with A quantized to int8 per block as ONNX Runtime does.
-  // operands (matmul_nbits_f32): 0 float32 (levels 0/1), 1 float16, 2 bfloat16 (levels 2/3: W is
-  // rounded here; A must arrive rounded already).
-  m.def("matmul_nbits_f32", matmul_nbits_binding<qmm::matmul_nbits_f32>, nb::arg("A"), nb::arg("codes"), nb::arg("K"),
-        nb::arg("bits"), nb::arg("block_size"), nb::arg("scales"), nb::arg("zero_points"), nb::arg("bias").none(),
-        nb::arg("operands") = 0, nb::arg("g_idx").none() = nb::none());
-  m.def("matmul_nbits_int8", matmul_nbits_binding<qmm::matmul_nbits_int8>, nb::arg("A"), nb::arg("codes"),
-        nb::arg("K"), nb::arg("bits"), nb::arg("block_size"), nb::arg("scales"), nb::arg("zero_points"),
-        nb::arg("bias").none(), nb::arg("operands") = 0, nb::arg("g_idx").none() = nb::none());
-
-  // The first `count` codes of each row of a contiguous uint8 [rows, bytes] array of LSB-first bitstreams.
-  m.def("decode_nbits", [](const In& data, int64_t bits, int64_t count) {
-    const int64_t rows = static_cast<int64_t>(data.shape(0)), bytes = static_cast<int64_t>(data.shape(1));
-    auto* out = new uint8_t[static_cast<size_t>(std::max<int64_t>(rows * count, 1))];
-    nb::capsule owner(out, [](void* p) noexcept { delete[] static_cast<uint8_t*>(p); });
-    {
-      nb::gil_scoped_release release;
-      const auto* in = static_cast<const uint8_t*>(data.data());
-      for (int64_t r = 0; r < rows; ++r) qmm::decode_nbits(in + r * bytes, bits, count, out + r * count);
-    }
-    const size_t shape[2] = {static_cast<size_t>(rows), static_cast<size_t>(count)};
-    return nb::ndarray<nb::numpy, uint8_t>(out, 2, shape, owner);
-  });
 
   m.def("qlinear_matmul_exact",
         [](const In& a, bool a_signed, const In& a_index, const In& a_zp, nb::handle b, bool b_signed,
@@ -255,14 +251,12 @@ NB_MODULE(_core, m) {
   // saturating, round to nearest even: numpy.clip(x, -max, max).astype(type), faster.
   m.def("float32_to_float8", [](const In& x, int type) {
     const int64_t count = static_cast<int64_t>(x.size());
-    auto* out = new uint8_t[static_cast<size_t>(std::max<int64_t>(count, 1))];
-    nb::capsule owner(out, [](void* p) noexcept { delete[] static_cast<uint8_t*>(p); });
+    NewArray<uint8_t> out({count});
     {
       nb::gil_scoped_release release;
-      qmm::float32_to_float8(static_cast<const float*>(x.data()), count, static_cast<qmm::Float8>(type), out);
+      qmm::float32_to_float8(static_cast<const float*>(x.data()), count, static_cast<qmm::Float8>(type), out.data());
     }
-    const size_t shape[1] = {static_cast<size_t>(count)};
-    return nb::ndarray<nb::numpy, uint8_t>(out, 1, shape, owner);
+    return out.array();
   });
 
   m.def("matmul_f32_sequential",
@@ -292,4 +286,40 @@ NB_MODULE(_core, m) {
                                    static_cast<int64_t*>(out_hi.data()),
                                    static_cast<uint64_t*>(out_lo.data()));
         });
+}
+
+// MatMulNBits: the products per accuracy level and the code decoder.
+void bind_matmul_nbits(nb::module_& m) {
+  // MatMulNBits: A float32 [M, K] contiguous, codes uint8 [N, row_bytes], scales float32 and zero
+  // points uint8 or float32 [N, k_blocks], bias float32 [N] or None; returns Y float32 [M, N]. Levels 0/1 in
+  // float32, level 4 with A quantized to int8 per block as ONNX Runtime does.
+  // operands (matmul_nbits_f32): 0 float32 (levels 0/1), 1 float16, 2 bfloat16 (levels 2/3: W is
+  // rounded here; A must arrive rounded already).
+  m.def("matmul_nbits_f32", matmul_nbits_binding<qmm::matmul_nbits_f32>, nb::arg("A"), nb::arg("codes"), nb::arg("K"),
+        nb::arg("bits"), nb::arg("block_size"), nb::arg("scales"), nb::arg("zero_points"), nb::arg("bias").none(),
+        nb::arg("operands") = 0, nb::arg("g_idx").none() = nb::none());
+  m.def("matmul_nbits_int8", matmul_nbits_binding<qmm::matmul_nbits_int8>, nb::arg("A"), nb::arg("codes"),
+        nb::arg("K"), nb::arg("bits"), nb::arg("block_size"), nb::arg("scales"), nb::arg("zero_points"),
+        nb::arg("bias").none(), nb::arg("operands") = 0, nb::arg("g_idx").none() = nb::none());
+
+  // The first `count` codes of each row of a contiguous uint8 [rows, bytes] array of LSB-first bitstreams.
+  m.def("decode_nbits", [](const In& data, int64_t bits, int64_t count) {
+    const int64_t rows = static_cast<int64_t>(data.shape(0)), bytes = static_cast<int64_t>(data.shape(1));
+    NewArray<uint8_t> out({rows, count});
+    {
+      nb::gil_scoped_release release;
+      const auto* in = static_cast<const uint8_t*>(data.data());
+      for (int64_t r = 0; r < rows; ++r) qmm::decode_nbits(in + r * bytes, bits, count, out.data() + r * count);
+    }
+    return out.array();
+  });
+}
+
+}  // namespace
+
+NB_MODULE(_core, m) {
+  m.doc() = "quantmatmul's compiled core (private; use the quantmatmul package)";
+  bind_runtime(m);
+  bind_qlinear_matmul(m);
+  bind_matmul_nbits(m);
 }
