@@ -69,6 +69,7 @@ DEVIATIONS = {
     "ort-nbits-block-over-256-g-idx": Deviation("onnxruntime", "MatMulNBits refuses block_size > 256 with g_idx"),
     "ort-nbits-bits": Deviation("onnxruntime", "MatMulNBits refuses bits 3, 5, 6 and 7"),
     "ort-nbits-bfloat16": Deviation("onnxruntime", "MatMulNBits has no bfloat16 A on the CPU EP"),
+    "ort-quantizer-block-over-256": Deviation("onnxruntime", "MatMulNBits quantizer refuses block_size > 256"),
     "ort-quantizer-inf-scale": Deviation(
         "onnxruntime", "MatMulNBits quantizer: a block spanning +-FLT_MAX gets an infinite scale"),
     # ONNX Runtime, QuantizeLinear / DequantizeLinear

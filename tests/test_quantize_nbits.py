@@ -200,6 +200,19 @@ def test_onnxruntime_quirks_pinned():
     deviation("ort-quantizer-inf-scale", np.isinf(scales[0, 0]))  # quantize_nbits refuses this block instead
 
 
+@pytest.mark.parametrize("bits", [2, 4, 8])
+def test_onnxruntime_quantizer_deviation_block_sizes_above_256(bits):
+    """ORT's quantizer refuses block_size > 256 (1.31 and 1.32, although 1.32's kernel runs 4 and 8 bits there)."""
+    pytest.importorskip("onnxruntime")
+    W = _random_weight(np.random.default_rng(bits), 600, 3, F32)
+    refused, _ = peer_refuses("ort-quantizer-block-over-256", lambda: ort_quantize(W, bits, 512, False),
+                              "Only block sizes 16, 32, 64, 128, 256 are supported for quantization")
+    if not refused:
+        assert_same_as_ort(W, bits, 512, False)
+    w = quantize_nbits(W, bits=bits, block_size=512)
+    assert w.k_blocks == 2 and np.abs(w.dequantize() - W).max() <= np.abs(w.scales).max() * 2 ** (bits - 1)
+
+
 # ---------------------------------------------------------------------------------------------------
 # An independent per-block reference of the rtn formulas, for every width (checked against ORT above)
 
