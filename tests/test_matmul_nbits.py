@@ -601,7 +601,7 @@ def test_onnxruntime_deviation_eight_bit_g_idx_is_rejected():
 
 @pytest.mark.parametrize("block_size", [512, 1024])
 def test_onnxruntime_deviation_block_sizes_above_256(block_size):
-    """ORT 1.26 returned zeros for block_size > 256 (onnxruntime#28551); 1.27-1.31 refused the model; 1.32 computes
+    """ORT 1.26 returned zeros for block_size > 256 (onnxruntime#28551); 1.31 refused the model; 1.32 computes
     4 and 8 bits (at level 4 with A quantized in blocks of 256) and refuses 2 bits and g_idx."""
     rng = np.random.default_rng(block_size)
     for bits in (2, 4, 8):
