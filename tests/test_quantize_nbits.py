@@ -12,6 +12,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from peer_deviations import deviation, peer_refuses
 from quantmatmul.nbits_layout import packed_size, unpack_nbits
 from quantmatmul.quantize_nbits import METHODS, NBitsWeight, quantize_nbits
 
@@ -196,7 +197,20 @@ def test_onnxruntime_quirks_pinned():
     assert scales[0, 0] == np.float32(-3 / 8) and packed[0, 0, 0] & 0xF == 0  # max wins: negative scale, code 0
     big = np.finfo(np.float32).max
     _, scales, _ = ort_quantize(np.array([[big], [-big]] + [[0.0]] * 14, np.float32), 4, 16, False)
-    assert np.isinf(scales[0, 0])  # quantize_nbits refuses this block instead
+    deviation("ort-quantizer-inf-scale", np.isinf(scales[0, 0]))  # quantize_nbits refuses this block instead
+
+
+@pytest.mark.parametrize("bits", [2, 4, 8])
+def test_onnxruntime_quantizer_deviation_block_sizes_above_256(bits):
+    """ORT's quantizer refuses block_size > 256 (1.31 and 1.32, although 1.32's kernel runs 4 and 8 bits there)."""
+    pytest.importorskip("onnxruntime")
+    W = _random_weight(np.random.default_rng(bits), 600, 3, F32)
+    refused, _ = peer_refuses("ort-quantizer-block-over-256", lambda: ort_quantize(W, bits, 512, False),
+                              "Only block sizes 16, 32, 64, 128, 256 are supported for quantization")
+    if not refused:
+        assert_same_as_ort(W, bits, 512, False)
+    w = quantize_nbits(W, bits=bits, block_size=512)
+    assert w.k_blocks == 2 and np.abs(w.dequantize() - W).max() <= np.abs(w.scales).max() * 2 ** (bits - 1)
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -351,7 +365,7 @@ def test_matmul_nbits_consumes_the_weight():
 @pytest.mark.parametrize("bits", [2, 4, 8])
 def test_onnxruntime_matmulnbits_runs_the_weight(bits):
     """ORT's own MatMulNBits kernel reads B / scales / zero points the way dequantize() does
-    (float zero points: 2 and 4 bits only, ORT 1.31's CPU kernel refuses them at 8 bits)."""
+    (float zero points: 2 and 4 bits only, ORT's CPU kernel refuses them at 8 bits)."""
     pytest.importorskip("onnx")
     ort = pytest.importorskip("onnxruntime")
     from onnx import TensorProto, helper, numpy_helper
@@ -360,7 +374,7 @@ def test_onnxruntime_matmulnbits_runs_the_weight(bits):
     K, N, M, bs = 100, 12, 3, 32
     W = rng.standard_normal((K, N)).astype(np.float32)
     A = rng.standard_normal((M, K)).astype(np.float32)
-    for method in METHODS if bits != 8 else INT_ZP_METHODS:
+    for method in METHODS:
         for symmetric in symmetries(method):
             w = quantize_nbits(W, bits=bits, block_size=bs, symmetric=symmetric, method=method)
             inits = [numpy_helper.from_array(np.asarray(w.B), "B"),
@@ -374,8 +388,17 @@ def test_onnxruntime_matmulnbits_runs_the_weight(bits):
                                       [helper.make_tensor_value_info("Y", TensorProto.FLOAT, [M, N])], inits)
             opsets = [helper.make_opsetid("", 21), helper.make_opsetid("com.microsoft", 1)]
             model = helper.make_model(graph, opset_imports=opsets, ir_version=10)
-            session = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
-            y = session.run(None, {"A": A})[0]
+            def run():
+                session = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+                return session.run(None, {"A": A})[0]
+
+            if bits == 8 and method not in INT_ZP_METHODS:  # float zero points
+                refused, y = peer_refuses("ort-nbits-8bit-float-zp", run,
+                                          "does not support 8-bit weights with floating-point zero points")
+                if refused:
+                    continue
+            else:
+                y = run()
             np.testing.assert_allclose(y, A @ w.dequantize(), rtol=1e-4, atol=1e-4)
 
 
