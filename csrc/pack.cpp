@@ -10,9 +10,10 @@
 
 namespace qmm {
 
-const QGemmLayout kPairsLayout = {kLayoutPairs, "int16 pairs, 4x16", 4, 16, 2, {0, 0}, {0, 0}};
+const QGemmLayout kPairsLayout = {kLayoutPairs, "int16 pairs, 4x16", 4, 16, 2, 1, {0, 0}, {0, 0}};
 // uint8 a -> int8 a - 128 and int8 b -> uint8 b + 128: in both cases the byte XOR 0x80.
-const QGemmLayout kQuadsLayout = {kLayoutQuads, "int8 quads, 8x32", 8, 32, 4, {-128, 0}, {0, 128}};
+const QGemmLayout kQuadsLayout = {kLayoutQuads, "int8 quads, 8x32", 8, 32, 4, 1, {-128, 0}, {0, 128}};
+const QGemmLayout kTilesLayout = {kLayoutTiles, "int8 tiles, 32x32x64", 32, 32, 64, 16, {-128, 0}, {0, 128}};
 
 namespace {
 
@@ -161,8 +162,8 @@ void pack_a_quads(const void* a, bool a_signed, int64_t rows, int64_t K, int64_t
 
 namespace {
 
-// k-groups [g_begin, g_end) of one 32-column panel: for each half of 16 columns, 64 bytes per
-// k-group (column j's four bytes at 4j), signed values XOR 0x80, zeros past K and N.
+// k-quads [g_begin, g_end) of one 32-column panel: for each half of 16 columns, 64 bytes per
+// k-quad (column j's four bytes at 4j), signed values XOR 0x80, zeros past K and N.
 void pack_b_quads_rows(const void* b, bool b_signed, int64_t K, int64_t N, int64_t panel, int64_t g_begin,
                        int64_t g_end, int8_t* out_panel, int32_t* colsum, bool first) {
   const auto* bytes = static_cast<const uint8_t*>(b);
@@ -215,19 +216,51 @@ void pack_b_quads_rows(const void* b, bool b_signed, int64_t K, int64_t N, int64
   }
 }
 
+// The 32-column panels of k-quads, K padded to a whole number of L's k-groups (a multiple of 4 k):
+// kLayoutQuads (k-groups of 4) and kLayoutTiles (of 64) share these bytes.
+void pack_b_quad_panels(const QGemmLayout& L, const void* b, bool b_signed, int64_t K, int64_t N, int64_t panel0,
+                        int64_t panel1, int8_t* out, int32_t* colsum) {
+  constexpr int64_t kQuadsPerSweep = 16;  // 64 rows across every panel, along b's rows (see pack_b_pairs)
+  const int64_t quads = L.k_groups(K) * (L.kc / 4), panel_bytes = L.panel_bytes(K);
+  int64_t g0 = 0;
+  do {  // at least once: K = 0 still sets the column sums
+    const int64_t g1 = std::min(quads, g0 + kQuadsPerSweep);
+    for (int64_t panel = panel0; panel < panel1; ++panel)
+      pack_b_quads_rows(b, b_signed, K, N, panel, g0, g1, out + (panel - panel0) * panel_bytes, colsum, g0 == 0);
+    g0 = g1;
+  } while (g0 < quads);
+}
+
 }  // namespace
 
 void pack_b_quads(const void* b, bool b_signed, int64_t K, int64_t N, int64_t panel0, int64_t panel1, int8_t* out,
                   int32_t* colsum) {
-  constexpr int64_t kGroupsPerSweep = 16;  // 64 rows across every panel, along b's rows (see pack_b_pairs)
-  const int64_t groups = kQuadsLayout.k_groups(K), panel_bytes = kQuadsLayout.panel_bytes(K);
-  int64_t g0 = 0;
-  do {  // at least once: K = 0 still sets the column sums
-    const int64_t g1 = std::min(groups, g0 + kGroupsPerSweep);
-    for (int64_t panel = panel0; panel < panel1; ++panel)
-      pack_b_quads_rows(b, b_signed, K, N, panel, g0, g1, out + (panel - panel0) * panel_bytes, colsum, g0 == 0);
-    g0 = g1;
-  } while (g0 < groups);
+  pack_b_quad_panels(kQuadsLayout, b, b_signed, K, N, panel0, panel1, out, colsum);
+}
+
+
+// Layout kLayoutTiles. A: per group of 32 rows and k-group of 64, a 32 x 64-byte row-major block,
+// unsigned values XOR 0x80, zeros past K and past the rows.
+void pack_a_tiles(const void* a, bool a_signed, int64_t rows, int64_t K, int64_t lda, int32_t* packed) {
+  const QGemmLayout& L = kTilesLayout;
+  const int64_t groups = L.k_groups(K), mr = L.mr, kc = L.kc;
+  const uint8_t flip = a_signed ? 0 : 0x80;
+  std::fill(packed, packed + L.packed_a_int32s(rows, K), 0);
+  auto* bytes = reinterpret_cast<uint8_t*>(packed);
+  for (int64_t r = 0; r < rows; ++r) {
+    const auto* row = static_cast<const uint8_t*>(a) + r * lda;
+    uint8_t* out = bytes + (r / mr * mr * groups + r % mr) * kc;  // the row's bytes of k-group 0
+    for (int64_t g = 0; g < groups; ++g) {
+      const int64_t k0 = g * kc, n = std::min(kc, K - k0);
+      uint8_t* dst = out + g * mr * kc;
+      for (int64_t i = 0; i < n; ++i) dst[i] = static_cast<uint8_t>(row[k0 + i] ^ flip);
+    }
+  }
+}
+
+void pack_b_tiles(const void* b, bool b_signed, int64_t K, int64_t N, int64_t panel0, int64_t panel1, int8_t* out,
+                  int32_t* colsum) {
+  pack_b_quad_panels(kTilesLayout, b, b_signed, K, N, panel0, panel1, out, colsum);
 }
 
 }  // namespace qmm

@@ -19,7 +19,7 @@ double measure_peak_gops(double seconds) {
   std::atomic<int64_t> tiles{0};
   const auto start = std::chrono::steady_clock::now();
   parallel_for(threads, [&](int64_t) {
-    std::vector<int32_t> a(static_cast<size_t>(L.mr * groups), 0x01010101);
+    std::vector<int32_t> a(static_cast<size_t>(L.packed_a_int32s(L.mr, K)), 0x01010101);
     std::vector<int8_t> b(static_cast<size_t>(panels * L.panel_bytes(K)), 1);
     std::vector<int32_t> c(static_cast<size_t>(L.mr * panels * L.nr));
     int64_t done = 0;

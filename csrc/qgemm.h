@@ -3,20 +3,29 @@
 // A packed layout is described by a QGemmLayout; every table of the family names the one its kernel
 // reads, and every packed buffer records the id it was packed with (csrc/qlinear_matmul.h).
 //
-//   packed A: groups of `mr` rows; in a group, for each k-group g (kc consecutive k), mr int32s, one
-//             per row r, holding that row's kc values of k-group g (below); K padded to whole
-//             k-groups and the last group to mr rows, with zeros.
-//   packed B: panels of `nr` columns; in a panel, for each k-group g, nr * kc bytes: column j's kc
-//             values of k-group g, columns in order; zero padded past K and N.
+//   packed A: groups of `mr` rows; in a group, for each k-group g (kc consecutive k), mr *
+//             a_int32s int32s holding the group's kc values of k-group g (how: below); K padded
+//             to whole k-groups and the last group to mr rows, with zeros.
+//   packed B: panels of `nr` columns; in a panel, for each k-group g, nr * kc bytes (how: below);
+//             zero padded past K and N.
 //
-// The two layouts so far:
-//   kLayoutPairs (portable, AVX2): kc = 2; A holds two int16 (a[r,2g] low half, a[r,2g+1] high),
+// The three layouts so far:
+//   kLayoutPairs (portable, AVX2): kc = 2; A holds one int32 per row (a_int32s = 1) of two int16
+//             (a[r,2g] low half, a[r,2g+1] high),
 //             B two bytes of b's own signedness per column; mr = 4, nr = 16. vpmaddwd on int16
 //             pairs is exact for every signedness combination.
 //   kLayoutQuads (AVX-512 VNNI): kc = 4; A holds four int8 and B four uint8 per column, each value
 //             stored with an offset (unsigned a - 128, signed b + 128) so that vpdpbusd's
 //             uint8 x int8 products are exact; mr = 8, nr = 32. The offsets become zero-point terms:
 //             (a - za)(b - zb) = (a' - (za + oa))(b' - (zb + ob)), docs/quantization.md.
+//             One int32 per row (a_int32s = 1): k-group g of row r at g * mr + r; a panel's k-group
+//             is 128 bytes, column j's four bytes at 4j.
+//   kLayoutTiles (AMX-INT8): the values and offsets of kLayoutQuads (tdpbsud: int8 A x uint8 B), in
+//             tiles: kc = 64, mr = 32, nr = 32. A: per k-group, a 32 x 64-byte row-major block
+//             (row r's 64 bytes at 64r; a_int32s = 16), so that two A tiles of 16 rows load at
+//             stride 64. B: a panel's k-group is 16 k-quads of 128 bytes, each exactly a
+//             kLayoutQuads k-group (column j's four bytes at 4j): kLayoutQuads' panel with K padded
+//             to a multiple of 64, whose halves of 16 columns load as B tiles at stride 128.
 // Stored values are 0 in padding, so padded k contribute nothing to the raw sums.
 #pragma once
 
@@ -26,12 +35,13 @@
 
 namespace qmm {
 
-enum LayoutId : int32_t { kLayoutPairs = 1, kLayoutQuads = 2 };
+enum LayoutId : int32_t { kLayoutPairs = 1, kLayoutQuads = 2, kLayoutTiles = 3 };
 
 struct QGemmLayout {
   LayoutId id;
   const char* name;
   int64_t mr, nr, kc;  // rows per A group, columns per B panel, k values per k-group
+  int64_t a_int32s;    // packed A's int32s per row and k-group: a group of mr rows takes mr * a_int32s per k-group
   // stored = value + offset, by the operand's signedness: [0] unsigned, [1] signed.
   int32_t a_offset[2], b_offset[2];
 
@@ -39,11 +49,14 @@ struct QGemmLayout {
   int64_t n_panels(int64_t N) const { return (N + nr - 1) / nr; }
   int64_t panel_bytes(int64_t K) const { return k_groups(K) * kc * nr; }
   int64_t packed_b_bytes(int64_t K, int64_t N) const { return n_panels(N) * panel_bytes(K); }
-  int64_t packed_a_int32s(int64_t rows, int64_t K) const { return (rows + mr - 1) / mr * mr * k_groups(K); }
+  // Packed A's int32s per row: rows [r0, r0 + mr) (r0 a multiple of mr) start at r0 * a_row_int32s(K).
+  int64_t a_row_int32s(int64_t K) const { return k_groups(K) * a_int32s; }
+  int64_t packed_a_int32s(int64_t rows, int64_t K) const { return (rows + mr - 1) / mr * mr * a_row_int32s(K); }
 };
 
 extern const QGemmLayout kPairsLayout;
 extern const QGemmLayout kQuadsLayout;
+extern const QGemmLayout kTilesLayout;
 
 // Packs rows [0, rows) of a row-major 8-bit matrix with row stride lda (packed A, above).
 using PackA = void (*)(const void* a, bool a_signed, int64_t rows, int64_t K, int64_t lda, int32_t* packed);
@@ -57,6 +70,9 @@ void pack_b_pairs(const void* b, bool b_signed, int64_t K, int64_t N, int64_t pa
                   int32_t* colsum);
 void pack_a_quads(const void* a, bool a_signed, int64_t rows, int64_t K, int64_t lda, int32_t* packed);
 void pack_b_quads(const void* b, bool b_signed, int64_t K, int64_t N, int64_t panel0, int64_t panel1, int8_t* out,
+                  int32_t* colsum);
+void pack_a_tiles(const void* a, bool a_signed, int64_t rows, int64_t K, int64_t lda, int32_t* packed);
+void pack_b_tiles(const void* b, bool b_signed, int64_t K, int64_t N, int64_t panel0, int64_t panel1, int8_t* out,
                   int32_t* colsum);
 
 // C[r, j] = sum over k-groups [g0, g1) of the stored values of rows [0, rows) of the packed A group

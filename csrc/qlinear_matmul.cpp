@@ -69,6 +69,7 @@ void accumulate(const QGemmProblem& p, Epilogue&& epilogue) {
                              "\", but the int8 kernels in use (" + q.info.name + ") read \"" + L.name +
                              "\": pack it again");
   const int64_t M = p.M, N = p.N, K = p.K, groups = L.k_groups(K), mr = L.mr, nr = L.nr;
+  const int64_t a_row = L.a_row_int32s(K);  // packed A's int32s per row
   if (M == 0 || N == 0 || p.batch == 0) return;
   const int64_t panels_total = L.n_panels(N);
   const int64_t panel_bytes = L.panel_bytes(K);
@@ -83,13 +84,13 @@ void accumulate(const QGemmProblem& p, Epilogue&& epilogue) {
   // Pack every distinct matrix of a once (mr-row groups) with its row sums.
   const int64_t a_count = *std::max_element(p.a_index, p.a_index + p.batch) + 1;
   const int64_t m_padded = (M + mr - 1) / mr * mr;
-  std::vector<int32_t> a_packed(static_cast<size_t>(a_count * m_padded * groups));
+  std::vector<int32_t> a_packed(static_cast<size_t>(a_count * m_padded * a_row));
   std::vector<int64_t> rowsums(static_cast<size_t>(a_count * M));
   parallel_for(a_count * row_blocks, [&](int64_t task) {
     const int64_t ia = task / row_blocks, m0 = task % row_blocks * kBlockRows;
     const int64_t rows = std::min(kBlockRows, M - m0);
     const auto* a_bytes = static_cast<const uint8_t*>(p.a) + (ia * M + m0) * K;
-    q.pack_a(a_bytes, p.a_signed, rows, K, K, a_packed.data() + (ia * m_padded + m0) * groups);
+    q.pack_a(a_bytes, p.a_signed, rows, K, K, a_packed.data() + (ia * m_padded + m0) * a_row);
     for (int64_t r = 0; r < rows; ++r) {
       int64_t sum = 0;
       if (p.a_signed) for (int64_t k = 0; k < K; ++k) sum += reinterpret_cast<const int8_t*>(a_bytes)[r * K + k];
@@ -106,7 +107,7 @@ void accumulate(const QGemmProblem& p, Epilogue&& epilogue) {
     const int64_t n0 = panel0 * nr, cols = std::min(panels * nr, N - n0);
     const int64_t ia = p.a_index[bt], ib = p.b_index[bt];
     const int64_t ldc = panels * nr;
-    const int32_t* a_block = a_packed.data() + (ia * m_padded + m0) * groups;
+    const int32_t* a_block = a_packed.data() + (ia * m_padded + m0) * a_row;
     const int64_t* rowsum = rowsums.data() + ia * M + m0;
 
     thread_local std::vector<int32_t> c32;
@@ -117,7 +118,7 @@ void accumulate(const QGemmProblem& p, Epilogue&& epilogue) {
       const int64_t g1 = std::min(groups, g0 + groups_per_chunk);
       for (int64_t j = 0; j < panels; ++j) {
         for (int64_t r0 = 0; r0 < rows; r0 += mr) {
-          q.kernel(a_block + r0 * groups, std::min(mr, rows - r0), b_panels + j * panel_bytes, g0, g1, b_signed,
+          q.kernel(a_block + r0 * a_row, std::min(mr, rows - r0), b_panels + j * panel_bytes, g0, g1, b_signed,
                    c32.data() + r0 * ldc + j * nr, ldc);
         }
       }

@@ -83,31 +83,7 @@ void kernel_vnni(const int32_t* a, int64_t rows, const int8_t* b_panel, int64_t 
   }
 }
 
-// The ONNX Runtime epilogue (csrc/requantize.h), 16 lanes at a time: the same float32 operations in
-// the same order as the scalar one, so the same bits.
-void requantize_row_avx512(const int32_t* acc, const float* multiplier, const int32_t* zp, int64_t count,
-                           bool y_signed, void* y) {
-  const int32_t qmin = y_signed ? -128 : 0, qmax = y_signed ? 127 : 255;
-  const __m512i vqmin = _mm512_set1_epi32(qmin), vqmax = _mm512_set1_epi32(qmax);
-  auto* out = static_cast<uint8_t*>(y);
-  int64_t j = 0;
-  for (; j + 16 <= count; j += 16) {
-    const __m512i z = _mm512_loadu_si512(zp + j);
-    const __m512 lo = _mm512_cvtepi32_ps(_mm512_sub_epi32(vqmin, z));
-    const __m512 hi = _mm512_cvtepi32_ps(_mm512_sub_epi32(vqmax, z));
-    __m512 v = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_loadu_si512(acc + j)), _mm512_loadu_ps(multiplier + j));
-    v = _mm512_max_ps(v, lo);  // operand order as MLAS: a NaN becomes the lower bound
-    v = _mm512_min_ps(v, hi);
-    const __m512i q = _mm512_add_epi32(_mm512_cvtps_epi32(v), z);  // round half to even (default MXCSR)
-    const __m256i words = _mm512_cvtsepi32_epi16(q);  // q is in [qmin, qmax]: the narrowing is exact
-    const __m128i w0 = _mm256_castsi256_si128(words), w1 = _mm256_extracti128_si256(words, 1);
-    _mm_storeu_si128(reinterpret_cast<__m128i*>(out + j), y_signed ? _mm_packs_epi16(w0, w1) : _mm_packus_epi16(w0, w1));
-  }
-  for (; j < count; ++j) {
-    const int32_t q = requantize_onnxruntime(acc[j], multiplier[j], zp[j], qmin, qmax);
-    out[j] = static_cast<uint8_t>(y_signed ? static_cast<uint8_t>(static_cast<int8_t>(q)) : q);
-  }
-}
+#include "requantize_avx512.inc"
 
 #if defined(QMM_EMULATED)
 constexpr EntryInfo kInfo = {.name = "avx512_vnni", .isa = Isa::kAvx512Vnni, .needs = kAvx2Features, .emulated = true};

@@ -1,0 +1,197 @@
+// qgemm_amx.cpp: AMX-INT8 int8 GEMM micro-kernel (tdpbsud on the int8-tiles layout), an AVX-512 VNNI path for fewer than 16 rows, and the 16-lane ONNX Runtime epilogue.
+//
+// Layout kLayoutTiles (csrc/qgemm.h): the stored values of kLayoutQuads (unsigned a - 128, signed
+// b + 128, which the driver turns into zero-point terms), so that tdpbsud's int8 A x uint8 B
+// products are exact for every signedness combination, in k-groups of 64:
+//   A, per group of 32 rows and k-group G: 32 x 64 bytes, row r's at 64r (int32 G * 512 + 16r + q
+//      holds row r's k-quad q);
+//   B, per 32-column panel and k-group G: 16 k-quads of 128 bytes, column j's four bytes at 4j.
+//
+// Kernel, 16 to 32 rows x one 32-column panel: every tile 16 rows x 64 bytes (palette 1)
+//   tmm0 tmm1   C rows 0-15  x columns 0-15 | 16-31   (int32)
+//   tmm2 tmm3   C rows 16-31 x columns 0-15 | 16-31
+//   tmm4 tmm5   A rows 0-15 | 16-31 of k-group G: 16 rows x 64 int8, stride 64
+//   tmm6 tmm7   B columns 0-15 | 16-31 of k-group G: 16 k-quads x (16 columns x 4 uint8), stride 128
+//   per k-group: C[i][j] += A[i] . B[j] (tdpbsud), four of them (two with 16 rows or fewer).
+// C goes to c directly when the tiles cover exactly `rows` rows, else through a 32 x 32 buffer.
+// Fewer than 16 rows (M = 1 decode, say) would waste most of a tile's work: those take vpdpbusd
+// on the same layout (B's k-quads are kLayoutQuads' 128-byte groups), up to 8 rows at a time.
+//
+// The tile configuration is loaded whenever the thread's current one differs from ours (checked
+// with _tile_storeconfig at each call), not once per thread: other AMX code on the same thread
+// (ONNX Runtime's, in the same process) may have loaded its own in between. Linux's permission for
+// the tile data (arch_prctl) is asked for at feature detection (csrc/cpu_features.cpp).
+//
+// Built twice (CMakeLists.txt): natively with -mamx-tile -mamx-int8 -mavx512*, and with
+// QMM_EMULATED over SIMDe's AVX-512 and kernels/amx_emulation.h's tiles, for the tests on any
+// CPU with AVX2.
+#if defined(QMM_EMULATED)
+#define SIMDE_ENABLE_NATIVE_ALIASES
+#include <simde/x86/avx512.h>
+#include "amx_emulation.h"  // last: it replaces the AMX intrinsics
+#else
+#include <immintrin.h>
+#endif
+
+#include <cstdint>
+#include <cstring>
+
+#include "dispatch.h"
+#include "qgemm.h"
+#include "requantize.h"
+
+namespace qmm {
+namespace {
+
+constexpr int64_t kMr = 32, kNr = 32;                       // kTilesLayout
+constexpr int64_t kAGroupInt32s = kMr * 16, kBGroupBytes = kNr * 64;  // per k-group of 64
+constexpr int64_t kQuadBytes = 128;                         // one k-quad of a B panel
+constexpr int64_t kARowInt32s = 16;                         // one row of an A k-group
+
+// LDTILECFG's 64 bytes: palette 1, tiles 0-7 of 16 rows x 64 bytes, the rest zero.
+struct alignas(64) TileConfig {
+  uint8_t palette, start_row, reserved[14];
+  uint16_t colsb[16];
+  uint8_t rows[16];
+};
+static_assert(sizeof(TileConfig) == 64);
+
+// Constant-initialized, in read-only memory: GCC's _tile_loadconfig tells the compiler it reads 8
+// bytes only, so the configuration must not be built by stores it could drop.
+constexpr TileConfig kTileConfig = {
+    1, 0, {}, {64, 64, 64, 64, 64, 64, 64, 64}, {16, 16, 16, 16, 16, 16, 16, 16}};
+
+void configure_tiles() {
+  alignas(64) unsigned char current[64];
+  _tile_storeconfig(current);
+  // GCC's _tile_storeconfig declares 8 bytes written: make all 64 opaque to the compiler.
+  __asm__ volatile("" : : "r"(current) : "memory");
+  if (std::memcmp(current, &kTileConfig, sizeof(kTileConfig)) != 0) _tile_loadconfig(&kTileConfig);
+}
+
+// Rows [0, 16 * Halves) of the A group at a times the B panel at b over k-groups [g0, g1), into
+// c (row stride ldc, int32): C tiles stored straight into c.
+template <int Halves>
+void amx_tiles(const int32_t* a, const int8_t* b, int64_t g0, int64_t g1, int32_t* c, int64_t ldc) {
+  _tile_zero(0);
+  _tile_zero(1);
+  if constexpr (Halves == 2) {
+    _tile_zero(2);
+    _tile_zero(3);
+  }
+  for (int64_t g = g0; g < g1; ++g) {
+    const auto* ag = reinterpret_cast<const int8_t*>(a + g * kAGroupInt32s);
+    const int8_t* bg = b + g * kBGroupBytes;
+    _tile_loadd(6, bg, kQuadBytes);
+    _tile_loadd(7, bg + 64, kQuadBytes);
+    _tile_loadd(4, ag, 64);
+    _tile_dpbsud(0, 4, 6);
+    _tile_dpbsud(1, 4, 7);
+    if constexpr (Halves == 2) {
+      _tile_loadd(5, ag + 16 * 64, 64);
+      _tile_dpbsud(2, 5, 6);
+      _tile_dpbsud(3, 5, 7);
+    }
+  }
+  const int64_t stride = ldc * static_cast<int64_t>(sizeof(int32_t));
+  _tile_stored(0, c, stride);
+  _tile_stored(1, c + 16, stride);
+  if constexpr (Halves == 2) {
+    _tile_stored(2, c + 16 * ldc, stride);
+    _tile_stored(3, c + 16 * ldc + 16, stride);
+  }
+}
+
+// 16 <= rows <= 32.
+void amx_block(const int32_t* a, int64_t rows, const int8_t* b, int64_t g0, int64_t g1, int32_t* c, int64_t ldc) {
+  configure_tiles();
+  if (rows == 16) return amx_tiles<1>(a, b, g0, g1, c, ldc);
+  if (rows == 32) return amx_tiles<2>(a, b, g0, g1, c, ldc);
+  alignas(64) int32_t buffer[kMr * kNr];
+  amx_tiles<2>(a, b, g0, g1, buffer, kNr);
+  for (int64_t r = 0; r < rows; ++r) std::memcpy(c + r * ldc, buffer + r * kNr, kNr * sizeof(int32_t));
+}
+
+// MR (<= 8) rows x 32 columns with vpdpbusd, 2 * MR zmm accumulators per set; U sets take
+// consecutive k-quads so that back-to-back vpdpbusd do not wait on each other (U divides 16).
+// a is row 0's int32s of k-group 0: row r's k-quad q of k-group g at a[g * 512 + 16r + q].
+template <int MR, int U>
+void vnni_rows(const int32_t* a, const int8_t* b, int64_t g0, int64_t g1, int32_t* c, int64_t ldc) {
+  __m512i acc[U][MR][2];
+  for (int u = 0; u < U; ++u)
+    for (int r = 0; r < MR; ++r) acc[u][r][0] = acc[u][r][1] = _mm512_setzero_si512();
+  for (int64_t g = g0; g < g1; ++g) {
+    const int32_t* ag = a + g * kAGroupInt32s;
+    const int8_t* bg = b + g * kBGroupBytes;
+    for (int q = 0; q < 16; q += U) {
+      for (int u = 0; u < U; ++u) {
+        const int8_t* bq = bg + (q + u) * kQuadBytes;
+        const __m512i b0 = _mm512_loadu_si512(bq), b1 = _mm512_loadu_si512(bq + 64);
+        for (int r = 0; r < MR; ++r) {
+          const __m512i av = _mm512_set1_epi32(ag[r * kARowInt32s + q + u]);
+          acc[u][r][0] = _mm512_dpbusd_epi32(acc[u][r][0], b0, av);
+          acc[u][r][1] = _mm512_dpbusd_epi32(acc[u][r][1], b1, av);
+        }
+      }
+    }
+  }
+  for (int r = 0; r < MR; ++r) {
+    __m512i s0 = acc[0][r][0], s1 = acc[0][r][1];
+    for (int u = 1; u < U; ++u) {
+      s0 = _mm512_add_epi32(s0, acc[u][r][0]);
+      s1 = _mm512_add_epi32(s1, acc[u][r][1]);
+    }
+    _mm512_storeu_si512(c + r * ldc, s0);
+    _mm512_storeu_si512(c + r * ldc + 16, s1);
+  }
+}
+
+// 1 <= rows <= 8.
+void vnni_block(const int32_t* a, int64_t rows, const int8_t* b, int64_t g0, int64_t g1, int32_t* c, int64_t ldc) {
+  switch (rows) {
+    case 1: return vnni_rows<1, 4>(a, b, g0, g1, c, ldc);
+    case 2: return vnni_rows<2, 2>(a, b, g0, g1, c, ldc);
+    case 3: return vnni_rows<3, 1>(a, b, g0, g1, c, ldc);
+    case 4: return vnni_rows<4, 1>(a, b, g0, g1, c, ldc);
+    case 5: return vnni_rows<5, 1>(a, b, g0, g1, c, ldc);
+    case 6: return vnni_rows<6, 1>(a, b, g0, g1, c, ldc);
+    case 7: return vnni_rows<7, 1>(a, b, g0, g1, c, ldc);
+    default: return vnni_rows<8, 1>(a, b, g0, g1, c, ldc);
+  }
+}
+
+void kernel_amx(const int32_t* a, int64_t rows, const int8_t* b_panel, int64_t g0, int64_t g1, bool, int32_t* c,
+                int64_t ldc) {
+  if (rows >= 16) return amx_block(a, rows, b_panel, g0, g1, c, ldc);
+  if (rows > 8) {
+    vnni_block(a, 8, b_panel, g0, g1, c, ldc);
+    return vnni_block(a + 8 * kARowInt32s, rows - 8, b_panel, g0, g1, c + 8 * ldc, ldc);
+  }
+  vnni_block(a, rows, b_panel, g0, g1, c, ldc);
+}
+
+#include "requantize_avx512.inc"
+
+#if defined(QMM_EMULATED)
+constexpr EntryInfo kInfo = {.name = "amx", .isa = Isa::kAmx, .needs = kAvx2Features, .emulated = true};
+#else
+constexpr EntryInfo kInfo = {.name = "amx",
+                             .isa = Isa::kAmx,
+                             .needs = kAvx512Features | kFeatAvx512vnni | kFeatAmxTile | kFeatAmxInt8,
+                             .emulated = false};
+#endif
+
+const QGemmDispatch kQGemm = {
+    .info = kInfo,
+    .layout = &kTilesLayout,
+    .pack_a = pack_a_tiles,
+    .pack_b_panels = pack_b_tiles,
+    .kernel = kernel_amx,
+    .requantize_onnxruntime = requantize_row_avx512,
+};
+
+}  // namespace
+
+KernelEntries QMM_KERNELS_FN() { return {&kQGemm, nullptr, nullptr}; }
+
+}  // namespace qmm
