@@ -1,6 +1,6 @@
 // nbits_avx2_common.h: internals shared by the AVX2 kernel files: scratch buffers, min/max/fill, and two MatMulNBits helpers.
 //
-// Included by nbits_f32_avx2.cpp and nbits_int8_avx2.cpp, both compiled with
+// Included by nbits_f32_avx2.cpp, nbits_int8_avx2.cpp and qgemm_avx2.cpp, all compiled with
 // -mavx2 -mfma -mf16c -mbmi2. Everything here has internal linkage (an anonymous namespace): an
 // inline function, template or STL instantiation with external linkage emitted by such a file is a
 // weak symbol that the linker may keep for the portable code too, and a CPU without AVX2 would then
