@@ -1,9 +1,16 @@
-// matmul_nbits.h: the C++ core of MatMulNBits at accuracy levels 0 and 1 (float32): weight layout, decoding, and the driver.
+// matmul_nbits.h: the C++ core of MatMulNBits, accuracy levels 0-4: the weight as the kernels read it, code decoding, and the two drivers.
 //
 // The Python front end (src/quantmatmul/matmul_nbits.py) validates and normalizes the inputs: codes
 // stay in ONNX Runtime's layout (one LSB-first bitstream per output column, src/quantmatmul/
-// nbits_layout.py), scales and zero points arrive as float32 [N, k_blocks] (a packed or default
-// zero point already unpacked), A as float32 [M, K].
+// nbits_layout.py); scales arrive as float32 [N, k_blocks]; integer zero points (packed or
+// default) unpacked to uint8 [N, k_blocks], float ones as float32 [N, k_blocks]; g_idx as int32 [K]
+// or null (a trivial one is dropped); A as float32 [M, K], already rounded for levels 2 and 3.
+//
+// matmul_nbits_f32 serves levels 0-3 (float32 products; W rounded to float16 / bfloat16 in the
+// kernels at levels 2 and 3) and level 4 with a g_idx (the front end passes A dequantized from
+// its int8 form); matmul_nbits_int8 serves level 4 without one (A quantized to int8 here). Both
+// split the columns across the thread pool and run the active kernel table's entries (qgemm.h):
+// kernels/qgemm_portable.cpp, or kernels/nbits_f32_avx2.cpp and kernels/nbits_int8_avx2.cpp.
 #pragma once
 
 #include <cmath>

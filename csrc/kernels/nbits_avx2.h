@@ -1,4 +1,9 @@
-// nbits_avx2.h: the AVX2 MatMulNBits kernels (kernels/nbits_avx2.cpp) that the AVX2 kernel table points to.
+// nbits_avx2.h: the AVX2 MatMulNBits kernels that the AVX2 kernel table (qgemm_avx2.cpp) points to.
+//
+// Levels 0-3 (float32 products): nbits_rows and nbits_prepare_f32, in nbits_f32_avx2.cpp.
+// Level 4 (int8 A, exact integer block dot products): nbits_rows_int8 and nbits_prepare_int8, in
+// nbits_int8_avx2.cpp. Both files decode the codes with nbits_decode_avx2.h and keep everything else
+// in anonymous namespaces (nbits_avx2_common.h says why): these four are their only external symbols.
 #pragma once
 
 #include <cstdint>

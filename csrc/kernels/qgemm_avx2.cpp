@@ -11,12 +11,11 @@
 // any signedness (|pair| <= 65280), unlike vpmaddubsw, whose int16 pair sums saturate.
 #include <immintrin.h>
 
-#include <algorithm>
 #include <cstring>
-#include <vector>
 
 #include "dispatch.h"
 #include "nbits_avx2.h"
+#include "nbits_avx2_common.h"
 #include "qgemm.h"
 #include "requantize.h"
 
@@ -154,20 +153,18 @@ constexpr int64_t kSgemmChunk = 256;
 
 void sgemm_rows_avx2(const float* a, const float* b_panels, float* y, int64_t rows, int64_t N, int64_t K) {
   const int64_t groups = rows / kSgemmGroup;
-  thread_local std::vector<float> grouped_storage, partial_storage;
-  grouped_storage.resize(static_cast<size_t>(groups * kSgemmGroup * K));
-  partial_storage.resize(static_cast<size_t>(rows * 16));
-  float* const grouped = grouped_storage.data();
-  float* const partial = partial_storage.data();
+  thread_local Scratch grouped_storage, partial_storage;
+  float* const grouped = grouped_storage.get<float>(groups * kSgemmGroup * K);
+  float* const partial = partial_storage.get<float>(rows * 16);
   for (int64_t g = 0; g < groups; ++g)
     for (int64_t k = 0; k < K; ++k)
       for (int64_t r = 0; r < kSgemmGroup; ++r) grouped[(g * K + k) * kSgemmGroup + r] = a[(g * kSgemmGroup + r) * K + k];
   for (int64_t n = 0; n < N; n += 16) {
     const float* panel = b_panels + n * K;
     const int64_t cols = N - n < 16 ? N - n : 16;
-    std::fill(partial, partial + rows * 16, 0.0f);  // +0: the sums' starting value
+    zero_floats(partial, rows * 16);  // +0: the sums' starting value
     for (int64_t k0 = 0; k0 < K; k0 += kSgemmChunk) {
-      const int64_t k1 = std::min(K, k0 + kSgemmChunk);
+      const int64_t k1 = min_i64(K, k0 + kSgemmChunk);
       for (int64_t g = 0; g < groups; ++g)
         fma_tile<kSgemmGroup>(grouped + g * kSgemmGroup * K, 1, kSgemmGroup, k0, k1, panel,
                               partial + g * kSgemmGroup * 16);

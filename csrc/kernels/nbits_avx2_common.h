@@ -1,0 +1,76 @@
+// nbits_avx2_common.h: internals shared by the AVX2 kernel files: scratch buffers, min/max/fill, and two MatMulNBits helpers.
+//
+// Included by nbits_f32_avx2.cpp, nbits_int8_avx2.cpp and qgemm_avx2.cpp, all compiled with
+// -mavx2 -mfma -mf16c -mbmi2. Everything here has internal linkage (an anonymous namespace): an
+// inline function, template or STL instantiation with external linkage emitted by such a file is a
+// weak symbol that the linker may keep for the portable code too, and a CPU without AVX2 would then
+// die on an illegal instruction. So these files use no std::vector or <algorithm> either: the
+// scratch buffers, min/max and zero_floats below stand in for them.
+#pragma once
+
+#include <immintrin.h>
+
+#include <cstddef>
+#include <cstdint>
+#include <new>
+
+#include "matmul_nbits.h"
+
+namespace qmm {
+namespace {
+
+inline int64_t min_i64(int64_t a, int64_t b) { return b < a ? b : a; }
+inline int64_t max_i64(int64_t a, int64_t b) { return a < b ? b : a; }
+// x[0 .. count) = 0.0f.
+inline void zero_floats(float* x, int64_t count) {
+  for (int64_t i = 0; i < count; ++i) x[i] = 0.0f;
+}
+
+// A growable scratch buffer, usually thread_local in a kernel: get<T>(count) returns room for at
+// least count T, 64-byte aligned. It only grows (to the largest size asked so far); growing drops
+// the old contents, and new memory is uninitialized, so callers write before they read (as they
+// did with std::vector, whose zeroed growth none of them relied on). Allocation failure throws
+// std::bad_alloc, as std::vector does.
+class Scratch {
+ public:
+  Scratch() = default;
+  Scratch(const Scratch&) = delete;
+  Scratch& operator=(const Scratch&) = delete;
+  ~Scratch() { release(); }
+
+  template <typename T>
+  T* get(int64_t count) {
+    const size_t bytes = static_cast<size_t>(count) * sizeof(T);
+    if (bytes > capacity_) {
+      release();
+      data_ = ::operator new(bytes, std::align_val_t{kAlignment});
+      capacity_ = bytes;
+    }
+    return static_cast<T*>(data_);
+  }
+
+ private:
+  static constexpr size_t kAlignment = 64;
+  void release() {
+    if (data_) ::operator delete(data_, std::align_val_t{kAlignment});
+    data_ = nullptr;
+    capacity_ = 0;
+  }
+  void* data_ = nullptr;
+  size_t capacity_ = 0;
+};
+
+inline float horizontal_sum(__m256 v) {
+  const __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+  const __m128 t = _mm_add_ps(s, _mm_movehl_ps(s, s));
+  return _mm_cvtss_f32(_mm_add_ss(t, _mm_shuffle_ps(t, t, 1)));
+}
+
+// The zero points of blocks index .. index+7 (index = n * k_blocks + b) as float32.
+inline __m256 zero_points8(const NBitsWeight& w, int64_t index) {
+  if (!w.zero_points_u8) return _mm256_loadu_ps(w.zero_points + index);
+  return _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(w.zero_points_u8 + index))));
+}
+
+}  // namespace
+}  // namespace qmm

@@ -1,0 +1,429 @@
+// nbits_f32_avx2.cpp: AVX2 MatMulNBits float kernels, accuracy levels 0-3 (the table's nbits_rows and nbits_prepare_f32).
+//
+// Y[:, n0:n1] for all M rows of A (float32 [M, K]), W[k, n] = float32(q - zero_point) * scale,
+// products and sums in float32. nbits_rows picks, per task of columns:
+//
+//  - M <= 12, levels 0/1, no g_idx: nbits_rows_factored, the block-factored form (codes widened
+//    to float32 in registers, A's per-block sums for the zero points), in passes of up to 4 rows;
+//  - M <= 12, levels 2/3 (W rounded to float16 / bfloat16; A arrives rounded): nbits_rows_rounded,
+//    dequantize, round and FMA fused per 8 codes, in passes of up to 4 rows;
+//  - M <= 12 with a non-trivial g_idx (any level 0-3): nbits_rows_columns, one dequantized (and
+//    rounded) column at a time, one dot product per row;
+//  - M > 12 (prefill, any level 0-3, g_idx too): nbits_rows_dequantized, 16 columns dequantized
+//    into a [K][16] float32 panel and swept by 6 x 16 FMA tiles (fma_tile_avx2.inc); A comes
+//    interleaved by k in groups of 6 rows (nbits_prepare_f32, once per call).
+//
+// Level 4 with a g_idx also lands here (the Python front end passes the dequantized int8 A).
+// The codes are decoded by nbits_decode_avx2.h; docs/matmul_nbits.md bounds the error of any
+// summation order these kernels use.
+#include "nbits_avx2.h"
+
+#include <immintrin.h>
+
+#include <cstring>
+
+#include "nbits_avx2_common.h"
+#include "nbits_decode_avx2.h"
+
+namespace qmm {
+#include "fma_tile_avx2.inc"
+
+namespace {
+// Levels 0/1, few rows, factored by block (docs/matmul_nbits.md, error bound of any order):
+//   y[m, n] = sum_b scale[n, b] * (sum_{k in b} a[m, k] * q[n, k] - zero_point[n, b] * asum[m, b])
+// with asum[m, b] = sum_{k in b} a[m, k] computed once per task. Each 32 codes (16 in blocks of 16)
+// are widened to float32 in registers once and shared by the MR rows: one FMA per code and row in
+// two chains per row, one FMA per block to scale its sum into the row's accumulator (even and odd
+// blocks into separate ones), the zero-point term 8 blocks per FMA, one horizontal sum per output.
+//
+//   4-bit codes, and 3-bit ones transcoded to 4-bit per column: [even | odd] order, A reordered;
+//   2-bit codes in blocks of 32+: quarters order, A reordered;
+//   8-bit codes: bytes in order; 5, 6, 7 bits (and 2 in blocks of 16): decoded to bytes per column.
+//   K's last, partial block (K not a multiple of block_size): scalar.
+
+// Few rows of A (decode): the factored form, codes widened straight from the packed weight, MR
+// running sums in registers.
+template <int MR, int Kind>  // Kind: 4 = nibbles, 2 = 2-bit quarters (blocks of 32+), 0 = bytes
+void nbits_rows_factored(const float* A, const NBitsWeight& w, int64_t n0, int64_t n1, const float* bias, float* Y) {
+  const int64_t K = w.K, bs = w.block_size, kb = w.k_blocks;
+  // Plain pointers: thread_local storage is looked up again on every access the compiler cannot hoist.
+  thread_local Scratch asum_storage, codes_storage, reordered_storage;
+  float* const block_sums = asum_storage.get<float>(MR * kb);
+  uint8_t* const decoded = codes_storage.get<uint8_t>(max_i64(K + 32, w.k_blocks * w.block_size));  // bytes, or the 3-bit column as nibbles
+  for (int m = 0; m < MR; ++m)
+    for (int64_t b = 0; b < kb; ++b) {
+      float sum = 0.0f;
+      for (int64_t k = b * bs; k < min_i64(K, (b + 1) * bs); ++k) sum += A[m * K + k];
+      block_sums[m * kb + b] = sum;
+    }
+  constexpr bool nibbles = Kind == 4, quarters = Kind == 2;
+  const bool bytes = w.bits == 8;
+  const int64_t whole_blocks = K / bs;        // blocks with all block_size codes (a multiple of 32)
+  // 4-bit: A's whole blocks reordered once per task to the order widen32_even_odd produces.
+  const float* a_main = A;
+  if (nibbles) {
+    float* const reordered = reordered_storage.get<float>(MR * K);
+    for (int m = 0; m < MR; ++m)
+      for (int64_t k = 0; k < whole_blocks * bs; k += 32) {
+        if (bs == 16) {  // per 16: [8 even | 8 odd], as widen16 produces
+          even_odd_a16(A + m * K + k, reordered + m * K + k);
+          if (k + 16 < whole_blocks * bs) even_odd_a16(A + m * K + k + 16, reordered + m * K + k + 16);
+        } else {
+          even_odd_a(A + m * K + k, reordered + m * K + k);
+        }
+      }
+    a_main = reordered;
+  }
+  if (quarters) {  // 2-bit: to the order widen32_quarters produces
+    float* const reordered = reordered_storage.get<float>(MR * K);
+    for (int m = 0; m < MR; ++m)
+      for (int64_t k = 0; k < whole_blocks * bs; k += 32) quarters_order(A + m * K + k, reordered + m * K + k);
+    a_main = reordered;
+  }
+  for (int64_t n = n0; n < n1; ++n) {
+    const uint8_t* row = w.codes + n * w.row_bytes;
+    if (nibbles && w.bits == 3) {  // 3-bit codes transcoded to the 4-bit layout first
+      transcode_3bit_to_4bit(row, w.k_blocks * w.block_size, w.row_bytes, decoded);
+      row = decoded;
+    } else if (!nibbles && !quarters && !bytes) {  // 5, 6, 7 bits (2 with blocks of 16): one byte per code first
+      decode_nbits_avx2(row, w.bits, K, w.row_bytes, decoded);
+      row = decoded;
+    }
+    const float* scales = w.scales + n * kb;
+    float correction[MR], tail[MR];
+    for (int m = 0; m < MR; ++m) {  // sum_b zero_point * scale * asum, 8 blocks per FMA
+      tail[m] = 0.0f;
+      __m256 c8 = _mm256_setzero_ps();
+      int64_t b = 0;
+      for (; b + 8 <= kb; b += 8)
+        c8 = _mm256_fmadd_ps(_mm256_mul_ps(zero_points8(w, n * kb + b), _mm256_loadu_ps(scales + b)),
+                             _mm256_loadu_ps(block_sums + m * kb + b), c8);
+      float c = horizontal_sum(c8);
+      for (; b < kb; ++b) c += zero_point(w, n * kb + b) * scales[b] * block_sums[m * kb + b];
+      correction[m] = c;
+    }
+    // Block b's sum per row, in independent chains (FMA latency, not throughput, would bound a
+    // single one: 4 cycles per FMA); even and odd blocks then scale into separate accumulators,
+    // for the same reason.
+    constexpr int Chains = 2;  // 4 measured no faster at blocks of 128, slower at 32
+    auto block = [&](int64_t b, __m256 acc[MR]) {
+      const __m256 scale = _mm256_set1_ps(scales[b]);
+      __m256 chain[MR][Chains];
+      for (int m = 0; m < MR; ++m)
+        for (int c = 0; c < Chains; ++c) chain[m][c] = _mm256_setzero_ps();
+      if (bs == 16) {
+        __m256 q[2];
+        widen16(row, b * 16, nibbles, q);
+        for (int m = 0; m < MR; ++m) {
+          const float* a = a_main + m * K + b * 16;
+          chain[m][0] = _mm256_fmadd_ps(_mm256_loadu_ps(a), q[0], chain[m][0]);
+          chain[m][1] = _mm256_fmadd_ps(_mm256_loadu_ps(a + 8), q[1], chain[m][1]);
+        }
+      }
+      for (int64_t k = b * bs; bs >= 32 && k < (b + 1) * bs; k += 32) {
+        __m256 q[4];
+        if (nibbles) widen32_even_odd(row, k, q);
+        else if (quarters) widen32_quarters(row, k, q);
+        else widen32(row, k, q);
+        for (int m = 0; m < MR; ++m) {
+          const float* a = a_main + m * K + k;
+          for (int i = 0; i < 4; ++i)
+            chain[m][i % Chains] = _mm256_fmadd_ps(_mm256_loadu_ps(a + 8 * i), q[i], chain[m][i % Chains]);
+        }
+      }
+      for (int m = 0; m < MR; ++m) {
+        __m256 sum = _mm256_add_ps(chain[m][0], chain[m][1]);
+        acc[m] = _mm256_fmadd_ps(sum, scale, acc[m]);
+      }
+    };
+    __m256 acc[MR], acc_odd[MR];
+    for (int m = 0; m < MR; ++m) acc[m] = acc_odd[m] = _mm256_setzero_ps();
+    int64_t b = 0;
+    for (; b + 2 <= whole_blocks; b += 2) {
+      block(b, acc);
+      block(b + 1, acc_odd);
+    }
+    if (b < whole_blocks) block(b, acc);
+    for (int m = 0; m < MR; ++m) acc[m] = _mm256_add_ps(acc[m], acc_odd[m]);
+    if (whole_blocks < kb) {  // K's last, partial block
+      const int64_t k0 = whole_blocks * bs;
+      uint8_t rest_codes[1024];
+      for (int64_t k = k0; k < K; k += 1024) {
+        const int64_t count = min_i64(1024, K - k);
+        decode_nbits_range(row, nibbles ? 4 : quarters ? 2 : 8, k, count, rest_codes);
+        for (int m = 0; m < MR; ++m) {
+          float dot = 0.0f;
+          for (int64_t j = 0; j < count; ++j) dot += A[m * K + k + j] * static_cast<float>(rest_codes[j]);
+          tail[m] += dot * scales[whole_blocks];
+        }
+      }
+    }
+    for (int m = 0; m < MR; ++m) {
+      const float y = horizontal_sum(acc[m]) + tail[m] - correction[m];
+      Y[m * w.N + n] = bias ? y + bias[n] : y;
+    }
+  }
+}
+
+// Many rows of A (prefill): the task's (up to) 16 columns dequantized exactly as dequantize_nbits
+// does (g_idx included; rounded to float16 / bfloat16 at levels 2/3) into a float32 panel [K][16]
+// (column by column, then 8 x 8 transposes), then register tiles over k-chunks of 256 (16 KB of
+// panel: L1-resident while every row tile passes). Partial sums live in a [M][16] float32 block.
+//
+// Rows come in groups of kRowGroup, interleaved by k once per call (nbits_prepare_f32_avx2:
+// [k][6] per group, so that a tile's broadcasts read one run per k instead of 6 rows K floats
+// apart, which share L1 sets): per k, two loads of the panel, six broadcasts, twelve FMAs into
+// 12 accumulators. The last M % 6 rows stay in order and take 4 x 16 and 1 x 16 tiles.
+constexpr int64_t kRowGroup = 6;
+constexpr int64_t kFactoredMaxRows = 12;  // up to this many rows, the factored kernel (measured crossover)
+
+// x[0 .. count) rounded to float16 or bfloat16 and back, 8 at a time (round_operand's results).
+inline void round_operands(float* x, int64_t count, NBitsOperands operands) {
+  int64_t k = 0;
+  if (operands == NBitsOperands::kFloat16) {
+    for (; k + 8 <= count; k += 8)  // F16C: nearest even, overflow to infinity, NaN kept
+      _mm256_storeu_ps(x + k, _mm256_cvtph_ps(_mm256_cvtps_ph(_mm256_loadu_ps(x + k), _MM_FROUND_TO_NEAREST_INT)));
+  } else {
+    const __m256i round = _mm256_set1_epi32(0x7FFF), one = _mm256_set1_epi32(1);
+    const __m256i keep = _mm256_set1_epi32(static_cast<int>(0xFFFF0000u));
+    for (; k + 8 <= count; k += 8) {
+      const __m256 v = _mm256_loadu_ps(x + k);
+      const __m256i bits = _mm256_castps_si256(v);
+      const __m256i lsb = _mm256_and_si256(_mm256_srli_epi32(bits, 16), one);
+      const __m256 rounded = _mm256_castsi256_ps(_mm256_and_si256(_mm256_add_epi32(_mm256_add_epi32(bits, round), lsb), keep));
+      _mm256_storeu_ps(x + k, _mm256_blendv_ps(rounded, v, _mm256_cmp_ps(v, v, _CMP_UNORD_Q)));  // NaN kept
+    }
+  }
+  for (; k < count; ++k) x[k] = round_operand(x[k], operands);
+}
+
+// wrow[k] = float32(q[k] - zero_point[block]) * scale[block] for k < K, 8 at a time: the same two
+// roundings, in the same order, as dequantize_column (nbits_dequantize.inc) and dequantize_nbits;
+// then rounded to w.operands (levels 2 and 3).
+inline void dequantize_column_avx2(const NBitsWeight& w, int64_t n, uint8_t* codes, float* wrow) {
+  decode_padded_column(w, n, codes);
+  const float* scales = w.scales + n * w.k_blocks;
+  if (w.g_idx) {  // each code its own block's scale and zero point
+    for (int64_t k = 0; k < w.K; ++k)
+      wrow[k] = (static_cast<float>(codes[k]) - zero_point(w, n * w.k_blocks + w.g_idx[k])) * scales[w.g_idx[k]];
+  }
+  for (int64_t b = 0; !w.g_idx && b < w.k_blocks; ++b) {
+    const int64_t k0 = b * w.block_size, k1 = min_i64(w.K, k0 + w.block_size);
+    const float zero_point_b = zero_point(w, n * w.k_blocks + b);
+    const __m256 scale = _mm256_set1_ps(scales[b]), zp = _mm256_set1_ps(zero_point_b);
+    int64_t k = k0;
+    for (; k + 8 <= k1; k += 8) {
+      const __m256i q = _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(codes + k)));
+      _mm256_storeu_ps(wrow + k, _mm256_mul_ps(_mm256_sub_ps(_mm256_cvtepi32_ps(q), zp), scale));
+    }
+    for (; k < k1; ++k) wrow[k] = (static_cast<float>(codes[k]) - zero_point_b) * scales[b];
+  }
+  if (w.operands != NBitsOperands::kFloat32) round_operands(wrow, w.K, w.operands);
+}
+
+// rows[c][k .. k+7] for 8 columns c into panel[k .. k+7][8 columns] (row stride 16 floats).
+inline void transpose_8x8(const float* const rows[8], int64_t k, float* panel) {
+  __m256 r[8];
+  for (int c = 0; c < 8; ++c) r[c] = _mm256_loadu_ps(rows[c] + k);
+  const __m256 t0 = _mm256_unpacklo_ps(r[0], r[1]), t1 = _mm256_unpackhi_ps(r[0], r[1]);
+  const __m256 t2 = _mm256_unpacklo_ps(r[2], r[3]), t3 = _mm256_unpackhi_ps(r[2], r[3]);
+  const __m256 t4 = _mm256_unpacklo_ps(r[4], r[5]), t5 = _mm256_unpackhi_ps(r[4], r[5]);
+  const __m256 t6 = _mm256_unpacklo_ps(r[6], r[7]), t7 = _mm256_unpackhi_ps(r[6], r[7]);
+  const __m256 u0 = _mm256_shuffle_ps(t0, t2, _MM_SHUFFLE(1, 0, 1, 0)), u1 = _mm256_shuffle_ps(t0, t2, _MM_SHUFFLE(3, 2, 3, 2));
+  const __m256 u2 = _mm256_shuffle_ps(t1, t3, _MM_SHUFFLE(1, 0, 1, 0)), u3 = _mm256_shuffle_ps(t1, t3, _MM_SHUFFLE(3, 2, 3, 2));
+  const __m256 u4 = _mm256_shuffle_ps(t4, t6, _MM_SHUFFLE(1, 0, 1, 0)), u5 = _mm256_shuffle_ps(t4, t6, _MM_SHUFFLE(3, 2, 3, 2));
+  const __m256 u6 = _mm256_shuffle_ps(t5, t7, _MM_SHUFFLE(1, 0, 1, 0)), u7 = _mm256_shuffle_ps(t5, t7, _MM_SHUFFLE(3, 2, 3, 2));
+  const __m256 out[8] = {_mm256_permute2f128_ps(u0, u4, 0x20), _mm256_permute2f128_ps(u1, u5, 0x20),
+                         _mm256_permute2f128_ps(u2, u6, 0x20), _mm256_permute2f128_ps(u3, u7, 0x20),
+                         _mm256_permute2f128_ps(u0, u4, 0x31), _mm256_permute2f128_ps(u1, u5, 0x31),
+                         _mm256_permute2f128_ps(u2, u6, 0x31), _mm256_permute2f128_ps(u3, u7, 0x31)};
+  for (int i = 0; i < 8; ++i) _mm256_storeu_ps(panel + (k + i) * 16, out[i]);
+}
+
+void nbits_rows_dequantized(const float* A, int64_t M, const NBitsWeight& w, int64_t n0, int64_t n1,
+                            const float* bias, float* Y) {
+  const int64_t K = w.K, K8 = (K + 7) / 8 * 8;
+  thread_local Scratch codes_storage, columns_storage, panel_storage, partial_storage;
+  constexpr int64_t kChunk = 256;
+  // Plain pointers: thread_local storage is looked up again on every access the compiler cannot hoist.
+  uint8_t* const codes = codes_storage.get<uint8_t>((w.k_blocks * w.block_size + 31) / 32 * 32);
+  float* const columns = columns_storage.get<float>(16 * K8);
+  float* const panel = panel_storage.get<float>(K8 * 16);
+  float* const partial = partial_storage.get<float>(M * 16);
+  const bool grouped = M > kFactoredMaxRows;  // as nbits_prepare_f32_avx2 decided
+  const int64_t groups = grouped ? M / kRowGroup : 0;
+  for (int64_t n = n0; n < n1; n += 16) {
+    const int64_t cols = min_i64(16, n1 - n);
+    for (int64_t c = 0; c < 16; ++c) {
+      float* column = columns + c * K8;
+      if (c < cols) {
+        dequantize_column_avx2(w, n + c, codes, column);
+        zero_floats(column + K, K8 - K);  // k past K
+      } else {
+        zero_floats(column, K8);  // past N
+      }
+    }
+    for (int half = 0; half < 2; ++half) {
+      const float* rows[8];
+      for (int c = 0; c < 8; ++c) rows[c] = columns + (8 * half + c) * K8;
+      for (int64_t k = 0; k < K8; k += 8) transpose_8x8(rows, k, panel + 8 * half);
+    }
+    zero_floats(partial, M * 16);
+    for (int64_t k0 = 0; k0 < K; k0 += kChunk) {
+      const int64_t k1 = min_i64(K, k0 + kChunk);
+      for (int64_t g = 0; g < groups; ++g)
+        fma_tile<kRowGroup>(A + g * kRowGroup * K, 1, kRowGroup, k0, k1, panel, partial + g * kRowGroup * 16);
+      int64_t m = groups * kRowGroup;
+      for (; m + 4 <= M; m += 4) fma_tile<4>(A + m * K, K, 1, k0, k1, panel, partial + m * 16);
+      for (; m < M; ++m) fma_tile<1>(A + m * K, K, 1, k0, k1, panel, partial + m * 16);
+    }
+    for (int64_t m = 0; m < M; ++m)
+      for (int64_t j = 0; j < cols; ++j)
+        Y[m * w.N + n + j] = bias ? partial[m * 16 + j] + bias[n + j] : partial[m * 16 + j];
+  }
+}
+
+// Few rows with a non-trivial g_idx: one column at a time dequantized (and rounded) into a float32
+// row, then one dot product per row of A in four chains of 8 lanes.
+void nbits_rows_columns(const float* A, int64_t M, const NBitsWeight& w, int64_t n0, int64_t n1, const float* bias,
+                        float* Y) {
+  const int64_t K = w.K;
+  thread_local Scratch codes_storage, wrow_storage;
+  uint8_t* const codes = codes_storage.get<uint8_t>((w.k_blocks * w.block_size + 31) / 32 * 32);
+  float* const wrow = wrow_storage.get<float>(K);
+  for (int64_t n = n0; n < n1; ++n) {
+    dequantize_column_avx2(w, n, codes, wrow);
+    for (int64_t m = 0; m < M; ++m) {
+      const float* a = A + m * K;
+      __m256 acc[4] = {_mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps()};
+      int64_t k = 0;
+      for (; k + 32 <= K; k += 32)
+        for (int i = 0; i < 4; ++i)
+          acc[i] = _mm256_fmadd_ps(_mm256_loadu_ps(a + k + 8 * i), _mm256_loadu_ps(wrow + k + 8 * i), acc[i]);
+      for (; k + 8 <= K; k += 8) acc[0] = _mm256_fmadd_ps(_mm256_loadu_ps(a + k), _mm256_loadu_ps(wrow + k), acc[0]);
+      float y = horizontal_sum(_mm256_add_ps(_mm256_add_ps(acc[0], acc[1]), _mm256_add_ps(acc[2], acc[3])));
+      for (; k < K; ++k) y += a[k] * wrow[k];
+      Y[m * w.N + n] = bias ? y + bias[n] : y;
+    }
+  }
+}
+
+// 8 float32 values rounded to float16 or bfloat16 and back (round_operands, in registers).
+inline __m256 round8(__m256 v, NBitsOperands operands) {
+  if (operands == NBitsOperands::kFloat16) return _mm256_cvtph_ps(_mm256_cvtps_ph(v, _MM_FROUND_TO_NEAREST_INT));
+  const __m256i bits = _mm256_castps_si256(v);
+  const __m256i lsb = _mm256_and_si256(_mm256_srli_epi32(bits, 16), _mm256_set1_epi32(1));
+  const __m256i sum = _mm256_add_epi32(_mm256_add_epi32(bits, _mm256_set1_epi32(0x7FFF)), lsb);
+  const __m256 rounded = _mm256_castsi256_ps(_mm256_and_si256(sum, _mm256_set1_epi32(static_cast<int>(0xFFFF0000u))));
+  return _mm256_blendv_ps(rounded, v, _mm256_cmp_ps(v, v, _CMP_UNORD_Q));  // NaN kept
+}
+
+// Levels 2 and 3 with few rows (MR <= 4): per column, the codes decoded to bytes (SIMD for 4-bit),
+// then per 8 codes the weight float32(q - zp) * scale rounded in registers and multiplied into MR
+// running sums; the last, partial 8 of each block and of K one by one.
+template <int MR>
+void nbits_rows_rounded(const float* A, const NBitsWeight& w, int64_t n0, int64_t n1, const float* bias, float* Y) {
+  const int64_t K = w.K;
+  thread_local Scratch codes_storage;
+  uint8_t* const codes = codes_storage.get<uint8_t>((w.k_blocks * w.block_size + 31) / 32 * 32);
+  for (int64_t n = n0; n < n1; ++n) {
+    decode_padded_column(w, n, codes);
+    const float* scales = w.scales + n * w.k_blocks;
+    __m256 acc[MR];
+    float tail[MR];
+    for (int m = 0; m < MR; ++m) {
+      acc[m] = _mm256_setzero_ps();
+      tail[m] = 0.0f;
+    }
+    for (int64_t b = 0; b < w.k_blocks; ++b) {
+      const int64_t k0 = b * w.block_size, k1 = min_i64(K, k0 + w.block_size);
+      const float scale_b = scales[b], zp_b = zero_point(w, n * w.k_blocks + b);
+      const __m256 scale = _mm256_set1_ps(scale_b), zp = _mm256_set1_ps(zp_b);
+      int64_t k = k0;
+      for (; k + 8 <= k1; k += 8) {
+        const __m256i q = _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(codes + k)));
+        const __m256 wv = round8(_mm256_mul_ps(_mm256_sub_ps(_mm256_cvtepi32_ps(q), zp), scale), w.operands);
+        for (int m = 0; m < MR; ++m) acc[m] = _mm256_fmadd_ps(_mm256_loadu_ps(A + m * K + k), wv, acc[m]);
+      }
+      for (; k < k1; ++k) {
+        const float wk = round_operand((static_cast<float>(codes[k]) - zp_b) * scale_b, w.operands);
+        for (int m = 0; m < MR; ++m) tail[m] += A[m * K + k] * wk;
+      }
+    }
+    for (int m = 0; m < MR; ++m) {
+      const float y = horizontal_sum(acc[m]) + tail[m];
+      Y[m * w.N + n] = bias ? y + bias[n] : y;
+    }
+  }
+}
+
+// Level 0/1 with more than kFactoredMaxRows rows: every whole group of kRowGroup rows of A
+// interleaved by k ([k][row]) into out, the last M % kRowGroup rows copied in order after them.
+bool nbits_prepare_f32_avx2(const float* A, int64_t M, int64_t K, float* out) {
+  if (M <= kFactoredMaxRows) return false;
+  int64_t m = 0;
+  for (; m + kRowGroup <= M; m += kRowGroup)
+    for (int64_t k = 0; k < K; ++k)
+      for (int64_t r = 0; r < kRowGroup; ++r) out[m * K + k * kRowGroup + r] = A[(m + r) * K + k];
+  std::memcpy(out + m * K, A + m * K, static_cast<size_t>((M - m) * K) * sizeof(float));
+  return true;
+}
+
+template <int MR>
+void factored(const float* A, const NBitsWeight& w, int64_t n0, int64_t n1, const float* bias, float* Y) {
+  if (w.bits == 4 || w.bits == 3) nbits_rows_factored<MR, 4>(A, w, n0, n1, bias, Y);  // 3: transcoded
+  else if (w.bits == 2 && w.block_size >= 32) nbits_rows_factored<MR, 2>(A, w, n0, n1, bias, Y);
+  else nbits_rows_factored<MR, 0>(A, w, n0, n1, bias, Y);
+}
+
+// Rows [0, M) in passes of up to 4 (one kernel instantiation per row count: registers).
+template <template <int> class Kernel>
+void in_row_passes(const float* A, int64_t M, const NBitsWeight& w, int64_t n0, int64_t n1, const float* bias,
+                   float* Y) {
+  for (int64_t m0 = 0; m0 < M; m0 += 4) {
+    const float* a = A + m0 * w.K;
+    float* y = Y + m0 * w.N;
+    switch (min_i64(4, M - m0)) {
+      case 1: Kernel<1>::run(a, w, n0, n1, bias, y); break;
+      case 2: Kernel<2>::run(a, w, n0, n1, bias, y); break;
+      case 3: Kernel<3>::run(a, w, n0, n1, bias, y); break;
+      default: Kernel<4>::run(a, w, n0, n1, bias, y);
+    }
+  }
+}
+
+template <int MR>
+struct Factored {
+  static void run(const float* A, const NBitsWeight& w, int64_t n0, int64_t n1, const float* bias, float* Y) {
+    factored<MR>(A, w, n0, n1, bias, Y);
+  }
+};
+
+template <int MR>
+struct Rounded {
+  static void run(const float* A, const NBitsWeight& w, int64_t n0, int64_t n1, const float* bias, float* Y) {
+    nbits_rows_rounded<MR>(A, w, n0, n1, bias, Y);
+  }
+};
+
+void nbits_rows_avx2(const float* A, int64_t M, const NBitsWeight& w, int64_t n0, int64_t n1, const float* bias,
+                     float* Y) {
+  if (M > kFactoredMaxRows) return nbits_rows_dequantized(A, M, w, n0, n1, bias, Y);
+  if (w.g_idx) return nbits_rows_columns(A, M, w, n0, n1, bias, Y);
+  // Rounded operands (levels 2 and 3) do not factor by block: each column is dequantized and rounded first.
+  if (w.operands != NBitsOperands::kFloat32) return in_row_passes<Rounded>(A, M, w, n0, n1, bias, Y);
+  // Each pass unpacks the codes again, which up to kFactoredMaxRows rows costs less than
+  // dequantizing the weights to float32 panels.
+  in_row_passes<Factored>(A, M, w, n0, n1, bias, Y);
+}
+}  // namespace
+
+namespace avx2 {
+
+void nbits_rows(const float* A, int64_t M, const NBitsWeight& w, int64_t n0, int64_t n1, const float* bias, float* Y) {
+  nbits_rows_avx2(A, M, w, n0, n1, bias, Y);
+}
+bool nbits_prepare_f32(const float* A, int64_t M, int64_t K, float* out) { return nbits_prepare_f32_avx2(A, M, K, out); }
+
+}  // namespace avx2
+}  // namespace qmm
