@@ -14,10 +14,10 @@
 #include <vector>
 
 #include "cpu_features.h"
+#include "dispatch.h"
 #include "float8.h"
 #include "matmul_nbits.h"
 #include "peak.h"
-#include "dispatch.h"
 #include "qlinear_matmul.h"
 #include "thread_pool.h"
 
@@ -35,8 +35,8 @@ qmm::View3<T> view3(const In& x) {
 }
 
 // b is a PackedB (a constant weight) or a contiguous [Bb, K, N] 8-bit array packed per call.
-qmm::QGemmProblem problem(const In& a, bool a_signed, const In& a_index, const In& a_zp, nb::handle b,
-                          bool b_signed, const In& b_index, const In& b_zp) {
+qmm::QGemmProblem problem(const In& a, bool a_signed, const In& a_index, const In& a_zp, nb::handle b, bool b_signed,
+                          const In& b_index, const In& b_zp) {
   qmm::QGemmProblem p;
   p.batch = static_cast<int64_t>(a_index.shape(0));
   p.M = static_cast<int64_t>(a.shape(1));
@@ -61,9 +61,7 @@ qmm::QGemmProblem problem(const In& a, bool a_signed, const In& a_index, const I
   return p;
 }
 
-qmm::QOutput output(Out& y, bool y_signed, const In& y_zp) {
-  return {y.data(), y_signed, view3<int32_t>(y_zp)};
-}
+qmm::QOutput output(Out& y, bool y_signed, const In& y_zp) { return {y.data(), y_signed, view3<int32_t>(y_zp)}; }
 
 // QLinearMatMul with a multiplier view of type T (float32 for "onnxruntime", float64 for
 // "onnx-reference"), writing into y.
@@ -106,9 +104,9 @@ class NewArray {
 using NBitsProduct = void (*)(const float*, int64_t, const qmm::NBitsWeight&, const float*, float*);
 
 template <NBitsProduct product>
-nb::ndarray<nb::numpy> matmul_nbits_binding(const In& A, const In& codes, int64_t K, int64_t bits,
-                                                   int64_t block_size, const In& scales, const In& zero_points,
-                                                   std::optional<In> bias, int operands, std::optional<In> g_idx) {
+nb::ndarray<nb::numpy> matmul_nbits_binding(const In& A, const In& codes, int64_t K, int64_t bits, int64_t block_size,
+                                            const In& scales, const In& zero_points, std::optional<In> bias,
+                                            int operands, std::optional<In> g_idx) {
   const int64_t M = static_cast<int64_t>(A.shape(0)), N = static_cast<int64_t>(codes.shape(0));
   const bool integer_zero_points = zero_points.dtype() == nb::dtype<uint8_t>();
   const qmm::NBitsWeight w{static_cast<const uint8_t*>(codes.data()),
@@ -148,9 +146,8 @@ void bind_runtime(nb::module_& m) {
     return qmm::parse_isa(*emulated ? name.substr(0, name.size() - suffix.size()) : name, isa);
   };
   m.def("best_isa", [] { return std::string(qmm::isa_name(qmm::best_isa())); });
-  m.def("active_isa", [] {
-    return std::string(qmm::isa_name(qmm::active_isa())) + (qmm::active_emulated() ? "-emulated" : "");
-  });
+  m.def("active_isa",
+        [] { return std::string(qmm::isa_name(qmm::active_isa())) + (qmm::active_emulated() ? "-emulated" : ""); });
   m.def("isa_available", [parse_level](const std::string& name) {
     qmm::Isa isa;
     bool emulated;
@@ -178,11 +175,23 @@ void bind_runtime(nb::module_& m) {
     nb::dict d;
     d["vendor"] = f.vendor;
     d["brand"] = f.brand;
-    const std::pair<const char*, bool> flags[] = {
-        {"avx2", f.avx2}, {"fma", f.fma}, {"f16c", f.f16c}, {"bmi2", f.bmi2}, {"avx512f", f.avx512f}, {"avx512bw", f.avx512bw}, {"avx512dq", f.avx512dq},
-        {"avx512vl", f.avx512vl}, {"avx512_vnni", f.avx512vnni}, {"avx512_bf16", f.avx512bf16},
-        {"avx_vnni", f.avx_vnni}, {"amx_tile", f.amx_tile}, {"amx_int8", f.amx_int8}, {"amx_bf16", f.amx_bf16},
-        {"os_avx", f.os_avx}, {"os_avx512", f.os_avx512}, {"os_amx", f.os_amx}};
+    const std::pair<const char*, bool> flags[] = {{"avx2", f.avx2},
+                                                  {"fma", f.fma},
+                                                  {"f16c", f.f16c},
+                                                  {"bmi2", f.bmi2},
+                                                  {"avx512f", f.avx512f},
+                                                  {"avx512bw", f.avx512bw},
+                                                  {"avx512dq", f.avx512dq},
+                                                  {"avx512vl", f.avx512vl},
+                                                  {"avx512_vnni", f.avx512vnni},
+                                                  {"avx512_bf16", f.avx512bf16},
+                                                  {"avx_vnni", f.avx_vnni},
+                                                  {"amx_tile", f.amx_tile},
+                                                  {"amx_int8", f.amx_int8},
+                                                  {"amx_bf16", f.amx_bf16},
+                                                  {"os_avx", f.os_avx},
+                                                  {"os_avx512", f.os_avx512},
+                                                  {"os_amx", f.os_amx}};
     for (const auto& [name, value] : flags) d[name] = value;
     return d;
   });
@@ -212,40 +221,38 @@ void bind_qlinear_matmul(nb::module_& m) {
   // The fast path of the common call: 2-D a, per-tensor a and y, per-tensor or per-column b,
   // numerics "onnxruntime". Allocates and returns y [M, N]; scales are already combined into the
   // float32 multiplier (length 1 or N), zero points are plain integers or an int32 vector.
-  m.def("qlinear_matmul_2d_onnxruntime",
-        [](const In& a, bool a_signed, int32_t a_zp, nb::handle b, bool b_signed, const In& b_zp,
-           const In& multiplier, int32_t y_zp, bool y_signed) {
-          const int64_t M = static_cast<int64_t>(a.shape(0)), K = static_cast<int64_t>(a.shape(1));
-          const qmm::PackedB* packed = nb::isinstance<qmm::PackedB>(b) ? nb::inst_ptr<qmm::PackedB>(b) : nullptr;
-          const void* raw = packed ? nullptr : nb::cast<In>(b).data();  // a contiguous [K, N] array
-          const int64_t N = packed ? packed->N : static_cast<int64_t>(nb::cast<In>(b).shape(1));
-          NewArray<uint8_t> y({M, N});
-          {
-            nb::gil_scoped_release release;
-            const int64_t zero = 0;
-            std::vector<int32_t> a_zps(static_cast<size_t>(M), a_zp), b_zps(static_cast<size_t>(N));
-            const auto* bz = static_cast<const int32_t*>(b_zp.data());
-            for (int64_t n = 0; n < N; ++n) b_zps[n] = b_zp.shape(0) == 1 ? bz[0] : bz[n];
-            qmm::QGemmProblem p{1,       M,      N,        K,     a.data(), a_signed, &zero, a_zps.data(),
-                                packed,  raw,    b_signed, &zero, b_zps.data()};
-            const auto* mult = static_cast<const float*>(multiplier.data());
-            const qmm::View3<float> mult_view{mult, 0, 0, multiplier.shape(0) == 1 ? 0 : 1};
-            const qmm::View3<int32_t> zp_view{&y_zp, 0, 0, 0};
-            qmm::qlinear_matmul_onnxruntime(p, mult_view, {y.data(), y_signed, zp_view});
-          }
-          return y.array(y_signed ? nb::dtype<int8_t>() : nb::dtype<uint8_t>());
-        });
+  m.def("qlinear_matmul_2d_onnxruntime", [](const In& a, bool a_signed, int32_t a_zp, nb::handle b, bool b_signed,
+                                            const In& b_zp, const In& multiplier, int32_t y_zp, bool y_signed) {
+    const int64_t M = static_cast<int64_t>(a.shape(0)), K = static_cast<int64_t>(a.shape(1));
+    const qmm::PackedB* packed = nb::isinstance<qmm::PackedB>(b) ? nb::inst_ptr<qmm::PackedB>(b) : nullptr;
+    const void* raw = packed ? nullptr : nb::cast<In>(b).data();  // a contiguous [K, N] array
+    const int64_t N = packed ? packed->N : static_cast<int64_t>(nb::cast<In>(b).shape(1));
+    NewArray<uint8_t> y({M, N});
+    {
+      nb::gil_scoped_release release;
+      const int64_t zero = 0;
+      std::vector<int32_t> a_zps(static_cast<size_t>(M), a_zp), b_zps(static_cast<size_t>(N));
+      const auto* bz = static_cast<const int32_t*>(b_zp.data());
+      for (int64_t n = 0; n < N; ++n) b_zps[n] = b_zp.shape(0) == 1 ? bz[0] : bz[n];
+      qmm::QGemmProblem p{1,      M,   N,        K,     a.data(),    a_signed, &zero, a_zps.data(),
+                          packed, raw, b_signed, &zero, b_zps.data()};
+      const auto* mult = static_cast<const float*>(multiplier.data());
+      const qmm::View3<float> mult_view{mult, 0, 0, multiplier.shape(0) == 1 ? 0 : 1};
+      const qmm::View3<int32_t> zp_view{&y_zp, 0, 0, 0};
+      qmm::qlinear_matmul_onnxruntime(p, mult_view, {y.data(), y_signed, zp_view});
+    }
+    return y.array(y_signed ? nb::dtype<int8_t>() : nb::dtype<uint8_t>());
+  });
 
-  m.def("qlinear_matmul_exact",
-        [](const In& a, bool a_signed, const In& a_index, const In& a_zp, nb::handle b, bool b_signed,
-           const In& b_index, const In& b_zp, const In& a_scale,
-           const In& b_scale, const In& y_scale, Out y, bool y_signed, const In& y_zp) {
-          const auto p = problem(a, a_signed, a_index, a_zp, b, b_signed, b_index, b_zp);
-          const auto out = output(y, y_signed, y_zp);
-          const auto sa = view3<float>(a_scale), sb = view3<float>(b_scale), sy = view3<float>(y_scale);
-          nb::gil_scoped_release release;
-          qmm::qlinear_matmul_exact(p, sa, sb, sy, out);
-        });
+  m.def("qlinear_matmul_exact", [](const In& a, bool a_signed, const In& a_index, const In& a_zp, nb::handle b,
+                                   bool b_signed, const In& b_index, const In& b_zp, const In& a_scale,
+                                   const In& b_scale, const In& y_scale, Out y, bool y_signed, const In& y_zp) {
+    const auto p = problem(a, a_signed, a_index, a_zp, b, b_signed, b_index, b_zp);
+    const auto out = output(y, y_signed, y_zp);
+    const auto sa = view3<float>(a_scale), sb = view3<float>(b_scale), sy = view3<float>(y_scale);
+    nb::gil_scoped_release release;
+    qmm::qlinear_matmul_exact(p, sa, sb, sy, out);
+  });
 
   // float32 [n] contiguous -> float8 bytes [n] (type 0..3: e4m3fn, e4m3fnuz, e5m2, e5m2fnuz),
   // saturating, round to nearest even: numpy.clip(x, -max, max).astype(type), faster.
@@ -259,31 +266,25 @@ void bind_qlinear_matmul(nb::module_& m) {
     return out.array();
   });
 
-  m.def("matmul_f32_sequential",
-        [](const In& a, const In& a_index, const In& b, const In& b_index, Out out) {
-          const int64_t batch = static_cast<int64_t>(a_index.shape(0));
-          const int64_t M = static_cast<int64_t>(a.shape(1)), K = static_cast<int64_t>(a.shape(2));
-          const int64_t N = static_cast<int64_t>(b.shape(2));
-          nb::gil_scoped_release release;
-          qmm::matmul_f32_sequential(batch, M, N, K, static_cast<const float*>(a.data()),
-                                     static_cast<const int64_t*>(a_index.data()),
-                                     static_cast<const float*>(b.data()),
-                                     static_cast<const int64_t*>(b_index.data()),
-                                     static_cast<float*>(out.data()));
-        });
+  m.def("matmul_f32_sequential", [](const In& a, const In& a_index, const In& b, const In& b_index, Out out) {
+    const int64_t batch = static_cast<int64_t>(a_index.shape(0));
+    const int64_t M = static_cast<int64_t>(a.shape(1)), K = static_cast<int64_t>(a.shape(2));
+    const int64_t N = static_cast<int64_t>(b.shape(2));
+    nb::gil_scoped_release release;
+    qmm::matmul_f32_sequential(batch, M, N, K, static_cast<const float*>(a.data()),
+                               static_cast<const int64_t*>(a_index.data()), static_cast<const float*>(b.data()),
+                               static_cast<const int64_t*>(b_index.data()), static_cast<float*>(out.data()));
+  });
 
   m.def("matmul_i64_exact128",
-        [](const In& a, const In& a_index, const In& b, const In& b_index, Out out_hi,
-           Out out_lo) {
+        [](const In& a, const In& a_index, const In& b, const In& b_index, Out out_hi, Out out_lo) {
           const int64_t batch = static_cast<int64_t>(a_index.shape(0));
           const int64_t M = static_cast<int64_t>(a.shape(1)), K = static_cast<int64_t>(a.shape(2));
           const int64_t N = static_cast<int64_t>(b.shape(2));
           nb::gil_scoped_release release;
           qmm::matmul_i64_exact128(batch, M, N, K, static_cast<const int64_t*>(a.data()),
-                                   static_cast<const int64_t*>(a_index.data()),
-                                   static_cast<const int64_t*>(b.data()),
-                                   static_cast<const int64_t*>(b_index.data()),
-                                   static_cast<int64_t*>(out_hi.data()),
+                                   static_cast<const int64_t*>(a_index.data()), static_cast<const int64_t*>(b.data()),
+                                   static_cast<const int64_t*>(b_index.data()), static_cast<int64_t*>(out_hi.data()),
                                    static_cast<uint64_t*>(out_lo.data()));
         });
 }
@@ -298,9 +299,9 @@ void bind_matmul_nbits(nb::module_& m) {
   m.def("matmul_nbits_f32", matmul_nbits_binding<qmm::matmul_nbits_f32>, nb::arg("A"), nb::arg("codes"), nb::arg("K"),
         nb::arg("bits"), nb::arg("block_size"), nb::arg("scales"), nb::arg("zero_points"), nb::arg("bias").none(),
         nb::arg("operands") = 0, nb::arg("g_idx").none() = nb::none());
-  m.def("matmul_nbits_int8", matmul_nbits_binding<qmm::matmul_nbits_int8>, nb::arg("A"), nb::arg("codes"),
-        nb::arg("K"), nb::arg("bits"), nb::arg("block_size"), nb::arg("scales"), nb::arg("zero_points"),
-        nb::arg("bias").none(), nb::arg("operands") = 0, nb::arg("g_idx").none() = nb::none());
+  m.def("matmul_nbits_int8", matmul_nbits_binding<qmm::matmul_nbits_int8>, nb::arg("A"), nb::arg("codes"), nb::arg("K"),
+        nb::arg("bits"), nb::arg("block_size"), nb::arg("scales"), nb::arg("zero_points"), nb::arg("bias").none(),
+        nb::arg("operands") = 0, nb::arg("g_idx").none() = nb::none());
 
   // The first `count` codes of each row of a contiguous uint8 [rows, bytes] array of LSB-first bitstreams.
   m.def("decode_nbits", [](const In& data, int64_t bits, int64_t count) {

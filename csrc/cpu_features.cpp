@@ -16,9 +16,7 @@ namespace qmm {
 namespace {
 
 #ifdef QMM_X86
-void cpuid(unsigned leaf, unsigned subleaf, unsigned r[4]) {
-  __cpuid_count(leaf, subleaf, r[0], r[1], r[2], r[3]);
-}
+void cpuid(unsigned leaf, unsigned subleaf, unsigned r[4]) { __cpuid_count(leaf, subleaf, r[0], r[1], r[2], r[3]); }
 
 unsigned long long xgetbv0() {
   unsigned eax, edx;
@@ -68,9 +66,9 @@ CpuFeatures detect() {
   f.f16c = (r[2] >> 29) & 1;
   if (osxsave) {
     const unsigned long long xcr0 = xgetbv0();
-    f.os_avx = (xcr0 & 0x6) == 0x6;               // SSE and AVX state
+    f.os_avx = (xcr0 & 0x6) == 0x6;  // SSE and AVX state
     f.os_avx512 = f.os_avx && (xcr0 & 0xE0) == 0xE0;  // opmask, ZMM_Hi256, Hi16_ZMM
-    f.os_amx = (xcr0 & 0x60000) == 0x60000;       // XTILECFG and XTILEDATA
+    f.os_amx = (xcr0 & 0x60000) == 0x60000;  // XTILECFG and XTILEDATA
   }
   if (max_leaf >= 7) {
     cpuid(7, 0, r);

@@ -15,10 +15,20 @@ enum class Isa : int { kPortable = 0, kAvx2 = 1, kAvx512Vnni = 2, kAmx = 3 };
 // CPU features as a set of bits; a kernel entry names the set it needs. A bit is set only when the
 // CPU has the feature and the OS saves its registers.
 enum Feature : uint32_t {
-  kFeatAvx2 = 1u << 0, kFeatFma = 1u << 1, kFeatF16c = 1u << 2, kFeatBmi2 = 1u << 3,
-  kFeatAvx512f = 1u << 4, kFeatAvx512bw = 1u << 5, kFeatAvx512vl = 1u << 6, kFeatAvx512dq = 1u << 7,
-  kFeatAvx512vnni = 1u << 8, kFeatAvx512bf16 = 1u << 9, kFeatAvxVnni = 1u << 10,
-  kFeatAmxTile = 1u << 11, kFeatAmxInt8 = 1u << 12, kFeatAmxBf16 = 1u << 13,
+  kFeatAvx2 = 1u << 0,
+  kFeatFma = 1u << 1,
+  kFeatF16c = 1u << 2,
+  kFeatBmi2 = 1u << 3,
+  kFeatAvx512f = 1u << 4,
+  kFeatAvx512bw = 1u << 5,
+  kFeatAvx512vl = 1u << 6,
+  kFeatAvx512dq = 1u << 7,
+  kFeatAvx512vnni = 1u << 8,
+  kFeatAvx512bf16 = 1u << 9,
+  kFeatAvxVnni = 1u << 10,
+  kFeatAmxTile = 1u << 11,
+  kFeatAmxInt8 = 1u << 12,
+  kFeatAmxBf16 = 1u << 13,
 };
 using Features = uint32_t;
 // What the AVX2 kernel files are compiled for (-mavx2 -mfma -mf16c -mbmi2), and so what the

@@ -70,8 +70,7 @@ void reference_product(const QGemmDispatch& q, const uint8_t* a, bool a_signed, 
                c32.data() + j * L.nr, ldc);
     for (int64_t r = 0; r < rows; ++r) {
       int64_t rowsum = 0;
-      for (int64_t k = 0; k < K; ++k)
-        rowsum += a_signed ? int8_t(a[(m0 + r) * K + k]) : int64_t(a[(m0 + r) * K + k]);
+      for (int64_t k = 0; k < K; ++k) rowsum += a_signed ? int8_t(a[(m0 + r) * K + k]) : int64_t(a[(m0 + r) * K + k]);
       for (int64_t n = 0; n < N; ++n)  // raw = sum (a + oa)(b + ob)
         c[(m0 + r) * N + n] = c32[r * ldc + n] - ob * rowsum - oa * int64_t(colsum[n]) - K * oa * ob;
     }
@@ -93,8 +92,8 @@ std::string self_test(const QGemmDispatch& q) {
       reference_product(q, a.data(), as, b.data(), bs, M, K, N, ours.data());
       reference_product(kPortableQGemm, a.data(), as, b.data(), bs, M, K, N, expected.data());
       if (ours != expected)
-        return std::string("differs from the portable kernel at ") + std::to_string(M) + "x" + std::to_string(K) +
-               "x" + std::to_string(N) + (as ? " s8" : " u8") + (bs ? "·s8" : "·u8");
+        return std::string("differs from the portable kernel at ") + std::to_string(M) + "x" + std::to_string(K) + "x" +
+               std::to_string(N) + (as ? " s8" : " u8") + (bs ? "·s8" : "·u8");
     }
   }
   return {};

@@ -12,7 +12,7 @@ namespace {
 struct Format {
   int mantissa_bits, bias;
   uint8_t max_code, nan_code;  // magnitudes; nan_code includes the sign bit for the fnuz types
-  bool fnuz;                   // one NaN (0x80), no infinities, no negative zero
+  bool fnuz;  // one NaN (0x80), no infinities, no negative zero
 };
 
 Format format(Float8 type) {

@@ -15,9 +15,7 @@ namespace qmm {
 
 void decode_nbits(const uint8_t* __restrict row, int64_t bits, int64_t count, uint8_t* __restrict out) {
   switch (bits) {
-    case 8:
-      std::memcpy(out, row, static_cast<size_t>(count));
-      return;
+    case 8: std::memcpy(out, row, static_cast<size_t>(count)); return;
     case 4: {
       const int64_t whole = count / 2;
       for (int64_t i = 0; i < whole; ++i) {

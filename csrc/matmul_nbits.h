@@ -24,9 +24,9 @@ namespace qmm {
 enum class NBitsOperands : int { kFloat32 = 0, kFloat16 = 1, kBFloat16 = 2 };
 
 struct NBitsWeight {
-  const uint8_t* codes;       // [N, row_bytes]: row n holds k_blocks * block_size codes of `bits` bits
+  const uint8_t* codes;  // [N, row_bytes]: row n holds k_blocks * block_size codes of `bits` bits
   int64_t N, K, bits, block_size, k_blocks, row_bytes;
-  const float* scales;            // [N, k_blocks]
+  const float* scales;  // [N, k_blocks]
   // Zero points [N, k_blocks]: integer ones as uint8 (the usual case: packed or default zero
   // points, a quarter of the bytes), float ones as float32. Exactly one of the two is set.
   const float* zero_points;
@@ -86,8 +86,8 @@ void quantize_a_int8(const float* A, int64_t M, int64_t K, int64_t block_size, i
 
 // The kernels of the family (csrc/dispatch.h's NBitsDispatch):
 // levels 0-3: Y[:, n0:n1] for all M rows of A.
-using NBitsRows = void (*)(const float* A, int64_t M, const NBitsWeight& w, int64_t n0, int64_t n1,
-                           const float* bias, float* Y);
+using NBitsRows = void (*)(const float* A, int64_t M, const NBitsWeight& w, int64_t n0, int64_t n1, const float* bias,
+                           float* Y);
 // Level 4: Y[:, n0:n1] from A quantized to int8 per block.
 using NBitsRowsInt8 = void (*)(const QuantizedA& a, const NBitsWeight& w, int64_t n0, int64_t n1, const float* bias,
                                float* Y);

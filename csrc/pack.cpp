@@ -71,14 +71,14 @@ void pack_a_pairs(const void* a, bool a_signed, int64_t rows, int64_t K, int64_t
       for (int64_t p = 0; p < pairs; ++p) {
         const int32_t lo = row[2 * p];
         const int32_t hi = 2 * p + 1 < K ? int32_t(row[2 * p + 1]) : 0;
-        out[p * kPairsMr] = static_cast<int32_t>((static_cast<uint32_t>(hi) << 16) | (static_cast<uint32_t>(lo) & 0xFFFFu));
+        out[p * kPairsMr] =
+            static_cast<int32_t>((static_cast<uint32_t>(hi) << 16) | (static_cast<uint32_t>(lo) & 0xFFFFu));
       }
     };
     if (a_signed) pack_row(static_cast<const int8_t*>(a) + r * lda);
     else pack_row(static_cast<const uint8_t*>(a) + r * lda);
   }
 }
-
 
 namespace {
 
@@ -97,7 +97,7 @@ void pack_b_pairs_rows(const void* b, bool b_signed, int64_t K, int64_t N, int64
     const __m128i r0 = _mm_loadu_si128(reinterpret_cast<const __m128i*>(row(2 * p, buffer0)));
     const __m128i r1 = _mm_loadu_si128(reinterpret_cast<const __m128i*>(row(2 * p + 1, buffer1)));
     __m128i* dst = reinterpret_cast<__m128i*>(out + p * 2 * kPairsNr);
-    _mm_storeu_si128(dst, _mm_unpacklo_epi8(r0, r1));      // b[2p,n0] b[2p+1,n0] ... columns 0..7
+    _mm_storeu_si128(dst, _mm_unpacklo_epi8(r0, r1));  // b[2p,n0] b[2p+1,n0] ... columns 0..7
     _mm_storeu_si128(dst + 1, _mm_unpackhi_epi8(r0, r1));  // columns 8..15
     sums.add(r0, b_signed);
     sums.add(r1, b_signed);
@@ -132,11 +132,11 @@ void pack_b_pairs(const void* b, bool b_signed, int64_t K, int64_t N, int64_t pa
   do {  // at least once: K = 0 still sets the column sums
     const int64_t p1 = std::min(pairs, p0 + kPairsPerSweep);
     for (int64_t panel = panel0; panel < panel1; ++panel)
-      pack_b_pairs_rows(b, b_signed, K, N, panel, p0, p1, out + (panel - panel0) * pairs * 2 * kPairsNr, colsum, p0 == 0);
+      pack_b_pairs_rows(b, b_signed, K, N, panel, p0, p1, out + (panel - panel0) * pairs * 2 * kPairsNr, colsum,
+                        p0 == 0);
     p0 = p1;
   } while (p0 < pairs);
 }
-
 
 // Layout kLayoutQuads. A: each k-group's four bytes as one int32, unsigned values XOR 0x80.
 void pack_a_quads(const void* a, bool a_signed, int64_t rows, int64_t K, int64_t lda, int32_t* packed) {
@@ -154,7 +154,8 @@ void pack_a_quads(const void* a, bool a_signed, int64_t rows, int64_t K, int64_t
     }
     if (whole < groups) {  // the last, partial k-group: zeros (stored) past K
       uint32_t v = 0;
-      for (int64_t k = 4 * whole; k < K; ++k) v |= static_cast<uint32_t>(row[k] ^ (flip & 0xFF)) << (8 * (k - 4 * whole));
+      for (int64_t k = 4 * whole; k < K; ++k)
+        v |= static_cast<uint32_t>(row[k] ^ (flip & 0xFF)) << (8 * (k - 4 * whole));
       out[whole * mr] = static_cast<int32_t>(v);
     }
   }
@@ -189,7 +190,7 @@ void pack_b_quads_rows(const void* b, bool b_signed, int64_t K, int64_t N, int64
       const __m128i t01lo = _mm_unpacklo_epi8(r[0], r[1]), t01hi = _mm_unpackhi_epi8(r[0], r[1]);
       const __m128i t23lo = _mm_unpacklo_epi8(r[2], r[3]), t23hi = _mm_unpackhi_epi8(r[2], r[3]);
       __m128i* dst = reinterpret_cast<__m128i*>(out + g * 128 + half * 64);
-      _mm_storeu_si128(dst, _mm_unpacklo_epi16(t01lo, t23lo));      // columns 0..3
+      _mm_storeu_si128(dst, _mm_unpacklo_epi16(t01lo, t23lo));  // columns 0..3
       _mm_storeu_si128(dst + 1, _mm_unpackhi_epi16(t01lo, t23lo));  // 4..7
       _mm_storeu_si128(dst + 2, _mm_unpacklo_epi16(t01hi, t23hi));  // 8..11
       _mm_storeu_si128(dst + 3, _mm_unpackhi_epi16(t01hi, t23hi));  // 12..15
@@ -237,7 +238,6 @@ void pack_b_quads(const void* b, bool b_signed, int64_t K, int64_t N, int64_t pa
                   int32_t* colsum) {
   pack_b_quad_panels(kQuadsLayout, b, b_signed, K, N, panel0, panel1, out, colsum);
 }
-
 
 // Layout kLayoutTiles. A: per group of 32 rows and k-group of 64, a 32 x 64-byte row-major block,
 // unsigned values XOR 0x80, zeros past K and past the rows.

@@ -37,18 +37,17 @@ PackedB pack_b_matrices(const void* b, bool is_signed, int64_t count, int64_t K,
   const int64_t panels = L.n_panels(N), groups = (panels + kPanelsPerTask - 1) / kPanelsPerTask;
   parallel_for(count * groups, [&](int64_t task) {
     const int64_t i = task / groups, panel0 = task % groups * kPanelsPerTask;
-    q.pack_b_panels(static_cast<const uint8_t*>(b) + i * K * N, is_signed, K, N, panel0,
-                    std::min(panels, panel0 + kPanelsPerTask),
-                    packed.data.get() + i * L.packed_b_bytes(K, N) + panel0 * L.panel_bytes(K),
-                    packed.colsum.data() + i * N);
+    q.pack_b_panels(
+        static_cast<const uint8_t*>(b) + i * K * N, is_signed, K, N, panel0, std::min(panels, panel0 + kPanelsPerTask),
+        packed.data.get() + i * L.packed_b_bytes(K, N) + panel0 * L.panel_bytes(K), packed.colsum.data() + i * N);
   });
   return packed;
 }
 
 namespace {
 
-constexpr int64_t kBlockRows = 32;               // rows of a per task (a multiple of every layout's mr)
-constexpr int64_t kKPerChunk = 1 << 15;          // 2^15 products of at most 255^2 < 2^16: int32 cannot overflow
+constexpr int64_t kBlockRows = 32;  // rows of a per task (a multiple of every layout's mr)
+constexpr int64_t kKPerChunk = 1 << 15;  // 2^15 products of at most 255^2 < 2^16: int32 cannot overflow
 constexpr int64_t kPanelBudgetBytes = 256 << 10;  // the B panels of one task stay in L2
 
 // Calls epilogue(batch, m, n0, cols, acc) with the exact (64-bit) accumulators
@@ -73,7 +72,8 @@ void accumulate(const QGemmProblem& p, Epilogue&& epilogue) {
   if (M == 0 || N == 0 || p.batch == 0) return;
   const int64_t panels_total = L.n_panels(N);
   const int64_t panel_bytes = L.panel_bytes(K);
-  const int64_t panels_per_task = std::max<int64_t>(1, std::min(panels_total, kPanelBudgetBytes / std::max<int64_t>(panel_bytes, 1)));
+  const int64_t panels_per_task =
+      std::max<int64_t>(1, std::min(panels_total, kPanelBudgetBytes / std::max<int64_t>(panel_bytes, 1)));
   const int64_t row_blocks = (M + kBlockRows - 1) / kBlockRows;
   const int64_t col_blocks = (panels_total + panels_per_task - 1) / panels_per_task;
   const int64_t groups_per_chunk = kKPerChunk / L.kc;
@@ -93,8 +93,10 @@ void accumulate(const QGemmProblem& p, Epilogue&& epilogue) {
     q.pack_a(a_bytes, p.a_signed, rows, K, K, a_packed.data() + (ia * m_padded + m0) * a_row);
     for (int64_t r = 0; r < rows; ++r) {
       int64_t sum = 0;
-      if (p.a_signed) for (int64_t k = 0; k < K; ++k) sum += reinterpret_cast<const int8_t*>(a_bytes)[r * K + k];
-      else for (int64_t k = 0; k < K; ++k) sum += a_bytes[r * K + k];
+      if (p.a_signed)
+        for (int64_t k = 0; k < K; ++k) sum += reinterpret_cast<const int8_t*>(a_bytes)[r * K + k];
+      else
+        for (int64_t k = 0; k < K; ++k) sum += a_bytes[r * K + k];
       rowsums[ia * M + m0 + r] = sum;
     }
   });
@@ -183,9 +185,7 @@ void run(const QGemmProblem& p, const QOutput& out, Requantize&& requantize) {
 
 // The int32 accumulator of numerics "onnxruntime" and "onnx-reference": the exact sum modulo 2^32,
 // which is what a wrapping int32 accumulation of the same products gives.
-inline int32_t wrap32(int64_t acc) {
-  return static_cast<int32_t>(static_cast<uint32_t>(static_cast<uint64_t>(acc)));
-}
+inline int32_t wrap32(int64_t acc) { return static_cast<int32_t>(static_cast<uint32_t>(static_cast<uint64_t>(acc))); }
 
 // Values view(b, m, n0 .. n0+count) as a contiguous array: the view itself when it is contiguous
 // along n, else copied into buffer.
@@ -220,15 +220,15 @@ void qlinear_matmul_onnx_reference(const QGemmProblem& p, View3<double> multipli
   });
 }
 
-void qlinear_matmul_exact(const QGemmProblem& p, View3<float> a_scale, View3<float> b_scale,
-                          View3<float> y_scale, QOutput out) {
+void qlinear_matmul_exact(const QGemmProblem& p, View3<float> a_scale, View3<float> b_scale, View3<float> y_scale,
+                          QOutput out) {
   run(p, out, [&](int64_t acc, int64_t b, int64_t m, int64_t n, int32_t zp, int32_t qmin, int32_t qmax) {
     return requantize_exact(acc, a_scale(b, m, n), b_scale(b, m, n), y_scale(b, m, n), zp, qmin, qmax);
   });
 }
 
-void matmul_f32_sequential(int64_t batch, int64_t M, int64_t N, int64_t K, const float* a,
-                           const int64_t* a_index, const float* b, const int64_t* b_index, float* out) {
+void matmul_f32_sequential(int64_t batch, int64_t M, int64_t N, int64_t K, const float* a, const int64_t* a_index,
+                           const float* b, const int64_t* b_index, float* out) {
   const SgemmRows sgemm_rows = float8_kernels().sgemm_rows;
   // Pack each distinct b into panels of 16 columns: [panel][k][16], zero padded.
   const int64_t b_count = batch ? *std::max_element(b_index, b_index + batch) + 1 : 0;
@@ -250,9 +250,8 @@ void matmul_f32_sequential(int64_t batch, int64_t M, int64_t N, int64_t K, const
   });
 }
 
-void matmul_i64_exact128(int64_t batch, int64_t M, int64_t N, int64_t K, const int64_t* a,
-                         const int64_t* a_index, const int64_t* b, const int64_t* b_index,
-                         int64_t* out_hi, uint64_t* out_lo) {
+void matmul_i64_exact128(int64_t batch, int64_t M, int64_t N, int64_t K, const int64_t* a, const int64_t* a_index,
+                         const int64_t* b, const int64_t* b_index, int64_t* out_hi, uint64_t* out_lo) {
   parallel_for(batch * M, [&](int64_t row) {
     const int64_t bt = row / M, m = row % M;
     const int64_t* A = a + a_index[bt] * M * K;

@@ -19,9 +19,7 @@ template <class T>
 struct View3 {
   const T* data;
   int64_t stride_batch, stride_m, stride_n;
-  T operator()(int64_t b, int64_t m, int64_t n) const {
-    return data[b * stride_batch + m * stride_m + n * stride_n];
-  }
+  T operator()(int64_t b, int64_t m, int64_t n) const { return data[b * stride_batch + m * stride_m + n * stride_n]; }
 };
 
 struct QGemmLayout;
@@ -81,20 +79,19 @@ void qlinear_matmul_onnx_reference(const QGemmProblem& p, View3<double> multipli
 
 // numerics="exact": 64-bit accumulator (never wraps) and round half to even of the exact rational
 // acc * a_scale * b_scale / y_scale, then + zero point and saturate.
-void qlinear_matmul_exact(const QGemmProblem& p, View3<float> a_scale, View3<float> b_scale,
-                          View3<float> y_scale, QOutput out);
+void qlinear_matmul_exact(const QGemmProblem& p, View3<float> a_scale, View3<float> b_scale, View3<float> y_scale,
+                          QOutput out);
 
 // Float path (float8 operands or output): out[i] = a[a_index[i]] @ b[b_index[i]] in float32, one
 // fused multiply-add per k in order k = 0, 1, ..., K-1 starting from +0, so the result is
 // reproducible bit for bit. a is [Ba, M, K], b [Bb, K, N], out [batch, M, N].
-void matmul_f32_sequential(int64_t batch, int64_t M, int64_t N, int64_t K, const float* a,
-                           const int64_t* a_index, const float* b, const int64_t* b_index, float* out);
+void matmul_f32_sequential(int64_t batch, int64_t M, int64_t N, int64_t K, const float* a, const int64_t* a_index,
+                           const float* b, const int64_t* b_index, float* out);
 
 // Exact integer matmul with a 128-bit accumulator, for the "exact" float8 path: a and b hold
 // integers below 2^35 in magnitude (float8 values scaled to integers), so each product fits 70 bits
 // and any realistic K fits 128. The sum is returned split as out_hi * 2^64 + out_lo.
-void matmul_i64_exact128(int64_t batch, int64_t M, int64_t N, int64_t K, const int64_t* a,
-                         const int64_t* a_index, const int64_t* b, const int64_t* b_index,
-                         int64_t* out_hi, uint64_t* out_lo);
+void matmul_i64_exact128(int64_t batch, int64_t M, int64_t N, int64_t K, const int64_t* a, const int64_t* a_index,
+                         const int64_t* b, const int64_t* b_index, int64_t* out_hi, uint64_t* out_lo);
 
 }  // namespace qmm

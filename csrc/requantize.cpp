@@ -55,8 +55,8 @@ int64_t round_half_even(u128 X, int E, uint64_t Y) {
 
 }  // namespace
 
-int32_t requantize_exact(int64_t acc, float a_scale, float b_scale, float y_scale, int32_t zp,
-                         int32_t qmin, int32_t qmax) {
+int32_t requantize_exact(int64_t acc, float a_scale, float b_scale, float y_scale, int32_t zp, int32_t qmin,
+                         int32_t qmax) {
   if (acc == 0) return zp < qmin ? qmin : (zp > qmax ? qmax : zp);
   const Dyadic sa = decompose(a_scale), sb = decompose(b_scale), sy = decompose(y_scale);
   const bool negative = (acc < 0) ^ sa.negative ^ sb.negative ^ sy.negative;
@@ -65,8 +65,8 @@ int32_t requantize_exact(int64_t acc, float a_scale, float b_scale, float y_scal
   // A cheap float estimate decides saturation: beyond 4096 the exact result saturates whatever the
   // zero point (|qmax - qmin| < 2^9 and |zp| < 2^9 for 8-bit types), and the estimate is accurate
   // to far better than a factor of 2.
-  const long double estimate = static_cast<long double>(magnitude) * std::fabs(a_scale) *
-                               std::fabs(b_scale) / std::fabs(y_scale);
+  const long double estimate =
+      static_cast<long double>(magnitude) * std::fabs(a_scale) * std::fabs(b_scale) / std::fabs(y_scale);
   int64_t rounded;
   if (estimate > 4096.0L) {
     rounded = 8192;

@@ -9,8 +9,7 @@ namespace qmm {
 // ONNX Runtime / MLAS (MlasRequantizeOutput): float32 multiply, clamp to [qmin - zp, qmax - zp] with
 // the operand order of maxps/minps (a NaN becomes the lower bound, as in MLAS), round half to even
 // (cvtps_epi32 under the default rounding mode), add the zero point.
-inline int32_t requantize_onnxruntime(int32_t acc, float multiplier, int32_t zp, int32_t qmin,
-                                      int32_t qmax) {
+inline int32_t requantize_onnxruntime(int32_t acc, float multiplier, int32_t zp, int32_t qmin, int32_t qmax) {
   float v = static_cast<float>(acc) * multiplier;
   const float lo = static_cast<float>(qmin - zp);
   const float hi = static_cast<float>(qmax - zp);
@@ -20,8 +19,7 @@ inline int32_t requantize_onnxruntime(int32_t acc, float multiplier, int32_t zp,
 }
 
 // onnx.reference: D = C * multiplier (float64), D += zp (float64), rint, clip, cast.
-inline int32_t requantize_onnx_reference(int32_t acc, double multiplier, int32_t zp, int32_t qmin,
-                                         int32_t qmax) {
+inline int32_t requantize_onnx_reference(int32_t acc, double multiplier, int32_t zp, int32_t qmin, int32_t qmax) {
   double d = static_cast<double>(acc) * multiplier;
   d += static_cast<double>(zp);
   d = std::nearbyint(d);
@@ -33,7 +31,7 @@ inline int32_t requantize_onnx_reference(int32_t acc, double multiplier, int32_t
 
 // Exact: round half to even of acc * a_scale * b_scale / y_scale computed without any rounding, then
 // + zp and saturate. Defined in requantize.cpp (128-bit integer arithmetic on the scales' mantissas).
-int32_t requantize_exact(int64_t acc, float a_scale, float b_scale, float y_scale, int32_t zp,
-                         int32_t qmin, int32_t qmax);
+int32_t requantize_exact(int64_t acc, float a_scale, float b_scale, float y_scale, int32_t zp, int32_t qmin,
+                         int32_t qmax);
 
 }  // namespace qmm

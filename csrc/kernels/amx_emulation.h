@@ -134,9 +134,9 @@ void dot(int dst, int a, int b) {
   const int rows = state.rows[dst], kq = state.colsb[a] / 4, nd = state.colsb[dst] / 4;
   auto extend_a = [](uint8_t v) { return ASigned ? uint32_t(int32_t(int8_t(v))) : uint32_t(v); };
   auto extend_b = [](uint8_t v) { return BSigned ? uint32_t(int32_t(int8_t(v))) : uint32_t(v); };
-  uint8_t(*d)[kMaxColsb] = state.data[dst];
-  const uint8_t(*x)[kMaxColsb] = state.data[a];
-  const uint8_t(*y)[kMaxColsb] = state.data[b];
+  uint8_t (*d)[kMaxColsb] = state.data[dst];
+  const uint8_t (*x)[kMaxColsb] = state.data[a];
+  const uint8_t (*y)[kMaxColsb] = state.data[b];
   for (int m = 0; m < rows; ++m) {
     uint32_t tmp[kMaxColsb / 4];
     std::memcpy(tmp, d[m], sizeof(tmp));

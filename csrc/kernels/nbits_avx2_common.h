@@ -69,7 +69,8 @@ inline float horizontal_sum(__m256 v) {
 // The zero points of blocks index .. index+7 (index = n * k_blocks + b) as float32.
 inline __m256 zero_points8(const NBitsWeight& w, int64_t index) {
   if (!w.zero_points_u8) return _mm256_loadu_ps(w.zero_points + index);
-  return _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(w.zero_points_u8 + index))));
+  return _mm256_cvtepi32_ps(
+      _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(w.zero_points_u8 + index))));
 }
 
 }  // namespace

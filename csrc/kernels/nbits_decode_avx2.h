@@ -120,7 +120,8 @@ inline void widen32(const uint8_t* codes, int64_t k0, __m256 out[4]) {
 // odd 17..31]: one broadcast load, two masks, four in-lane byte shuffles into dwords, four
 // conversions (no cross-lane widening). A is reordered to match (even_odd_a).
 inline void widen32_even_odd(const uint8_t* row, int64_t k0, __m256 out[4]) {
-  const __m256i x = _mm256_broadcastsi128_si256(_mm_loadu_si128(reinterpret_cast<const __m128i*>(row + (static_cast<uint64_t>(k0) >> 1))));
+  const __m256i x = _mm256_broadcastsi128_si256(
+      _mm_loadu_si128(reinterpret_cast<const __m128i*>(row + (static_cast<uint64_t>(k0) >> 1))));
   const __m256i mask = _mm256_set1_epi8(0x0F);
   const __m256i even = _mm256_and_si256(x, mask), odd = _mm256_and_si256(_mm256_srli_epi16(x, 4), mask);
   constexpr char z = static_cast<char>(0x80);
@@ -220,11 +221,12 @@ inline __m256i codes32_quarters(const uint8_t* row, int64_t k0) {
 // qa[k0 .. k0+31] reordered to [the 16 even | the 16 odd], for every 32 of every row.
 // With blocks of 16 (block_dot16), each 16 to [the 8 even | the 8 odd] instead.
 inline void even_odd_qa(const int8_t* qa, int64_t count, int8_t* out, bool per16) {
-  const __m256i within_lanes = _mm256_setr_epi8(0, 2, 4, 6, 8, 10, 12, 14, 1, 3, 5, 7, 9, 11, 13, 15,
-                                                0, 2, 4, 6, 8, 10, 12, 14, 1, 3, 5, 7, 9, 11, 13, 15);
+  const __m256i within_lanes = _mm256_setr_epi8(0, 2, 4, 6, 8, 10, 12, 14, 1, 3, 5, 7, 9, 11, 13, 15, 0, 2, 4, 6, 8, 10,
+                                                12, 14, 1, 3, 5, 7, 9, 11, 13, 15);
   for (int64_t k = 0; k < count; k += 32) {
     const __m256i x = _mm256_shuffle_epi8(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(qa + k)), within_lanes);
-    _mm256_storeu_si256(reinterpret_cast<__m256i*>(out + k), per16 ? x : _mm256_permute4x64_epi64(x, 0xD8));  // lanes 0, 2, 1, 3
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(out + k),
+                        per16 ? x : _mm256_permute4x64_epi64(x, 0xD8));  // lanes 0, 2, 1, 3
   }
 }
 

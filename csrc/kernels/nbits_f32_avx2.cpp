@@ -49,7 +49,8 @@ void nbits_rows_factored(const float* A, const NBitsWeight& w, int64_t n0, int64
   // Plain pointers: thread_local storage is looked up again on every access the compiler cannot hoist.
   thread_local Scratch asum_storage, codes_storage, reordered_storage;
   float* const block_sums = asum_storage.get<float>(MR * kb);
-  uint8_t* const decoded = codes_storage.get<uint8_t>(max_i64(K + 32, w.k_blocks * w.block_size));  // bytes, or the 3-bit column as nibbles
+  uint8_t* const decoded =
+      codes_storage.get<uint8_t>(max_i64(K + 32, w.k_blocks * w.block_size));  // bytes, or the 3-bit column as nibbles
   for (int m = 0; m < MR; ++m)
     for (int64_t b = 0; b < kb; ++b) {
       float sum = 0.0f;
@@ -58,7 +59,7 @@ void nbits_rows_factored(const float* A, const NBitsWeight& w, int64_t n0, int64
     }
   constexpr bool nibbles = Kind == 4, quarters = Kind == 2;
   const bool bytes = w.bits == 8;
-  const int64_t whole_blocks = K / bs;        // blocks with all block_size codes (a multiple of 32)
+  const int64_t whole_blocks = K / bs;  // blocks with all block_size codes (a multiple of 32)
   // 4-bit: A's whole blocks reordered once per task to the order widen32_even_odd produces.
   const float* a_main = A;
   if (nibbles) {
@@ -190,7 +191,8 @@ inline void round_operands(float* x, int64_t count, NBitsOperands operands) {
       const __m256 v = _mm256_loadu_ps(x + k);
       const __m256i bits = _mm256_castps_si256(v);
       const __m256i lsb = _mm256_and_si256(_mm256_srli_epi32(bits, 16), one);
-      const __m256 rounded = _mm256_castsi256_ps(_mm256_and_si256(_mm256_add_epi32(_mm256_add_epi32(bits, round), lsb), keep));
+      const __m256 rounded =
+          _mm256_castsi256_ps(_mm256_and_si256(_mm256_add_epi32(_mm256_add_epi32(bits, round), lsb), keep));
       _mm256_storeu_ps(x + k, _mm256_blendv_ps(rounded, v, _mm256_cmp_ps(v, v, _CMP_UNORD_Q)));  // NaN kept
     }
   }
@@ -229,10 +231,14 @@ inline void transpose_8x8(const float* const rows[8], int64_t k, float* panel) {
   const __m256 t2 = _mm256_unpacklo_ps(r[2], r[3]), t3 = _mm256_unpackhi_ps(r[2], r[3]);
   const __m256 t4 = _mm256_unpacklo_ps(r[4], r[5]), t5 = _mm256_unpackhi_ps(r[4], r[5]);
   const __m256 t6 = _mm256_unpacklo_ps(r[6], r[7]), t7 = _mm256_unpackhi_ps(r[6], r[7]);
-  const __m256 u0 = _mm256_shuffle_ps(t0, t2, _MM_SHUFFLE(1, 0, 1, 0)), u1 = _mm256_shuffle_ps(t0, t2, _MM_SHUFFLE(3, 2, 3, 2));
-  const __m256 u2 = _mm256_shuffle_ps(t1, t3, _MM_SHUFFLE(1, 0, 1, 0)), u3 = _mm256_shuffle_ps(t1, t3, _MM_SHUFFLE(3, 2, 3, 2));
-  const __m256 u4 = _mm256_shuffle_ps(t4, t6, _MM_SHUFFLE(1, 0, 1, 0)), u5 = _mm256_shuffle_ps(t4, t6, _MM_SHUFFLE(3, 2, 3, 2));
-  const __m256 u6 = _mm256_shuffle_ps(t5, t7, _MM_SHUFFLE(1, 0, 1, 0)), u7 = _mm256_shuffle_ps(t5, t7, _MM_SHUFFLE(3, 2, 3, 2));
+  const __m256 u0 = _mm256_shuffle_ps(t0, t2, _MM_SHUFFLE(1, 0, 1, 0)),
+               u1 = _mm256_shuffle_ps(t0, t2, _MM_SHUFFLE(3, 2, 3, 2));
+  const __m256 u2 = _mm256_shuffle_ps(t1, t3, _MM_SHUFFLE(1, 0, 1, 0)),
+               u3 = _mm256_shuffle_ps(t1, t3, _MM_SHUFFLE(3, 2, 3, 2));
+  const __m256 u4 = _mm256_shuffle_ps(t4, t6, _MM_SHUFFLE(1, 0, 1, 0)),
+               u5 = _mm256_shuffle_ps(t4, t6, _MM_SHUFFLE(3, 2, 3, 2));
+  const __m256 u6 = _mm256_shuffle_ps(t5, t7, _MM_SHUFFLE(1, 0, 1, 0)),
+               u7 = _mm256_shuffle_ps(t5, t7, _MM_SHUFFLE(3, 2, 3, 2));
   const __m256 out[8] = {_mm256_permute2f128_ps(u0, u4, 0x20), _mm256_permute2f128_ps(u1, u5, 0x20),
                          _mm256_permute2f128_ps(u2, u6, 0x20), _mm256_permute2f128_ps(u3, u7, 0x20),
                          _mm256_permute2f128_ps(u0, u4, 0x31), _mm256_permute2f128_ps(u1, u5, 0x31),
@@ -240,8 +246,8 @@ inline void transpose_8x8(const float* const rows[8], int64_t k, float* panel) {
   for (int i = 0; i < 8; ++i) _mm256_storeu_ps(panel + (k + i) * 16, out[i]);
 }
 
-void nbits_rows_dequantized(const float* A, int64_t M, const NBitsWeight& w, int64_t n0, int64_t n1,
-                            const float* bias, float* Y) {
+void nbits_rows_dequantized(const float* A, int64_t M, const NBitsWeight& w, int64_t n0, int64_t n1, const float* bias,
+                            float* Y) {
   const int64_t K = w.K, K8 = (K + 7) / 8 * 8;
   thread_local Scratch codes_storage, columns_storage, panel_storage, partial_storage;
   constexpr int64_t kChunk = 256;
@@ -423,7 +429,9 @@ namespace avx2 {
 void nbits_rows(const float* A, int64_t M, const NBitsWeight& w, int64_t n0, int64_t n1, const float* bias, float* Y) {
   nbits_rows_avx2(A, M, w, n0, n1, bias, Y);
 }
-bool nbits_prepare_f32(const float* A, int64_t M, int64_t K, float* out) { return nbits_prepare_f32_avx2(A, M, K, out); }
+bool nbits_prepare_f32(const float* A, int64_t M, int64_t K, float* out) {
+  return nbits_prepare_f32_avx2(A, M, K, out);
+}
 
 }  // namespace avx2
 }  // namespace qmm

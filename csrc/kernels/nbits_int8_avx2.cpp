@@ -121,7 +121,8 @@ inline void block_dots(const uint8_t* row, const int8_t* const qa[MR], int64_t k
 // for all MR rows.
 template <int Kind, int Chunks, int MR>
 void nbits_rows_int8_impl(const QuantizedA& a, int64_t m0, const NBitsWeight& w, int64_t n0, int64_t n1,
-                          const float* bias, float* Y, const uint8_t* (*column)(const NBitsWeight&, int64_t, uint8_t*)) {
+                          const float* bias, float* Y,
+                          const uint8_t* (*column)(const NBitsWeight&, int64_t, uint8_t*)) {
   const int64_t kb = w.k_blocks, bs = w.block_size, padded = kb * bs, chunks = bs / 32, steps = int16_steps(w.bits);
   thread_local Scratch codes_storage;
   uint8_t* const codes = codes_storage.get<uint8_t>(padded);
@@ -146,8 +147,8 @@ void nbits_rows_int8_impl(const QuantizedA& a, int64_t m0, const NBitsWeight& w,
       }
       const __m256 sb = _mm256_loadu_ps(scales + b), szp = _mm256_mul_ps(sb, zero_points8(w, n * kb + b));
       for (int m = 0; m < MR; ++m) {
-        acc[m] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(reduce8(dots[m])), _mm256_mul_ps(_mm256_loadu_ps(scale_a + m * kb + b), sb),
-                                 acc[m]);
+        acc[m] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(reduce8(dots[m])),
+                                 _mm256_mul_ps(_mm256_loadu_ps(scale_a + m * kb + b), sb), acc[m]);
         correction[m] = _mm256_fmadd_ps(_mm256_loadu_ps(block_sum + m * kb + b), szp, correction[m]);
       }
     }
@@ -312,8 +313,10 @@ inline void int8_segment_signed(const int8_t* a, int64_t row_stride, int64_t qua
       int32_t four;
       std::memcpy(&four, a + r * row_stride + q * quad_stride, 4);
       const __m256i av = _mm256_set1_epi32(four);
-      out[r][0] = _mm256_add_epi32(out[r][0], _mm256_madd_epi16(_mm256_maddubs_epi16(m0, _mm256_sign_epi8(av, c0)), ones));
-      out[r][1] = _mm256_add_epi32(out[r][1], _mm256_madd_epi16(_mm256_maddubs_epi16(m1, _mm256_sign_epi8(av, c1)), ones));
+      out[r][0] =
+          _mm256_add_epi32(out[r][0], _mm256_madd_epi16(_mm256_maddubs_epi16(m0, _mm256_sign_epi8(av, c0)), ones));
+      out[r][1] =
+          _mm256_add_epi32(out[r][1], _mm256_madd_epi16(_mm256_maddubs_epi16(m1, _mm256_sign_epi8(av, c1)), ones));
     }
   }
 }
@@ -331,8 +334,8 @@ inline void int8_segment_tile(const int8_t* a, int64_t row_stride, int64_t quad_
 // already take 2 * MR of the 16 ymm registers (int32 sums in registers too spill worse, and a
 // 4 x 8 tile that has room for them measured slower).
 template <int MR, bool Signed8>
-void int8_gemm_tile(const int8_t* qa, int64_t row_stride, int64_t quad_stride, const float* sa, const float* bsum, int64_t kb,
-                    const uint8_t* panel, const float* sb, const float* szb, int64_t b0, int64_t b1,
+void int8_gemm_tile(const int8_t* qa, int64_t row_stride, int64_t quad_stride, const float* sa, const float* bsum,
+                    int64_t kb, const uint8_t* panel, const float* sb, const float* szb, int64_t b0, int64_t b1,
                     int64_t quads_per_block, int64_t steps, float* acc, int32_t* dot) {
   for (int64_t b = b0; b < b1; ++b) {
     const uint8_t* p = panel + b * quads_per_block * 64;
@@ -352,14 +355,16 @@ void int8_gemm_tile(const int8_t* qa, int64_t row_stride, int64_t quad_stride, c
         __asm__ volatile("" : : "r"(dot) : "memory");  // dot stays in memory
       }
       for (int r = 0; r < MR; ++r)
-        for (int v = 0; v < 2; ++v) sum[r][v] = _mm256_load_si256(reinterpret_cast<const __m256i*>(dot + r * 16 + 8 * v));
+        for (int v = 0; v < 2; ++v)
+          sum[r][v] = _mm256_load_si256(reinterpret_cast<const __m256i*>(dot + r * 16 + 8 * v));
     }
     for (int r = 0; r < MR; ++r) {
       const __m256 scale_a = _mm256_set1_ps(sa[r * kb + b]), block_sum = _mm256_set1_ps(bsum[r * kb + b]);
       for (int v = 0; v < 2; ++v) {
         float* out = acc + r * 16 + 8 * v;
         __m256 f = _mm256_loadu_ps(out);
-        f = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sum[r][v]), _mm256_mul_ps(scale_a, _mm256_loadu_ps(sb + b * 16 + 8 * v)), f);
+        f = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sum[r][v]), _mm256_mul_ps(scale_a, _mm256_loadu_ps(sb + b * 16 + 8 * v)),
+                            f);
         f = _mm256_fnmadd_ps(block_sum, _mm256_loadu_ps(szb + b * 16 + 8 * v), f);
         _mm256_storeu_ps(out, f);
       }
@@ -381,13 +386,11 @@ inline void transpose_8x32(const uint8_t* const rows[8], int64_t k, uint8_t* pan
   const __m256i u4 = _mm256_unpacklo_epi64(t4, t6), u5 = _mm256_unpackhi_epi64(t4, t6);
   const __m256i u6 = _mm256_unpacklo_epi64(t5, t7), u7 = _mm256_unpackhi_epi64(t5, t7);
   // u0: quad 0 of columns 0-3 | quad 4 of columns 0-3 (lanes), u4 the same for columns 4-7, ...
-  const __m256i quads[8] = {
-      _mm256_permute2x128_si256(u0, u4, 0x20), _mm256_permute2x128_si256(u1, u5, 0x20),
-      _mm256_permute2x128_si256(u2, u6, 0x20), _mm256_permute2x128_si256(u3, u7, 0x20),
-      _mm256_permute2x128_si256(u0, u4, 0x31), _mm256_permute2x128_si256(u1, u5, 0x31),
-      _mm256_permute2x128_si256(u2, u6, 0x31), _mm256_permute2x128_si256(u3, u7, 0x31)};
-  for (int q = 0; q < 8; ++q)
-    _mm256_storeu_si256(reinterpret_cast<__m256i*>(panel_half + (k / 4 + q) * 64), quads[q]);
+  const __m256i quads[8] = {_mm256_permute2x128_si256(u0, u4, 0x20), _mm256_permute2x128_si256(u1, u5, 0x20),
+                            _mm256_permute2x128_si256(u2, u6, 0x20), _mm256_permute2x128_si256(u3, u7, 0x20),
+                            _mm256_permute2x128_si256(u0, u4, 0x31), _mm256_permute2x128_si256(u1, u5, 0x31),
+                            _mm256_permute2x128_si256(u2, u6, 0x31), _mm256_permute2x128_si256(u3, u7, 0x31)};
+  for (int q = 0; q < 8; ++q) _mm256_storeu_si256(reinterpret_cast<__m256i*>(panel_half + (k / 4 + q) * 64), quads[q]);
 }
 
 void nbits_int8_gemm(const QuantizedA& a, const NBitsWeight& w, int64_t n0, int64_t n1, const float* bias, float* Y) {

@@ -43,10 +43,10 @@
 namespace qmm {
 namespace {
 
-constexpr int64_t kMr = 32, kNr = 32;                       // kTilesLayout
+constexpr int64_t kMr = 32, kNr = 32;  // kTilesLayout
 constexpr int64_t kAGroupInt32s = kMr * 16, kBGroupBytes = kNr * 64;  // per k-group of 64
-constexpr int64_t kQuadBytes = 128;                         // one k-quad of a B panel
-constexpr int64_t kARowInt32s = 16;                         // one row of an A k-group
+constexpr int64_t kQuadBytes = 128;  // one k-quad of a B panel
+constexpr int64_t kARowInt32s = 16;  // one row of an A k-group
 
 // LDTILECFG's 64 bytes: palette 1, tiles 0-7 of 16 rows x 64 bytes, the rest zero.
 struct alignas(64) TileConfig {
@@ -58,8 +58,7 @@ static_assert(sizeof(TileConfig) == 64);
 
 // Constant-initialized, in read-only memory: GCC's _tile_loadconfig tells the compiler it reads 8
 // bytes only, so the configuration must not be built by stores it could drop.
-constexpr TileConfig kTileConfig = {
-    1, 0, {}, {64, 64, 64, 64, 64, 64, 64, 64}, {16, 16, 16, 16, 16, 16, 16, 16}};
+constexpr TileConfig kTileConfig = {1, 0, {}, {64, 64, 64, 64, 64, 64, 64, 64}, {16, 16, 16, 16, 16, 16, 16, 16}};
 
 void configure_tiles() {
   alignas(64) unsigned char current[64];

@@ -34,7 +34,8 @@ void micro_tile(const int32_t* a, const int8_t* b, int64_t p0, int64_t p1, int32
     const __m128i* bp = reinterpret_cast<const __m128i*>(b + p * 2 * kNr);
     if (MR <= 2) _mm_prefetch(reinterpret_cast<const char*>(bp) + 1024, _MM_HINT_T0);  // few rows: B streams
     const __m256i b0 = BSigned ? _mm256_cvtepi8_epi16(_mm_loadu_si128(bp)) : _mm256_cvtepu8_epi16(_mm_loadu_si128(bp));
-    const __m256i b1 = BSigned ? _mm256_cvtepi8_epi16(_mm_loadu_si128(bp + 1)) : _mm256_cvtepu8_epi16(_mm_loadu_si128(bp + 1));
+    const __m256i b1 =
+        BSigned ? _mm256_cvtepi8_epi16(_mm_loadu_si128(bp + 1)) : _mm256_cvtepu8_epi16(_mm_loadu_si128(bp + 1));
     for (int r = 0; r < MR; ++r) {
       const __m256i av = _mm256_set1_epi32(a[p * kMr + r]);
       acc[r][0] = _mm256_add_epi32(acc[r][0], _mm256_madd_epi16(av, b0));
@@ -58,36 +59,36 @@ void micro_tile_4x16(const int32_t* a, const int8_t* b, int64_t p0, int64_t p1, 
     const int8_t* bp = b + p0 * 2 * kNr;
     const int32_t* ap = a + p0 * kMr;
     int64_t n = p1 - p0;
-#define QMM_WIDEN(op)                                                                                  \
-  __asm__("1:\n\t"                                                                                   \
-          op " (%[b]), %%ymm8\n\t" op " 16(%[b]), %%ymm9\n\t"                                        \
-          "vpbroadcastd (%[a]), %%ymm10\n\t"                                                          \
-          "vpbroadcastd 4(%[a]), %%ymm11\n\t"                                                         \
-          "vpmaddwd %%ymm8, %%ymm10, %%ymm12\n\t"                                                     \
-          "vpmaddwd %%ymm9, %%ymm10, %%ymm13\n\t"                                                     \
-          "vpmaddwd %%ymm8, %%ymm11, %%ymm14\n\t"                                                     \
-          "vpmaddwd %%ymm9, %%ymm11, %%ymm15\n\t"                                                     \
-          "vpaddd %%ymm12, %[s0], %[s0]\n\t"                                                          \
-          "vpaddd %%ymm13, %[s1], %[s1]\n\t"                                                          \
-          "vpaddd %%ymm14, %[s2], %[s2]\n\t"                                                          \
-          "vpaddd %%ymm15, %[s3], %[s3]\n\t"                                                          \
-          "vpbroadcastd 8(%[a]), %%ymm10\n\t"                                                         \
-          "vpbroadcastd 12(%[a]), %%ymm11\n\t"                                                        \
-          "vpmaddwd %%ymm8, %%ymm10, %%ymm12\n\t"                                                     \
-          "vpmaddwd %%ymm9, %%ymm10, %%ymm13\n\t"                                                     \
-          "vpmaddwd %%ymm8, %%ymm11, %%ymm14\n\t"                                                     \
-          "vpmaddwd %%ymm9, %%ymm11, %%ymm15\n\t"                                                     \
-          "vpaddd %%ymm12, %[s4], %[s4]\n\t"                                                          \
-          "vpaddd %%ymm13, %[s5], %[s5]\n\t"                                                          \
-          "vpaddd %%ymm14, %[s6], %[s6]\n\t"                                                          \
-          "vpaddd %%ymm15, %[s7], %[s7]\n\t"                                                          \
-          "add $32, %[b]\n\t"                                                                         \
-          "add $16, %[a]\n\t"                                                                         \
-          "dec %[n]\n\t"                                                                              \
-          "jnz 1b\n\t"                                                                                \
-          : [s0] "+x"(s0), [s1] "+x"(s1), [s2] "+x"(s2), [s3] "+x"(s3), [s4] "+x"(s4), [s5] "+x"(s5), \
-            [s6] "+x"(s6), [s7] "+x"(s7), [b] "+r"(bp), [a] "+r"(ap), [n] "+r"(n)                      \
-          :                                                                                            \
+#define QMM_WIDEN(op)                                                                                                \
+  __asm__("1:\n\t" op " (%[b]), %%ymm8\n\t" op                                                                       \
+          " 16(%[b]), %%ymm9\n\t"                                                                                    \
+          "vpbroadcastd (%[a]), %%ymm10\n\t"                                                                         \
+          "vpbroadcastd 4(%[a]), %%ymm11\n\t"                                                                        \
+          "vpmaddwd %%ymm8, %%ymm10, %%ymm12\n\t"                                                                    \
+          "vpmaddwd %%ymm9, %%ymm10, %%ymm13\n\t"                                                                    \
+          "vpmaddwd %%ymm8, %%ymm11, %%ymm14\n\t"                                                                    \
+          "vpmaddwd %%ymm9, %%ymm11, %%ymm15\n\t"                                                                    \
+          "vpaddd %%ymm12, %[s0], %[s0]\n\t"                                                                         \
+          "vpaddd %%ymm13, %[s1], %[s1]\n\t"                                                                         \
+          "vpaddd %%ymm14, %[s2], %[s2]\n\t"                                                                         \
+          "vpaddd %%ymm15, %[s3], %[s3]\n\t"                                                                         \
+          "vpbroadcastd 8(%[a]), %%ymm10\n\t"                                                                        \
+          "vpbroadcastd 12(%[a]), %%ymm11\n\t"                                                                       \
+          "vpmaddwd %%ymm8, %%ymm10, %%ymm12\n\t"                                                                    \
+          "vpmaddwd %%ymm9, %%ymm10, %%ymm13\n\t"                                                                    \
+          "vpmaddwd %%ymm8, %%ymm11, %%ymm14\n\t"                                                                    \
+          "vpmaddwd %%ymm9, %%ymm11, %%ymm15\n\t"                                                                    \
+          "vpaddd %%ymm12, %[s4], %[s4]\n\t"                                                                         \
+          "vpaddd %%ymm13, %[s5], %[s5]\n\t"                                                                         \
+          "vpaddd %%ymm14, %[s6], %[s6]\n\t"                                                                         \
+          "vpaddd %%ymm15, %[s7], %[s7]\n\t"                                                                         \
+          "add $32, %[b]\n\t"                                                                                        \
+          "add $16, %[a]\n\t"                                                                                        \
+          "dec %[n]\n\t"                                                                                             \
+          "jnz 1b\n\t"                                                                                               \
+          : [s0] "+x"(s0), [s1] "+x"(s1), [s2] "+x"(s2), [s3] "+x"(s3), [s4] "+x"(s4), [s5] "+x"(s5), [s6] "+x"(s6), \
+            [s7] "+x"(s7), [b] "+r"(bp), [a] "+r"(ap), [n] "+r"(n)                                                   \
+          :                                                                                                          \
           : "xmm8", "xmm9", "xmm10", "xmm11", "xmm12", "xmm13", "xmm14", "xmm15", "cc", "memory")
     if (BSigned) QMM_WIDEN("vpmovsxbw");
     else QMM_WIDEN("vpmovzxbw");
@@ -116,8 +117,8 @@ void kernel_avx2(const int32_t* a, int64_t rows, const int8_t* b_panel, int64_t 
   else kernel_avx2_t<false>(a, rows, b_panel, p0, p1, c, ldc);
 }
 
-void requantize_row_avx2(const int32_t* acc, const float* multiplier, const int32_t* zp, int64_t count,
-                         bool y_signed, void* y) {
+void requantize_row_avx2(const int32_t* acc, const float* multiplier, const int32_t* zp, int64_t count, bool y_signed,
+                         void* y) {
   const int32_t qmin = y_signed ? -128 : 0, qmax = y_signed ? 127 : 255;
   const __m256i vqmin = _mm256_set1_epi32(qmin), vqmax = _mm256_set1_epi32(qmax);
   auto* out = static_cast<uint8_t*>(y);
@@ -158,7 +159,8 @@ void sgemm_rows_avx2(const float* a, const float* b_panels, float* y, int64_t ro
   float* const partial = partial_storage.get<float>(rows * 16);
   for (int64_t g = 0; g < groups; ++g)
     for (int64_t k = 0; k < K; ++k)
-      for (int64_t r = 0; r < kSgemmGroup; ++r) grouped[(g * K + k) * kSgemmGroup + r] = a[(g * kSgemmGroup + r) * K + k];
+      for (int64_t r = 0; r < kSgemmGroup; ++r)
+        grouped[(g * K + k) * kSgemmGroup + r] = a[(g * kSgemmGroup + r) * K + k];
   for (int64_t n = 0; n < N; n += 16) {
     const float* panel = b_panels + n * K;
     const int64_t cols = N - n < 16 ? N - n : 16;

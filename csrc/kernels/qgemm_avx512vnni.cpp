@@ -69,8 +69,8 @@ void micro_tile(const int32_t* a, const int8_t* b, int64_t g0, int64_t g1, int32
   }
 }
 
-void kernel_vnni(const int32_t* a, int64_t rows, const int8_t* b_panel, int64_t g0, int64_t g1, bool,
-                 int32_t* c, int64_t ldc) {
+void kernel_vnni(const int32_t* a, int64_t rows, const int8_t* b_panel, int64_t g0, int64_t g1, bool, int32_t* c,
+                 int64_t ldc) {
   switch (rows) {
     case 1: return micro_tile<1, 4>(a, b_panel, g0, g1, c, ldc);
     case 2: return micro_tile<2, 2>(a, b_panel, g0, g1, c, ldc);
