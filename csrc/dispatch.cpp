@@ -79,7 +79,9 @@ void reference_product(const QGemmDispatch& q, const uint8_t* a, bool a_signed, 
 
 // Empty when `q` agrees with the portable kernel, else what differed.
 std::string self_test(const QGemmDispatch& q) {
-  static const int64_t shapes[][3] = {{1, 5, 3}, {9, 67, 35}, {17, 260, 33}};
+  // Row counts around every layout's row groups (the tiles: 32 rows straight from the tiles, 17 through
+  // a buffer, 1 and 9 with vpdpbusd).
+  static const int64_t shapes[][3] = {{1, 5, 3}, {9, 67, 35}, {17, 260, 33}, {33, 130, 40}};
   uint32_t state = 12345;
   for (const auto& s : shapes) {
     const int64_t M = s[0], K = s[1], N = s[2];
