@@ -26,7 +26,7 @@ double measure_peak_gops(double seconds) {
     while (std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count() < seconds) {
       for (int rep = 0; rep < 16; ++rep) {
         for (int64_t j = 0; j < panels; ++j)
-          q.kernel(a.data(), L.mr, b.data() + j * L.panel_bytes(K), 0, groups, true, c.data() + j * L.nr,
+          q.kernel(a.data(), L.mr, b.data() + j * L.panel_bytes(K), 0, groups, true, false, c.data() + j * L.nr,
                    panels * L.nr);
         done += 1;
       }

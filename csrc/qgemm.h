@@ -80,7 +80,7 @@ void pack_b_tiles(const void* b, bool b_signed, int64_t K, int64_t N, int64_t pa
 // given (for layouts that store it). C is row-major with row stride ldc (int32, wrapping: exact
 // while the sum fits, which the driver ensures by chunking k).
 using QGemmKernel = void (*)(const int32_t* a, int64_t rows, const int8_t* b_panel, int64_t g0, int64_t g1,
-                             bool b_signed, int32_t* c, int64_t ldc);
+                             bool b_signed, bool accumulate, int32_t* c, int64_t ldc);
 
 // y[j] = saturate(rne(max/min-clamped(f32(acc[j]) * multiplier[j])) + zp[j]) for j < count: the
 // ONNX Runtime epilogue of csrc/requantize.h, vectorized.

@@ -5,6 +5,7 @@
 #include <new>
 #include <stdexcept>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 #include "dispatch.h"
@@ -46,21 +47,27 @@ PackedB pack_b_matrices(const void* b, bool is_signed, int64_t count, int64_t K,
 
 namespace {
 
-constexpr int64_t kBlockRows = 32;  // rows of a per task (a multiple of every layout's mr)
 constexpr int64_t kKPerChunk = 1 << 15;  // 2^15 products of at most 255^2 < 2^16: int32 cannot overflow
+constexpr int64_t kKPerBlock = 512;  // k per kernel call: the A and B blocks of a call stay in L1/L2
 constexpr int64_t kPanelBudgetBytes = 256 << 10;  // the B panels of one task stay in L2
 
-// Calls epilogue(batch, m, n0, cols, acc) with the exact (64-bit) accumulators
-// acc[j] = sum_k (a[m,k] - a_zp[m]) * (b[k,n0+j] - b_zp[n0+j]) for each row m of each block.
+// Calls epilogue(batch, m, n0, cols, acc) with the accumulators
+// acc[j] = sum_k (a[m,k] - a_zp[m]) * (b[k,n0+j] - b_zp[n0+j]) for each row m of each block:
+// exact (int64_t) when Acc is int64_t, modulo 2^32 (int32_t, as a wrapping int32 accumulation
+// gives: numerics "onnxruntime" and "onnx-reference") when Acc is int32_t.
 //
-// Work is split into tasks of (matrix, block of rows, block of columns) run on the thread pool.
+// Work is split into tasks of (matrix, block of rows, block of columns) run on the thread pool. In
+// a task, k goes in blocks of kKPerBlock, each swept over every panel and row group, the kernels
+// adding into C: a block of A stays in cache across the panels, one of B across the row groups.
 // The zero points come out of the inner loop (docs/quantization.md, "Zero-point terms"). With the
 // layout's stored values a' = a + oa, b' = b + ob and the shifted zero points za' = za + oa,
 // zb' = zb + ob:
-//   acc = sum a'*b' - zb' * rowsum(a') - za' * colsum(b') + K * za' * zb',
+//   acc = sum a'*b' - zb' * rowsum(a') - za' * colsum(b') + K * za' * zb'
+//       = sum a'*b' - zb' * (rowsum(a') - K * za') - za' * colsum(b'),
 // where rowsum(a') = rowsum(a) + K * oa and colsum(b') = colsum(b) + K * ob.
-template <class Epilogue>
+template <class Acc, class Epilogue>
 void accumulate(const QGemmProblem& p, Epilogue&& epilogue) {
+  constexpr bool kExact = std::is_same_v<Acc, int64_t>;
   const QGemmDispatch& q = qgemm_kernels();  // one entry for the whole call
   const QGemmLayout& L = *q.layout;
   if (p.b_packed && p.b_packed->layout != &L)
@@ -70,13 +77,16 @@ void accumulate(const QGemmProblem& p, Epilogue&& epilogue) {
   const int64_t M = p.M, N = p.N, K = p.K, groups = L.k_groups(K), mr = L.mr, nr = L.nr;
   const int64_t a_row = L.a_row_int32s(K);  // packed A's int32s per row
   if (M == 0 || N == 0 || p.batch == 0) return;
+  const int64_t block_rows = std::max<int64_t>(32, 4 * mr);  // rows of a per task: a multiple of mr
   const int64_t panels_total = L.n_panels(N);
   const int64_t panel_bytes = L.panel_bytes(K);
   const int64_t panels_per_task =
       std::max<int64_t>(1, std::min(panels_total, kPanelBudgetBytes / std::max<int64_t>(panel_bytes, 1)));
-  const int64_t row_blocks = (M + kBlockRows - 1) / kBlockRows;
+  const int64_t row_blocks = (M + block_rows - 1) / block_rows;
   const int64_t col_blocks = (panels_total + panels_per_task - 1) / panels_per_task;
-  const int64_t groups_per_chunk = kKPerChunk / L.kc;
+  // Exact sums fold the int32 kernel sums into int64 every 2^15 k; wrapped ones need not.
+  const int64_t groups_per_chunk = kExact ? kKPerChunk / L.kc : std::max<int64_t>(groups, 1);
+  const int64_t groups_per_block = std::max<int64_t>(1, kKPerBlock / L.kc);
   const bool chunked = groups > groups_per_chunk;
   const bool b_signed = p.b_packed ? p.b_packed->is_signed : p.b_signed;
   const int64_t oa = L.a_offset[p.a_signed], ob = L.b_offset[b_signed];
@@ -87,8 +97,8 @@ void accumulate(const QGemmProblem& p, Epilogue&& epilogue) {
   std::vector<int32_t> a_packed(static_cast<size_t>(a_count * m_padded * a_row));
   std::vector<int64_t> rowsums(static_cast<size_t>(a_count * M));
   parallel_for(a_count * row_blocks, [&](int64_t task) {
-    const int64_t ia = task / row_blocks, m0 = task % row_blocks * kBlockRows;
-    const int64_t rows = std::min(kBlockRows, M - m0);
+    const int64_t ia = task / row_blocks, m0 = task % row_blocks * block_rows;
+    const int64_t rows = std::min(block_rows, M - m0);
     const auto* a_bytes = static_cast<const uint8_t*>(p.a) + (ia * M + m0) * K;
     q.pack_a(a_bytes, p.a_signed, rows, K, K, a_packed.data() + (ia * m_padded + m0) * a_row);
     for (int64_t r = 0; r < rows; ++r) {
@@ -104,7 +114,7 @@ void accumulate(const QGemmProblem& p, Epilogue&& epilogue) {
   // One block of the output: rows [m0, m0 + rows) x panels [panel0, panel0 + panels) of matrix bt,
   // given those panels of b packed at b_panels (panel stride panel_bytes) and their column sums.
   auto compute_block = [&](int64_t bt, int64_t m0, int64_t panel0, const int8_t* b_panels, const int32_t* colsum) {
-    const int64_t rows = std::min(kBlockRows, M - m0);
+    const int64_t rows = std::min(block_rows, M - m0);
     const int64_t panels = std::min(panels_per_task, panels_total - panel0);
     const int64_t n0 = panel0 * nr, cols = std::min(panels * nr, N - n0);
     const int64_t ia = p.a_index[bt], ib = p.b_index[bt];
@@ -113,29 +123,47 @@ void accumulate(const QGemmProblem& p, Epilogue&& epilogue) {
     const int64_t* rowsum = rowsums.data() + ia * M + m0;
 
     thread_local std::vector<int32_t> c32;
-    thread_local std::vector<int64_t> c64, acc;
+    thread_local std::vector<int64_t> c64;
+    thread_local std::vector<Acc> acc, zb_stored, colsum_stored;
     c32.resize(static_cast<size_t>(rows * ldc));
     if (chunked) c64.assign(static_cast<size_t>(rows * ldc), 0);
-    for (int64_t g0 = 0; g0 < std::max<int64_t>(groups, 1); g0 += groups_per_chunk) {
-      const int64_t g1 = std::min(groups, g0 + groups_per_chunk);
-      for (int64_t j = 0; j < panels; ++j) {
-        for (int64_t r0 = 0; r0 < rows; r0 += mr) {
-          q.kernel(a_block + r0 * a_row, std::min(mr, rows - r0), b_panels + j * panel_bytes, g0, g1, b_signed,
-                   c32.data() + r0 * ldc + j * nr, ldc);
-        }
-      }
+    for (int64_t c0 = 0; c0 < std::max<int64_t>(groups, 1); c0 += groups_per_chunk) {
+      const int64_t c1 = std::min(groups, c0 + groups_per_chunk);
+      int64_t g0 = c0;
+      do {  // at least once: K = 0 still writes C
+        const int64_t g1 = std::min(c1, g0 + groups_per_block);
+        for (int64_t j = 0; j < panels; ++j)
+          for (int64_t r0 = 0; r0 < rows; r0 += mr)
+            q.kernel(a_block + r0 * a_row, std::min(mr, rows - r0), b_panels + j * panel_bytes, g0, g1, b_signed,
+                     g0 > c0, c32.data() + r0 * ldc + j * nr, ldc);
+        g0 = g1;
+      } while (g0 < c1);
       if (chunked)
         for (int64_t i = 0; i < rows * ldc; ++i) c64[i] += c32[i];
     }
 
+    // The zero-point terms, in Acc: wrapping (unsigned) arithmetic for int32, exact for int64.
+    using U = std::conditional_t<kExact, int64_t, uint32_t>;
     const int32_t* b_zp = p.b_zero_point + ib * N + n0;
     acc.resize(static_cast<size_t>(cols));
+    zb_stored.resize(static_cast<size_t>(cols));
+    colsum_stored.resize(static_cast<size_t>(cols));
+    auto* zbs = reinterpret_cast<U*>(zb_stored.data());
+    auto* css = reinterpret_cast<U*>(colsum_stored.data());
+    for (int64_t j = 0; j < cols; ++j) {
+      zbs[j] = static_cast<U>(int64_t{b_zp[j]} + ob);
+      css[j] = static_cast<U>(int64_t{colsum[j]} + K * ob);
+    }
     for (int64_t r = 0; r < rows; ++r) {
-      const int64_t za = p.a_zero_point[ia * M + m0 + r] + oa, rowsum_stored = rowsum[r] + K * oa;
-      for (int64_t j = 0; j < cols; ++j) {
-        const int64_t raw = chunked ? c64[r * ldc + j] : c32[r * ldc + j];
-        const int64_t zb = b_zp[j] + ob;
-        acc[j] = raw - zb * rowsum_stored - za * (colsum[j] + K * ob) + K * za * zb;
+      const int64_t za = p.a_zero_point[ia * M + m0 + r] + oa;
+      const U zas = static_cast<U>(za), t = static_cast<U>(rowsum[r] + K * oa - K * za);
+      auto* out = reinterpret_cast<U*>(acc.data());
+      if (chunked) {
+        const int64_t* raw = c64.data() + r * ldc;
+        for (int64_t j = 0; j < cols; ++j) out[j] = static_cast<U>(raw[j]) - zbs[j] * t - zas * css[j];
+      } else {
+        const int32_t* raw = c32.data() + r * ldc;
+        for (int64_t j = 0; j < cols; ++j) out[j] = static_cast<U>(raw[j]) - zbs[j] * t - zas * css[j];
       }
       epilogue(bt, m0 + r, n0, cols, acc.data());
     }
@@ -144,7 +172,7 @@ void accumulate(const QGemmProblem& p, Epilogue&& epilogue) {
   if (p.b_packed) {  // a constant weight: tasks over (matrix, row block, column block)
     parallel_for(p.batch * row_blocks * col_blocks, [&](int64_t task) {
       const int64_t bt = task / (row_blocks * col_blocks);
-      const int64_t m0 = (task / col_blocks) % row_blocks * kBlockRows;
+      const int64_t m0 = (task / col_blocks) % row_blocks * block_rows;
       const int64_t panel0 = task % col_blocks * panels_per_task;
       const int64_t ib = p.b_index[bt];
       compute_block(bt, m0, panel0, p.b_packed->matrix(ib) + panel0 * panel_bytes,
@@ -163,17 +191,18 @@ void accumulate(const QGemmProblem& p, Epilogue&& epilogue) {
     colsum.resize(static_cast<size_t>(N));
     const auto* b_matrix = static_cast<const uint8_t*>(p.b_raw) + p.b_index[bt] * K * N;
     q.pack_b_panels(b_matrix, b_signed, K, N, panel0, panel0 + panels, b_block.data(), colsum.data());
-    for (int64_t m0 = 0; m0 < M; m0 += kBlockRows)
+    for (int64_t m0 = 0; m0 < M; m0 += block_rows)
       compute_block(bt, m0, panel0, b_block.data(), colsum.data() + panel0 * nr);
   });
 }
 
-// Runs the accumulation and writes requantize(acc, b, m, n, zp, qmin, qmax) into the 8-bit output.
-template <class Requantize>
+// Runs the accumulation (Acc: see accumulate) and writes requantize(acc, b, m, n, zp, qmin, qmax)
+// into the 8-bit output.
+template <class Acc, class Requantize>
 void run(const QGemmProblem& p, const QOutput& out, Requantize&& requantize) {
   const int32_t qmin = out.is_signed ? -128 : 0, qmax = out.is_signed ? 127 : 255;
   const int64_t M = p.M, N = p.N;
-  accumulate(p, [&](int64_t bt, int64_t m, int64_t n0, int64_t cols, const int64_t* acc) {
+  accumulate<Acc>(p, [&](int64_t bt, int64_t m, int64_t n0, int64_t cols, const Acc* acc) {
     const int64_t base = (bt * M + m) * N + n0;
     for (int64_t j = 0; j < cols; ++j) {
       const int32_t q = requantize(acc[j], bt, m, n0 + j, out.zero_point(bt, m, n0 + j), qmin, qmax);
@@ -182,10 +211,6 @@ void run(const QGemmProblem& p, const QOutput& out, Requantize&& requantize) {
     }
   });
 }
-
-// The int32 accumulator of numerics "onnxruntime" and "onnx-reference": the exact sum modulo 2^32,
-// which is what a wrapping int32 accumulation of the same products gives.
-inline int32_t wrap32(int64_t acc) { return static_cast<int32_t>(static_cast<uint32_t>(static_cast<uint64_t>(acc))); }
 
 // Values view(b, m, n0 .. n0+count) as a contiguous array: the view itself when it is contiguous
 // along n, else copied into buffer.
@@ -202,27 +227,25 @@ const T* row_of(const View3<T>& view, int64_t b, int64_t m, int64_t n0, int64_t 
 void qlinear_matmul_onnxruntime(const QGemmProblem& p, View3<float> multiplier, QOutput out) {
   const RequantizeRow requantize_row = qgemm_kernels().requantize_onnxruntime;
   const int64_t M = p.M, N = p.N;
-  accumulate(p, [&](int64_t bt, int64_t m, int64_t n0, int64_t cols, const int64_t* acc) {
-    thread_local std::vector<int32_t> acc32, zp_buffer;
+  accumulate<int32_t>(p, [&](int64_t bt, int64_t m, int64_t n0, int64_t cols, const int32_t* acc) {
+    thread_local std::vector<int32_t> zp_buffer;
     thread_local std::vector<float> multiplier_buffer;
-    acc32.resize(static_cast<size_t>(cols));
-    for (int64_t j = 0; j < cols; ++j) acc32[j] = wrap32(acc[j]);
     const float* mult = row_of(multiplier, bt, m, n0, cols, multiplier_buffer);
     const int32_t* zp = row_of(out.zero_point, bt, m, n0, cols, zp_buffer);
     auto* y = static_cast<uint8_t*>(out.data) + (bt * M + m) * N + n0;
-    requantize_row(acc32.data(), mult, zp, cols, out.is_signed, y);
+    requantize_row(acc, mult, zp, cols, out.is_signed, y);
   });
 }
 
 void qlinear_matmul_onnx_reference(const QGemmProblem& p, View3<double> multiplier, QOutput out) {
-  run(p, out, [&](int64_t acc, int64_t b, int64_t m, int64_t n, int32_t zp, int32_t qmin, int32_t qmax) {
-    return requantize_onnx_reference(wrap32(acc), multiplier(b, m, n), zp, qmin, qmax);
+  run<int32_t>(p, out, [&](int32_t acc, int64_t b, int64_t m, int64_t n, int32_t zp, int32_t qmin, int32_t qmax) {
+    return requantize_onnx_reference(acc, multiplier(b, m, n), zp, qmin, qmax);
   });
 }
 
 void qlinear_matmul_exact(const QGemmProblem& p, View3<float> a_scale, View3<float> b_scale, View3<float> y_scale,
                           QOutput out) {
-  run(p, out, [&](int64_t acc, int64_t b, int64_t m, int64_t n, int32_t zp, int32_t qmin, int32_t qmax) {
+  run<int64_t>(p, out, [&](int64_t acc, int64_t b, int64_t m, int64_t n, int32_t zp, int32_t qmin, int32_t qmax) {
     return requantize_exact(acc, a_scale(b, m, n), b_scale(b, m, n), y_scale(b, m, n), zp, qmin, qmax);
   });
 }

@@ -71,12 +71,22 @@ void configure_tiles() {
 // Rows [0, 16 * Halves) of the A group at a times the B panel at b over k-groups [g0, g1), into
 // c (row stride ldc, int32): C tiles stored straight into c.
 template <int Halves>
-void amx_tiles(const int32_t* a, const int8_t* b, int64_t g0, int64_t g1, int32_t* c, int64_t ldc) {
-  _tile_zero(0);
-  _tile_zero(1);
-  if constexpr (Halves == 2) {
-    _tile_zero(2);
-    _tile_zero(3);
+void amx_tiles(const int32_t* a, const int8_t* b, int64_t g0, int64_t g1, bool accumulate, int32_t* c, int64_t ldc) {
+  const int64_t stride = ldc * static_cast<int64_t>(sizeof(int32_t));
+  if (accumulate) {
+    _tile_loadd(0, c, stride);
+    _tile_loadd(1, c + 16, stride);
+    if constexpr (Halves == 2) {
+      _tile_loadd(2, c + 16 * ldc, stride);
+      _tile_loadd(3, c + 16 * ldc + 16, stride);
+    }
+  } else {
+    _tile_zero(0);
+    _tile_zero(1);
+    if constexpr (Halves == 2) {
+      _tile_zero(2);
+      _tile_zero(3);
+    }
   }
   for (int64_t g = g0; g < g1; ++g) {
     const auto* ag = reinterpret_cast<const int8_t*>(a + g * kAGroupInt32s);
@@ -92,7 +102,6 @@ void amx_tiles(const int32_t* a, const int8_t* b, int64_t g0, int64_t g1, int32_
       _tile_dpbsud(3, 5, 7);
     }
   }
-  const int64_t stride = ldc * static_cast<int64_t>(sizeof(int32_t));
   _tile_stored(0, c, stride);
   _tile_stored(1, c + 16, stride);
   if constexpr (Halves == 2) {
@@ -102,12 +111,15 @@ void amx_tiles(const int32_t* a, const int8_t* b, int64_t g0, int64_t g1, int32_
 }
 
 // 16 <= rows <= 32.
-void amx_block(const int32_t* a, int64_t rows, const int8_t* b, int64_t g0, int64_t g1, int32_t* c, int64_t ldc) {
+void amx_block(const int32_t* a, int64_t rows, const int8_t* b, int64_t g0, int64_t g1, bool accumulate, int32_t* c,
+               int64_t ldc) {
   configure_tiles();
-  if (rows == 16) return amx_tiles<1>(a, b, g0, g1, c, ldc);
-  if (rows == 32) return amx_tiles<2>(a, b, g0, g1, c, ldc);
+  if (rows == 16) return amx_tiles<1>(a, b, g0, g1, accumulate, c, ldc);
+  if (rows == 32) return amx_tiles<2>(a, b, g0, g1, accumulate, c, ldc);
   alignas(64) int32_t buffer[kMr * kNr];
-  amx_tiles<2>(a, b, g0, g1, buffer, kNr);
+  if (accumulate)
+    for (int64_t r = 0; r < rows; ++r) std::memcpy(buffer + r * kNr, c + r * ldc, kNr * sizeof(int32_t));
+  amx_tiles<2>(a, b, g0, g1, accumulate, buffer, kNr);
   for (int64_t r = 0; r < rows; ++r) std::memcpy(c + r * ldc, buffer + r * kNr, kNr * sizeof(int32_t));
 }
 
@@ -115,10 +127,15 @@ void amx_block(const int32_t* a, int64_t rows, const int8_t* b, int64_t g0, int6
 // consecutive k-quads so that back-to-back vpdpbusd do not wait on each other (U divides 16).
 // a is row 0's int32s of k-group 0: row r's k-quad q of k-group g at a[g * 512 + 16r + q].
 template <int MR, int U>
-void vnni_rows(const int32_t* a, const int8_t* b, int64_t g0, int64_t g1, int32_t* c, int64_t ldc) {
+void vnni_rows(const int32_t* a, const int8_t* b, int64_t g0, int64_t g1, bool accumulate, int32_t* c, int64_t ldc) {
   __m512i acc[U][MR][2];
   for (int u = 0; u < U; ++u)
     for (int r = 0; r < MR; ++r) acc[u][r][0] = acc[u][r][1] = _mm512_setzero_si512();
+  if (accumulate)
+    for (int r = 0; r < MR; ++r) {
+      acc[0][r][0] = _mm512_loadu_si512(c + r * ldc);
+      acc[0][r][1] = _mm512_loadu_si512(c + r * ldc + 16);
+    }
   for (int64_t g = g0; g < g1; ++g) {
     const int32_t* ag = a + g * kAGroupInt32s;
     const int8_t* bg = b + g * kBGroupBytes;
@@ -146,27 +163,28 @@ void vnni_rows(const int32_t* a, const int8_t* b, int64_t g0, int64_t g1, int32_
 }
 
 // 1 <= rows <= 8.
-void vnni_block(const int32_t* a, int64_t rows, const int8_t* b, int64_t g0, int64_t g1, int32_t* c, int64_t ldc) {
+void vnni_block(const int32_t* a, int64_t rows, const int8_t* b, int64_t g0, int64_t g1, bool accumulate, int32_t* c,
+                int64_t ldc) {
   switch (rows) {
-    case 1: return vnni_rows<1, 4>(a, b, g0, g1, c, ldc);
-    case 2: return vnni_rows<2, 2>(a, b, g0, g1, c, ldc);
-    case 3: return vnni_rows<3, 1>(a, b, g0, g1, c, ldc);
-    case 4: return vnni_rows<4, 1>(a, b, g0, g1, c, ldc);
-    case 5: return vnni_rows<5, 1>(a, b, g0, g1, c, ldc);
-    case 6: return vnni_rows<6, 1>(a, b, g0, g1, c, ldc);
-    case 7: return vnni_rows<7, 1>(a, b, g0, g1, c, ldc);
-    default: return vnni_rows<8, 1>(a, b, g0, g1, c, ldc);
+    case 1: return vnni_rows<1, 4>(a, b, g0, g1, accumulate, c, ldc);
+    case 2: return vnni_rows<2, 2>(a, b, g0, g1, accumulate, c, ldc);
+    case 3: return vnni_rows<3, 1>(a, b, g0, g1, accumulate, c, ldc);
+    case 4: return vnni_rows<4, 1>(a, b, g0, g1, accumulate, c, ldc);
+    case 5: return vnni_rows<5, 1>(a, b, g0, g1, accumulate, c, ldc);
+    case 6: return vnni_rows<6, 1>(a, b, g0, g1, accumulate, c, ldc);
+    case 7: return vnni_rows<7, 1>(a, b, g0, g1, accumulate, c, ldc);
+    default: return vnni_rows<8, 1>(a, b, g0, g1, accumulate, c, ldc);
   }
 }
 
-void kernel_amx(const int32_t* a, int64_t rows, const int8_t* b_panel, int64_t g0, int64_t g1, bool, int32_t* c,
-                int64_t ldc) {
-  if (rows >= 16) return amx_block(a, rows, b_panel, g0, g1, c, ldc);
+void kernel_amx(const int32_t* a, int64_t rows, const int8_t* b_panel, int64_t g0, int64_t g1, bool, bool accumulate,
+                int32_t* c, int64_t ldc) {
+  if (rows >= 16) return amx_block(a, rows, b_panel, g0, g1, accumulate, c, ldc);
   if (rows > 8) {
-    vnni_block(a, 8, b_panel, g0, g1, c, ldc);
-    return vnni_block(a + 8 * kARowInt32s, rows - 8, b_panel, g0, g1, c + 8 * ldc, ldc);
+    vnni_block(a, 8, b_panel, g0, g1, accumulate, c, ldc);
+    return vnni_block(a + 8 * kARowInt32s, rows - 8, b_panel, g0, g1, accumulate, c + 8 * ldc, ldc);
   }
-  vnni_block(a, rows, b_panel, g0, g1, c, ldc);
+  vnni_block(a, rows, b_panel, g0, g1, accumulate, c, ldc);
 }
 
 #include "requantize_avx512.inc"

@@ -27,9 +27,14 @@ namespace {
 constexpr int64_t kMr = 4, kNr = 16;  // kPairsLayout
 
 template <int MR, bool BSigned>
-void micro_tile(const int32_t* a, const int8_t* b, int64_t p0, int64_t p1, int32_t* c, int64_t ldc) {
+void micro_tile(const int32_t* a, const int8_t* b, int64_t p0, int64_t p1, bool accumulate, int32_t* c, int64_t ldc) {
   __m256i acc[MR][2];
   for (int r = 0; r < MR; ++r) acc[r][0] = acc[r][1] = _mm256_setzero_si256();
+  if (accumulate)
+    for (int r = 0; r < MR; ++r) {
+      acc[r][0] = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(c + r * ldc));
+      acc[r][1] = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(c + r * ldc + 8));
+    }
   for (int64_t p = p0; p < p1; ++p) {
     const __m128i* bp = reinterpret_cast<const __m128i*>(b + p * 2 * kNr);
     if (MR <= 2) _mm_prefetch(reinterpret_cast<const char*>(bp) + 1024, _MM_HINT_T0);  // few rows: B streams
@@ -53,8 +58,16 @@ void micro_tile(const int32_t* a, const int8_t* b, int64_t p0, int64_t p1, int32
 // and shuffles the others through spare registers every k-pair; pinned, the same instructions
 // run about 10 % faster.
 template <bool BSigned>
-void micro_tile_4x16(const int32_t* a, const int8_t* b, int64_t p0, int64_t p1, int32_t* c, int64_t ldc) {
+void micro_tile_4x16(const int32_t* a, const int8_t* b, int64_t p0, int64_t p1, bool accumulate, int32_t* c,
+                     int64_t ldc) {
   __m256i s0 = _mm256_setzero_si256(), s1 = s0, s2 = s0, s3 = s0, s4 = s0, s5 = s0, s6 = s0, s7 = s0;
+  if (accumulate) {
+    auto load = [&](int r, int half) {
+      return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(c + r * ldc + 8 * half));
+    };
+    s0 = load(0, 0), s1 = load(0, 1), s2 = load(1, 0), s3 = load(1, 1);
+    s4 = load(2, 0), s5 = load(2, 1), s6 = load(3, 0), s7 = load(3, 1);
+  }
   if (p1 > p0) {
     const int8_t* bp = b + p0 * 2 * kNr;
     const int32_t* ap = a + p0 * kMr;
@@ -102,19 +115,20 @@ void micro_tile_4x16(const int32_t* a, const int8_t* b, int64_t p0, int64_t p1, 
 }
 
 template <bool BSigned>
-void kernel_avx2_t(const int32_t* a, int64_t rows, const int8_t* b, int64_t p0, int64_t p1, int32_t* c, int64_t ldc) {
+void kernel_avx2_t(const int32_t* a, int64_t rows, const int8_t* b, int64_t p0, int64_t p1, bool accumulate, int32_t* c,
+                   int64_t ldc) {
   switch (rows) {
-    case 1: return micro_tile<1, BSigned>(a, b, p0, p1, c, ldc);
-    case 2: return micro_tile<2, BSigned>(a, b, p0, p1, c, ldc);
-    case 3: return micro_tile<3, BSigned>(a, b, p0, p1, c, ldc);
-    default: return micro_tile_4x16<BSigned>(a, b, p0, p1, c, ldc);
+    case 1: return micro_tile<1, BSigned>(a, b, p0, p1, accumulate, c, ldc);
+    case 2: return micro_tile<2, BSigned>(a, b, p0, p1, accumulate, c, ldc);
+    case 3: return micro_tile<3, BSigned>(a, b, p0, p1, accumulate, c, ldc);
+    default: return micro_tile_4x16<BSigned>(a, b, p0, p1, accumulate, c, ldc);
   }
 }
 
 void kernel_avx2(const int32_t* a, int64_t rows, const int8_t* b_panel, int64_t p0, int64_t p1, bool b_signed,
-                 int32_t* c, int64_t ldc) {
-  if (b_signed) kernel_avx2_t<true>(a, rows, b_panel, p0, p1, c, ldc);
-  else kernel_avx2_t<false>(a, rows, b_panel, p0, p1, c, ldc);
+                 bool accumulate, int32_t* c, int64_t ldc) {
+  if (b_signed) kernel_avx2_t<true>(a, rows, b_panel, p0, p1, accumulate, c, ldc);
+  else kernel_avx2_t<false>(a, rows, b_panel, p0, p1, accumulate, c, ldc);
 }
 
 void requantize_row_avx2(const int32_t* acc, const float* multiplier, const int32_t* zp, int64_t count, bool y_signed,

@@ -33,10 +33,15 @@ namespace {
 constexpr int64_t kMr = 8, kNr = 32, kGroupBytes = 128;  // kQuadsLayout
 
 template <int MR, int U>
-void micro_tile(const int32_t* a, const int8_t* b, int64_t g0, int64_t g1, int32_t* c, int64_t ldc) {
+void micro_tile(const int32_t* a, const int8_t* b, int64_t g0, int64_t g1, bool accumulate, int32_t* c, int64_t ldc) {
   __m512i acc[U][MR][2];
   for (int u = 0; u < U; ++u)
     for (int r = 0; r < MR; ++r) acc[u][r][0] = acc[u][r][1] = _mm512_setzero_si512();
+  if (accumulate)
+    for (int r = 0; r < MR; ++r) {
+      acc[0][r][0] = _mm512_loadu_si512(c + r * ldc);
+      acc[0][r][1] = _mm512_loadu_si512(c + r * ldc + 16);
+    }
   int64_t g = g0;
   for (; g + U <= g1; g += U) {
     for (int u = 0; u < U; ++u) {
@@ -69,17 +74,17 @@ void micro_tile(const int32_t* a, const int8_t* b, int64_t g0, int64_t g1, int32
   }
 }
 
-void kernel_vnni(const int32_t* a, int64_t rows, const int8_t* b_panel, int64_t g0, int64_t g1, bool, int32_t* c,
-                 int64_t ldc) {
+void kernel_vnni(const int32_t* a, int64_t rows, const int8_t* b_panel, int64_t g0, int64_t g1, bool, bool accumulate,
+                 int32_t* c, int64_t ldc) {
   switch (rows) {
-    case 1: return micro_tile<1, 4>(a, b_panel, g0, g1, c, ldc);
-    case 2: return micro_tile<2, 2>(a, b_panel, g0, g1, c, ldc);
-    case 3: return micro_tile<3, 1>(a, b_panel, g0, g1, c, ldc);
-    case 4: return micro_tile<4, 1>(a, b_panel, g0, g1, c, ldc);
-    case 5: return micro_tile<5, 1>(a, b_panel, g0, g1, c, ldc);
-    case 6: return micro_tile<6, 1>(a, b_panel, g0, g1, c, ldc);
-    case 7: return micro_tile<7, 1>(a, b_panel, g0, g1, c, ldc);
-    default: return micro_tile<8, 1>(a, b_panel, g0, g1, c, ldc);
+    case 1: return micro_tile<1, 4>(a, b_panel, g0, g1, accumulate, c, ldc);
+    case 2: return micro_tile<2, 2>(a, b_panel, g0, g1, accumulate, c, ldc);
+    case 3: return micro_tile<3, 1>(a, b_panel, g0, g1, accumulate, c, ldc);
+    case 4: return micro_tile<4, 1>(a, b_panel, g0, g1, accumulate, c, ldc);
+    case 5: return micro_tile<5, 1>(a, b_panel, g0, g1, accumulate, c, ldc);
+    case 6: return micro_tile<6, 1>(a, b_panel, g0, g1, accumulate, c, ldc);
+    case 7: return micro_tile<7, 1>(a, b_panel, g0, g1, accumulate, c, ldc);
+    default: return micro_tile<8, 1>(a, b_panel, g0, g1, accumulate, c, ldc);
   }
 }
 

@@ -22,11 +22,13 @@ namespace {
 constexpr int64_t kMr = 4, kNr = 16;  // kPairsLayout
 
 template <class TB>
-void kernel_portable_t(const int32_t* a, int64_t rows, const int8_t* b_panel, int64_t p0, int64_t p1, int32_t* c,
-                       int64_t ldc) {
+void kernel_portable_t(const int32_t* a, int64_t rows, const int8_t* b_panel, int64_t p0, int64_t p1, bool accumulate,
+                       int32_t* c, int64_t ldc) {
   const auto* b = reinterpret_cast<const TB*>(b_panel);
   for (int64_t r = 0; r < rows; ++r) {
     uint32_t acc[kNr] = {};
+    if (accumulate)
+      for (int64_t j = 0; j < kNr; ++j) acc[j] = static_cast<uint32_t>(c[r * ldc + j]);
     for (int64_t p = p0; p < p1; ++p) {
       const uint32_t pair = static_cast<uint32_t>(a[p * kMr + r]);
       const int32_t a0 = static_cast<int16_t>(pair & 0xFFFFu), a1 = static_cast<int16_t>(pair >> 16);
@@ -39,9 +41,9 @@ void kernel_portable_t(const int32_t* a, int64_t rows, const int8_t* b_panel, in
 }
 
 void kernel_portable(const int32_t* a, int64_t rows, const int8_t* b_panel, int64_t p0, int64_t p1, bool b_signed,
-                     int32_t* c, int64_t ldc) {
-  if (b_signed) kernel_portable_t<int8_t>(a, rows, b_panel, p0, p1, c, ldc);
-  else kernel_portable_t<uint8_t>(a, rows, b_panel, p0, p1, c, ldc);
+                     bool accumulate, int32_t* c, int64_t ldc) {
+  if (b_signed) kernel_portable_t<int8_t>(a, rows, b_panel, p0, p1, accumulate, c, ldc);
+  else kernel_portable_t<uint8_t>(a, rows, b_panel, p0, p1, accumulate, c, ldc);
 }
 
 void requantize_row_portable(const int32_t* acc, const float* multiplier, const int32_t* zp, int64_t count,
