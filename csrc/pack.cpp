@@ -10,10 +10,16 @@
 
 namespace qmm {
 
-const QGemmLayout kPairsLayout = {kLayoutPairs, "int16 pairs, 4x16", 4, 16, 2, 1, {0, 0}, {0, 0}};
+// Blocking: AVX2's 4x16 tile keeps its accumulators over all of k (as it was tuned on Zen 3);
+// the VNNI and AMX tiles take k in blocks that keep their A and B blocks in L1/L2 (measured on a
+// Sapphire Rapids class Xeon, docs/benchmarks.md), AMX with the larger tasks its larger L2 holds.
+const QGemmLayout kPairsLayout = {kLayoutPairs, "int16 pairs, 4x16", 4,      16, 2, 1, {0, 0}, {0, 0},
+                                  32,           256 << 10,           1 << 15};
 // uint8 a -> int8 a - 128 and int8 b -> uint8 b + 128: in both cases the byte XOR 0x80.
-const QGemmLayout kQuadsLayout = {kLayoutQuads, "int8 quads, 8x32", 8, 32, 4, 1, {-128, 0}, {0, 128}};
-const QGemmLayout kTilesLayout = {kLayoutTiles, "int8 tiles, 32x32x64", 32, 32, 64, 16, {-128, 0}, {0, 128}};
+const QGemmLayout kQuadsLayout = {kLayoutQuads, "int8 quads, 8x32", 8,  32,        4,  1,
+                                  {-128, 0},    {0, 128},           32, 256 << 10, 512};
+const QGemmLayout kTilesLayout = {
+    kLayoutTiles, "int8 tiles, 32x32x64", 32, 32, 64, 16, {-128, 0}, {0, 128}, 64, 1 << 20, 2048};
 
 namespace {
 

@@ -44,6 +44,10 @@ struct QGemmLayout {
   int64_t a_int32s;    // packed A's int32s per row and k-group: a group of mr rows takes mr * a_int32s per k-group
   // stored = value + offset, by the operand's signedness: [0] unsigned, [1] signed.
   int32_t a_offset[2], b_offset[2];
+  // The driver's blocking for this tile shape (csrc/qlinear_matmul.cpp): rows of A per task (a
+  // multiple of mr), the bytes of B panels per task, and k per kernel call (the kernels add into C
+  // between calls).
+  int64_t task_rows, task_panel_bytes, k_block;
 
   int64_t k_groups(int64_t K) const { return (K + kc - 1) / kc; }
   int64_t n_panels(int64_t N) const { return (N + nr - 1) / nr; }

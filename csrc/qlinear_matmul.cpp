@@ -48,8 +48,6 @@ PackedB pack_b_matrices(const void* b, bool is_signed, int64_t count, int64_t K,
 namespace {
 
 constexpr int64_t kKPerChunk = 1 << 15;  // 2^15 products of at most 255^2 < 2^16: int32 cannot overflow
-constexpr int64_t kKPerBlock = 512;  // k per kernel call: the A and B blocks of a call stay in L1/L2
-constexpr int64_t kPanelBudgetBytes = 256 << 10;  // the B panels of one task stay in L2
 
 // Calls epilogue(batch, m, n0, cols, acc) with the accumulators
 // acc[j] = sum_k (a[m,k] - a_zp[m]) * (b[k,n0+j] - b_zp[n0+j]) for each row m of each block:
@@ -57,7 +55,7 @@ constexpr int64_t kPanelBudgetBytes = 256 << 10;  // the B panels of one task st
 // gives: numerics "onnxruntime" and "onnx-reference") when Acc is int32_t.
 //
 // Work is split into tasks of (matrix, block of rows, block of columns) run on the thread pool. In
-// a task, k goes in blocks of kKPerBlock, each swept over every panel and row group, the kernels
+// a task, k goes in blocks of the layout's k_block, each swept over every panel and row group, the kernels
 // adding into C: a block of A stays in cache across the panels, one of B across the row groups.
 // The zero points come out of the inner loop (docs/quantization.md, "Zero-point terms"). With the
 // layout's stored values a' = a + oa, b' = b + ob and the shifted zero points za' = za + oa,
@@ -77,16 +75,16 @@ void accumulate(const QGemmProblem& p, Epilogue&& epilogue) {
   const int64_t M = p.M, N = p.N, K = p.K, groups = L.k_groups(K), mr = L.mr, nr = L.nr;
   const int64_t a_row = L.a_row_int32s(K);  // packed A's int32s per row
   if (M == 0 || N == 0 || p.batch == 0) return;
-  const int64_t block_rows = std::max<int64_t>(32, 4 * mr);  // rows of a per task: a multiple of mr
+  const int64_t block_rows = L.task_rows;  // the layout's blocking (csrc/qgemm.h)
   const int64_t panels_total = L.n_panels(N);
   const int64_t panel_bytes = L.panel_bytes(K);
   const int64_t panels_per_task =
-      std::max<int64_t>(1, std::min(panels_total, kPanelBudgetBytes / std::max<int64_t>(panel_bytes, 1)));
+      std::max<int64_t>(1, std::min(panels_total, L.task_panel_bytes / std::max<int64_t>(panel_bytes, 1)));
   const int64_t row_blocks = (M + block_rows - 1) / block_rows;
   const int64_t col_blocks = (panels_total + panels_per_task - 1) / panels_per_task;
   // Exact sums fold the int32 kernel sums into int64 every 2^15 k; wrapped ones need not.
   const int64_t groups_per_chunk = kExact ? kKPerChunk / L.kc : std::max<int64_t>(groups, 1);
-  const int64_t groups_per_block = std::max<int64_t>(1, kKPerBlock / L.kc);
+  const int64_t groups_per_block = std::max<int64_t>(1, L.k_block / L.kc);
   const bool chunked = groups > groups_per_chunk;
   const bool b_signed = p.b_packed ? p.b_packed->is_signed : p.b_signed;
   const int64_t oa = L.a_offset[p.a_signed], ob = L.b_offset[b_signed];
