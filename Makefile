@@ -89,7 +89,7 @@ lock:
 	rm -rf .venv-lock
 	$(PYTHON) -m venv .venv-lock
 	.venv-lock/bin/pip install -q --upgrade pip
-	.venv-lock/bin/pip install -q $(BUILD_DEPS)
+	.venv-lock/bin/pip install -q --upgrade $(BUILD_DEPS)
 	.venv-lock/bin/python -c 'import tomllib; p = tomllib.load(open("pyproject.toml", "rb"))["project"]; \
 		print("\n".join(p["dependencies"] + [r for e in ("test", "peers", "models", "bench") \
 		for r in p["optional-dependencies"][e]]))' > .venv-lock/requirements.in
