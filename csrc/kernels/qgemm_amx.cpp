@@ -123,68 +123,22 @@ void amx_block(const int32_t* a, int64_t rows, const int8_t* b, int64_t g0, int6
   for (int64_t r = 0; r < rows; ++r) std::memcpy(c + r * ldc, buffer + r * kNr, kNr * sizeof(int32_t));
 }
 
-// MR (<= 8) rows x 32 columns with vpdpbusd, 2 * MR zmm accumulators per set; U sets take
-// consecutive k-quads so that back-to-back vpdpbusd do not wait on each other (U divides 16).
-// a is row 0's int32s of k-group 0: row r's k-quad q of k-group g at a[g * 512 + 16r + q].
-template <int MR, int U>
-void vnni_rows(const int32_t* a, const int8_t* b, int64_t g0, int64_t g1, bool accumulate, int32_t* c, int64_t ldc) {
-  __m512i acc[U][MR][2];
-  for (int u = 0; u < U; ++u)
-    for (int r = 0; r < MR; ++r) acc[u][r][0] = acc[u][r][1] = _mm512_setzero_si512();
-  if (accumulate)
-    for (int r = 0; r < MR; ++r) {
-      acc[0][r][0] = _mm512_loadu_si512(c + r * ldc);
-      acc[0][r][1] = _mm512_loadu_si512(c + r * ldc + 16);
-    }
-  for (int64_t g = g0; g < g1; ++g) {
-    const int32_t* ag = a + g * kAGroupInt32s;
-    const int8_t* bg = b + g * kBGroupBytes;
-    for (int q = 0; q < 16; q += U) {
-      for (int u = 0; u < U; ++u) {
-        const int8_t* bq = bg + (q + u) * kQuadBytes;
-        const __m512i b0 = _mm512_loadu_si512(bq), b1 = _mm512_loadu_si512(bq + 64);
-        for (int r = 0; r < MR; ++r) {
-          const __m512i av = _mm512_set1_epi32(ag[r * kARowInt32s + q + u]);
-          acc[u][r][0] = _mm512_dpbusd_epi32(acc[u][r][0], b0, av);
-          acc[u][r][1] = _mm512_dpbusd_epi32(acc[u][r][1], b1, av);
-        }
-      }
-    }
-  }
-  for (int r = 0; r < MR; ++r) {
-    __m512i s0 = acc[0][r][0], s1 = acc[0][r][1];
-    for (int u = 1; u < U; ++u) {
-      s0 = _mm512_add_epi32(s0, acc[u][r][0]);
-      s1 = _mm512_add_epi32(s1, acc[u][r][1]);
-    }
-    _mm512_storeu_si512(c + r * ldc, s0);
-    _mm512_storeu_si512(c + r * ldc + 16, s1);
-  }
-}
+#include "vnni_rows.inc"
 
-// 1 <= rows <= 8.
-void vnni_block(const int32_t* a, int64_t rows, const int8_t* b, int64_t g0, int64_t g1, bool accumulate, int32_t* c,
-                int64_t ldc) {
-  switch (rows) {
-    case 1: return vnni_rows<1, 4>(a, b, g0, g1, accumulate, c, ldc);
-    case 2: return vnni_rows<2, 2>(a, b, g0, g1, accumulate, c, ldc);
-    case 3: return vnni_rows<3, 1>(a, b, g0, g1, accumulate, c, ldc);
-    case 4: return vnni_rows<4, 1>(a, b, g0, g1, accumulate, c, ldc);
-    case 5: return vnni_rows<5, 1>(a, b, g0, g1, accumulate, c, ldc);
-    case 6: return vnni_rows<6, 1>(a, b, g0, g1, accumulate, c, ldc);
-    case 7: return vnni_rows<7, 1>(a, b, g0, g1, accumulate, c, ldc);
-    default: return vnni_rows<8, 1>(a, b, g0, g1, accumulate, c, ldc);
-  }
-}
+// kLayoutTiles' A: k-quad Q of row r in k-group Q / 16, at row r's 16 int32s of that group.
+struct TilesA {
+  static int64_t at(int64_t quad, int r) { return quad / 16 * kAGroupInt32s + r * kARowInt32s + quad % 16; }
+};
 
 void kernel_amx(const int32_t* a, int64_t rows, const int8_t* b_panel, int64_t g0, int64_t g1, bool, bool accumulate,
                 int32_t* c, int64_t ldc) {
   if (rows >= 16) return amx_block(a, rows, b_panel, g0, g1, accumulate, c, ldc);
   if (rows > 8) {
-    vnni_block(a, 8, b_panel, g0, g1, accumulate, c, ldc);
-    return vnni_block(a + 8 * kARowInt32s, rows - 8, b_panel, g0, g1, accumulate, c + 8 * ldc, ldc);
+    vnni_rows_upto8<TilesA>(a, 8, b_panel, 16 * g0, 16 * g1, accumulate, c, ldc);
+    return vnni_rows_upto8<TilesA>(a + 8 * kARowInt32s, rows - 8, b_panel, 16 * g0, 16 * g1, accumulate, c + 8 * ldc,
+                                   ldc);
   }
-  vnni_block(a, rows, b_panel, g0, g1, accumulate, c, ldc);
+  vnni_rows_upto8<TilesA>(a, rows, b_panel, 16 * g0, 16 * g1, accumulate, c, ldc);
 }
 
 #include "requantize_avx512.inc"

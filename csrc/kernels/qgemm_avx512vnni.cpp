@@ -6,7 +6,8 @@
 // so vpdpbusd's uint8 x int8 products are exact for every signedness combination: |b' a'| <=
 // 255 * 128, and four of them summed into an int32 lane.
 //
-// Micro-tile: MR (<= 8) rows x 32 columns in 2 * MR zmm accumulators:
+// Micro-tile (kernels/vnni_rows.inc, shared with the AMX file's few-row path): MR (<= 8) rows x 32
+// columns in 2 * MR zmm accumulators:
 //   per k-group g:  b0 = B[g][cols 0..15], b1 = B[g][cols 16..31]          (64 bytes each)
 //                   for each row r: a = broadcast(A[g][r]);  acc[r][0] += dpbusd(b0, a); acc[r][1] += dpbusd(b1, a)
 // With one or two rows, the k loop keeps two sets of accumulators (even and odd g) so that
@@ -30,62 +31,18 @@
 namespace qmm {
 namespace {
 
-constexpr int64_t kMr = 8, kNr = 32, kGroupBytes = 128;  // kQuadsLayout
+constexpr int64_t kMr = 8;  // kQuadsLayout: rows per A group (a k-group is one k-quad)
 
-template <int MR, int U>
-void micro_tile(const int32_t* a, const int8_t* b, int64_t g0, int64_t g1, bool accumulate, int32_t* c, int64_t ldc) {
-  __m512i acc[U][MR][2];
-  for (int u = 0; u < U; ++u)
-    for (int r = 0; r < MR; ++r) acc[u][r][0] = acc[u][r][1] = _mm512_setzero_si512();
-  if (accumulate)
-    for (int r = 0; r < MR; ++r) {
-      acc[0][r][0] = _mm512_loadu_si512(c + r * ldc);
-      acc[0][r][1] = _mm512_loadu_si512(c + r * ldc + 16);
-    }
-  int64_t g = g0;
-  for (; g + U <= g1; g += U) {
-    for (int u = 0; u < U; ++u) {
-      const int8_t* bp = b + (g + u) * kGroupBytes;
-      const __m512i b0 = _mm512_loadu_si512(bp), b1 = _mm512_loadu_si512(bp + 64);
-      for (int r = 0; r < MR; ++r) {
-        const __m512i av = _mm512_set1_epi32(a[(g + u) * kMr + r]);
-        acc[u][r][0] = _mm512_dpbusd_epi32(acc[u][r][0], b0, av);
-        acc[u][r][1] = _mm512_dpbusd_epi32(acc[u][r][1], b1, av);
-      }
-    }
-  }
-  for (; g < g1; ++g) {  // U > 1: the odd k-group left over
-    const int8_t* bp = b + g * kGroupBytes;
-    const __m512i b0 = _mm512_loadu_si512(bp), b1 = _mm512_loadu_si512(bp + 64);
-    for (int r = 0; r < MR; ++r) {
-      const __m512i av = _mm512_set1_epi32(a[g * kMr + r]);
-      acc[0][r][0] = _mm512_dpbusd_epi32(acc[0][r][0], b0, av);
-      acc[0][r][1] = _mm512_dpbusd_epi32(acc[0][r][1], b1, av);
-    }
-  }
-  for (int r = 0; r < MR; ++r) {
-    __m512i s0 = acc[0][r][0], s1 = acc[0][r][1];
-    for (int u = 1; u < U; ++u) {
-      s0 = _mm512_add_epi32(s0, acc[u][r][0]);
-      s1 = _mm512_add_epi32(s1, acc[u][r][1]);
-    }
-    _mm512_storeu_si512(c + r * ldc, s0);
-    _mm512_storeu_si512(c + r * ldc + 16, s1);
-  }
-}
+#include "vnni_rows.inc"
+
+// kLayoutQuads' A: k-quad Q of row r at Q * 8 + r.
+struct QuadsA {
+  static int64_t at(int64_t quad, int r) { return quad * kMr + r; }
+};
 
 void kernel_vnni(const int32_t* a, int64_t rows, const int8_t* b_panel, int64_t g0, int64_t g1, bool, bool accumulate,
                  int32_t* c, int64_t ldc) {
-  switch (rows) {
-    case 1: return micro_tile<1, 4>(a, b_panel, g0, g1, accumulate, c, ldc);
-    case 2: return micro_tile<2, 2>(a, b_panel, g0, g1, accumulate, c, ldc);
-    case 3: return micro_tile<3, 1>(a, b_panel, g0, g1, accumulate, c, ldc);
-    case 4: return micro_tile<4, 1>(a, b_panel, g0, g1, accumulate, c, ldc);
-    case 5: return micro_tile<5, 1>(a, b_panel, g0, g1, accumulate, c, ldc);
-    case 6: return micro_tile<6, 1>(a, b_panel, g0, g1, accumulate, c, ldc);
-    case 7: return micro_tile<7, 1>(a, b_panel, g0, g1, accumulate, c, ldc);
-    default: return micro_tile<8, 1>(a, b_panel, g0, g1, accumulate, c, ldc);
-  }
+  vnni_rows_upto8<QuadsA>(a, rows, b_panel, g0, g1, accumulate, c, ldc);
 }
 
 #include "requantize_avx512.inc"
