@@ -63,6 +63,7 @@ void reference_product(const QGemmDispatch& q, const uint8_t* a, bool a_signed, 
   const int64_t ldc = L.n_panels(N) * L.nr;
   std::vector<int32_t> c32(static_cast<size_t>(L.mr * ldc));
   const int64_t oa = L.a_offset[a_signed], ob = L.b_offset[b_signed], groups = L.k_groups(K);
+  if (q.begin_task) q.begin_task();
   for (int64_t m0 = 0; m0 < M; m0 += L.mr) {
     const int64_t rows = std::min(L.mr, M - m0);
     for (int64_t j = 0; j < L.n_panels(N); ++j)

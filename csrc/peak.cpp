@@ -13,12 +13,15 @@ namespace qmm {
 double measure_peak_gops(double seconds) {
   const QGemmDispatch& q = qgemm_kernels();
   const QGemmLayout& L = *q.layout;
-  constexpr int64_t K = 512;  // A mr x 512 and B 4 panels x 512: L1/L2 resident
+  // A mr x K and B 128 columns x K, L1/L2 resident; AMX's k-groups are 64 deep: a call takes the
+  // k of its driver's calls (2,048) to reach its steady state.
+  const int64_t K = L.kc >= 64 ? 2048 : 512;
   const int64_t panels = 128 / L.nr, groups = L.k_groups(K);
   const int threads = get_num_threads();
   std::atomic<int64_t> tiles{0};
   const auto start = std::chrono::steady_clock::now();
   parallel_for(threads, [&](int64_t) {
+    if (q.begin_task) q.begin_task();
     std::vector<int32_t> a(static_cast<size_t>(L.packed_a_int32s(L.mr, K)), 0x01010101);
     std::vector<int8_t> b(static_cast<size_t>(panels * L.panel_bytes(K)), 1);
     std::vector<int32_t> c(static_cast<size_t>(L.mr * panels * L.nr));

@@ -120,6 +120,7 @@ void accumulate(const QGemmProblem& p, Epilogue&& epilogue) {
     const int32_t* a_block = a_packed.data() + (ia * m_padded + m0) * a_row;
     const int64_t* rowsum = rowsums.data() + ia * M + m0;
 
+    if (q.begin_task) q.begin_task();
     thread_local std::vector<int32_t> c32;
     thread_local std::vector<int64_t> c64;
     thread_local std::vector<Acc> acc, zb_stored, colsum_stored;

@@ -17,9 +17,10 @@
 // Fewer than 16 rows (M = 1 decode, say) would waste most of a tile's work: those take vpdpbusd
 // on the same layout (B's k-quads are kLayoutQuads' 128-byte groups), up to 8 rows at a time.
 //
-// The tile configuration is loaded whenever the thread's current one differs from ours (checked
-// with _tile_storeconfig at each call), not once per thread: other AMX code on the same thread
-// (ONNX Runtime's, in the same process) may have loaded its own in between. Linux's permission for
+// The tile configuration is loaded whenever the thread's current one differs from ours, checked
+// (_tile_storeconfig) at the start of each task (the entry's begin_task, which the driver calls
+// before a task's kernel calls), not once per thread: other AMX code on the same thread (ONNX
+// Runtime's, in the same process) may have loaded its own between two of our tasks. Linux's permission for
 // the tile data (arch_prctl) is asked for at feature detection (csrc/cpu_features.cpp).
 //
 // Built twice (CMakeLists.txt): natively with -mamx-tile -mamx-int8 -mavx512*, and with
@@ -113,7 +114,6 @@ void amx_tiles(const int32_t* a, const int8_t* b, int64_t g0, int64_t g1, bool a
 // 16 <= rows <= 32.
 void amx_block(const int32_t* a, int64_t rows, const int8_t* b, int64_t g0, int64_t g1, bool accumulate, int32_t* c,
                int64_t ldc) {
-  configure_tiles();
   if (rows == 16) return amx_tiles<1>(a, b, g0, g1, accumulate, c, ldc);
   if (rows == 32) return amx_tiles<2>(a, b, g0, g1, accumulate, c, ldc);
   alignas(64) int32_t buffer[kMr * kNr];
@@ -159,6 +159,7 @@ const QGemmDispatch kQGemm = {
     .pack_b_panels = pack_b_tiles,
     .kernel = kernel_amx,
     .requantize_onnxruntime = requantize_row_avx512,
+    .begin_task = configure_tiles,
 };
 
 }  // namespace

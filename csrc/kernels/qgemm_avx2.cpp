@@ -202,6 +202,7 @@ const QGemmDispatch kQGemm = {
     .pack_b_panels = pack_b_pairs,
     .kernel = kernel_avx2,
     .requantize_onnxruntime = requantize_row_avx2,
+    .begin_task = nullptr,
 };
 const NBitsDispatch kNBits = {
     .info = kInfo,

@@ -61,6 +61,7 @@ const QGemmDispatch kQGemm = {
     .pack_b_panels = pack_b_quads,
     .kernel = kernel_vnni,
     .requantize_onnxruntime = requantize_row_avx512,
+    .begin_task = nullptr,
 };
 
 }  // namespace

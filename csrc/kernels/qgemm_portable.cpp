@@ -114,6 +114,7 @@ const QGemmDispatch kPortableQGemm = {
     .pack_b_panels = pack_b_pairs,
     .kernel = kernel_portable,
     .requantize_onnxruntime = requantize_row_portable,
+    .begin_task = nullptr,
 };
 const NBitsDispatch kPortableNBits = {
     .info = {.name = "portable", .isa = Isa::kPortable, .needs = 0, .emulated = false},
