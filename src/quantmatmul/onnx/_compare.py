@@ -80,7 +80,7 @@ class CompareReport:
         )
         bad = self.differing_nodes
         summary = (
-            f"{len(self.rows)} quantized nodes compared with ONNX Runtime {self.onnxruntime_version} "
+            f"{len(self.rows)} quantized node{'s' if len(self.rows) != 1 else ''} compared with ONNX Runtime {self.onnxruntime_version} "
             f"(quantmatmul numerics={self.numerics!r}): "
             + ("all agree" if not bad else f"{len(bad)} differ: {', '.join(n or '(unnamed)' for n in bad)}")
         )
