@@ -299,12 +299,18 @@ def test_session_on_matmul_nbits_within_the_documented_bound():
     assert [(a.name, a.shape, a.type) for a in session.get_outputs()] == [("h", ["batch", 48], "tensor(float)")]
     (ours,) = session.run(None, feed)
     (theirs,) = run_ort(q, feed)
+    assert held(session) == [quantmatmul.MatMulNBits]  # the constant weight is held, prepared once
     inits = {t.name: numpy_helper.to_array(t) for t in q.graph.initializer}
     args = (feed["x"], inits["W1_Q4"], inits["W1_scales"], inits["W1_zero_points"])
     layout = dict(K=200, N=48, bits=4, block_size=32)
     exact = oracle.matmul_nbits(*args, **layout)
     bound = oracle.error_bound(*args, **layout, level=4, out_dtype=F32)
     assert np.all(np.abs(ours - exact) <= bound) and np.all(np.abs(theirs - exact) <= bound)
+
+
+def held(session):
+    """The classes of the weights the session's QLinearMatMul / MatMulNBits nodes hold (packed once)."""
+    return [type(op._held) for op in session._evaluator.rt_nodes_ if op.op_type in ("QLinearMatMul", "MatMulNBits")]
 
 
 class Batches:
@@ -402,6 +408,7 @@ def test_session_on_quantize_static(kind, activation, tmp_path):
     (theirs,) = run_ort(model, feed)
     if kind == "qoperator":  # integer all the way: bit for bit
         assert ours.tobytes() == theirs.tobytes()
+        assert held(qo.InferenceSession(model)) == [quantmatmul.QLinearMatMul] * 2
     else:
         # ORT fuses DQ -> MatMul -> Q into an integer QLinearMatMul; the graph as written rounds a float32
         # sum instead: at most one step of the output's scale apart

@@ -99,7 +99,7 @@ def quantize_model(
     model, *, bits=4, block_size=128, method="mse", symmetric=False, accuracy_level=None, exclude=(), progress=None
 ):
     """quantize() that also returns what it did: ``(model, [QuantizedNode | SkippedNode, ...])``.
-    progress, if given, is called as ``progress(done, total, node_name)`` before each weight is quantized."""
+    progress, if given, is called as ``progress(done, total, node_name)`` before each MatMul / Gemm not excluded."""
     settings = _settings(bits, block_size, method, symmetric, accuracy_level, exclude)
     model = load_model(_FN, model, copy=True)
     known = _node_names(model.graph)
@@ -264,6 +264,9 @@ class _Job:
         return [node]
 
     def _node(self, node, stack):
+        if self.progress is not None:
+            self.progress(self.done, self.total, node.name)
+        self.done += 1
         if len(node.input) < 2:
             return self._skip(node, "fewer than two inputs")
         found = _initializer(node.input[1], stack)
@@ -294,12 +297,9 @@ class _Job:
         weight = self.weights.get(key)
         shared = weight is not None
         if weight is None:
-            if self.progress is not None:
-                self.progress(self.done, self.total, node.name)
             weight = self._quantize_weight(W, tensor.name, owner, trans_b, alpha)
             self.weights[key] = weight
             self.replaced.setdefault(id(owner), (owner, set()))[1].add(tensor.name)
-        self.done += 1
         # ORT's tool removes B from the graph inputs of the graph that holds it
         for vi in owner.input:
             if vi.name == tensor.name:

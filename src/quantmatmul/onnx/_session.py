@@ -68,9 +68,6 @@ class InferenceSession:
     def get_outputs(self) -> list[NodeArg]:
         return list(self._outputs)
 
-    def get_modelmeta(self):
-        return self._model.metadata_props
-
     def run(self, output_names, input_feed, run_options=None) -> list[np.ndarray]:
         fn = "InferenceSession.run"
         names = [o.name for o in self._outputs]
