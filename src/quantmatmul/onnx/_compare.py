@@ -381,8 +381,11 @@ def _check_nbits(node, inputs, outputs, numerics):
     weights = (inputs + [None] * 6)[1:6]
     ours = matmul_nbits(A, *weights, **layout, accuracy_level=level)
     theirs = np.asarray(outputs[0])
-    exact = nbits_oracle.matmul_nbits(A, *weights, **layout)
-    bound = nbits_oracle.error_bound(A, *weights, **layout, level=level, out_dtype=A.dtype)
+    decoded = nbits_oracle.Decoded(*weights[:4], **layout)
+    exact = nbits_oracle.matmul_nbits(A, *weights, **layout, decoded=decoded)
+    bound = nbits_oracle.error_bound(
+        A, *weights, **layout, level=level, out_dtype=A.dtype, decoded=decoded, exact=exact
+    )
     o64, t64 = ours.astype(np.float64), theirs.astype(np.float64)
     ratio = (
         max(float(np.nanmax(np.abs(o64 - exact) / bound)), float(np.nanmax(np.abs(t64 - exact) / bound)))
