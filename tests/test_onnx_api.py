@@ -344,9 +344,14 @@ def ort_quantized(kind, tmp_path, **options):
     return onnx.load(dst)
 
 
-def test_session_on_quantize_dynamic(tmp_path):
-    # reduce_range keeps weights in 7 bits, where ORT's u8·s8 kernel cannot saturate: bit for bit everywhere
-    model = ort_quantized("dynamic", tmp_path, reduce_range=SATURATES)
+@pytest.mark.parametrize("per_channel", [False, True])
+def test_session_on_quantize_dynamic(per_channel, tmp_path):
+    from onnxruntime.quantization import QuantType
+
+    # int8 weights: reduce_range keeps them in 7 bits, where ORT's u8·s8 kernel cannot saturate; per channel:
+    # uint8 weights (u8·u8, per-column zero points). Bit for bit everywhere.
+    options = {"weight_type": QuantType.QUInt8, "per_channel": True} if per_channel else {"reduce_range": SATURATES}
+    model = ort_quantized("dynamic", tmp_path, **options)
     assert {"MatMulInteger", "DynamicQuantizeLinear"} <= {n.op_type for n in model.graph.node}
     exposed = expose(model, ("MatMulInteger", "DynamicQuantizeLinear"))
     feed = x_for(model, batch=6)
@@ -390,16 +395,20 @@ def test_compare_names_saturated_nodes(tmp_path):
 
 @pytest.mark.parametrize("kind", ["qoperator", "qdq"])
 @pytest.mark.parametrize("activation", ["QInt8", "QUInt8"])
-def test_session_on_quantize_static(kind, activation, tmp_path):
+@pytest.mark.parametrize("per_channel", [False, True])
+def test_session_on_quantize_static(kind, activation, per_channel, tmp_path):
     from onnxruntime.quantization import QuantType
 
-    u8s8 = activation == "QUInt8"
+    # On CPUs where ORT's u8·s8 kernel saturates, 7-bit weights (reduce_range): uint8 activations go through
+    # that kernel, and so do int8 ones in ORT's fused QDQ path (a per-channel int8 QDQ model without
+    # reduce_range came out 6.6 % off quantmatmul and off ORT's own unfused run, which agree bit for bit)
     model = ort_quantized(
         kind,
         tmp_path,
+        per_channel=per_channel,
         activation_type=getattr(QuantType, activation),
         weight_type=QuantType.QInt8,
-        reduce_range=u8s8 and SATURATES,
+        reduce_range=SATURATES,
     )
     ops = {n.op_type for n in model.graph.node}
     assert ("QLinearMatMul" in ops) == (kind == "qoperator") and "QuantizeLinear" in ops
@@ -411,9 +420,13 @@ def test_session_on_quantize_static(kind, activation, tmp_path):
         assert held(qo.InferenceSession(model)) == [quantmatmul.QLinearMatMul] * 2
     else:
         # ORT fuses DQ -> MatMul -> Q into an integer QLinearMatMul; the graph as written rounds a float32
-        # sum instead: at most one step of the output's scale apart
-        scale = numpy_helper.to_array([t for t in model.graph.initializer if t.name == "y_scale"][0])
-        assert np.abs(ours - theirs).max() <= scale * 1.0001
+        # sum instead: the first layer's quantized output at most one step apart (later layers carry it on)
+        (first,) = [n.output[0] for n in model.graph.node if n.op_type == "QuantizeLinear" and n.input[0] == "r"]
+        exposed = expose(model, ())
+        exposed.graph.output.append(onnx.ValueInfoProto(name=first))
+        a, b = qo.InferenceSession(exposed).run([first], feed)[0], run_ort(exposed, feed)[1]
+        assert np.abs(a.astype(int) - b.astype(int)).max() <= 1
+        assert np.linalg.norm(ours - theirs) <= 0.05 * np.linalg.norm(theirs)
     report = qo.compare(model, feed, numerics="onnxruntime")
     assert report.ok, str(report)
     quantized = [n.name for n in model.graph.node if n.op_type in qo._compare.COMPARED]
