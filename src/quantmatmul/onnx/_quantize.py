@@ -330,7 +330,9 @@ class _Job:
         product = self.unique(node.output[0] + f"_Q{self.s.bits}")
         return [
             helper.make_node("MatMulNBits", inputs, [product], name=name, domain=MS_DOMAIN, **attrs),
-            helper.make_node("Add", [product, c], [node.output[0]], name=(node.name + "_bias") if node.name else ""),
+            helper.make_node(
+                "Add", [product, c], [node.output[0]], name=self.unique(node.name + "_bias") if node.name else ""
+            ),
         ]
 
     def _quantize_weight(self, W, name, owner, trans_b, alpha) -> _Weight:
