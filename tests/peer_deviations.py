@@ -54,42 +54,56 @@ CPU_CONDITIONS = {"x86 with AVX2, without VNNI": _ort_u8s8_kernel_saturates}
 
 DEVIATIONS = {
     # ONNX Runtime, QLinearMatMul
-    "ort-qlinear-k0": Deviation("onnxruntime", "QLinearMatMul with K = 0 returns uninitialized values, not y_zero_point"),
+    "ort-qlinear-k0": Deviation(
+        "onnxruntime", "QLinearMatMul with K = 0 returns uninitialized values, not y_zero_point"
+    ),
     "ort-qlinear-u8s8-int16": Deviation(
-        "onnxruntime", "QLinearMatMul u8·s8 saturates int16 pair sums (onnxruntime#16105)",
-        cpu="x86 with AVX2, without VNNI"),
+        "onnxruntime",
+        "QLinearMatMul u8·s8 saturates int16 pair sums (onnxruntime#16105)",
+        cpu="x86 with AVX2, without VNNI",
+    ),
     # ONNX Runtime, MatMulNBits
     "ort-nbits-8bit-float-zp": Deviation("onnxruntime", "MatMulNBits refuses 8-bit weights with float zero points"),
     "ort-nbits-g-idx-uint8-zp": Deviation("onnxruntime", "MatMulNBits 4-bit with g_idx ignores uint8 zero points"),
     "ort-nbits-2bit-g-idx": Deviation("onnxruntime", "MatMulNBits 2-bit with g_idx decodes B as 4-bit codes"),
     "ort-nbits-8bit-g-idx": Deviation("onnxruntime", "MatMulNBits refuses 8-bit weights with g_idx"),
     "ort-nbits-block-over-256": Deviation(
-        "onnxruntime", "MatMulNBits refuses block_size > 256 (4 and 8 bits, no g_idx)", fixed_in="1.32.0"),
+        "onnxruntime", "MatMulNBits refuses block_size > 256 (4 and 8 bits, no g_idx)", fixed_in="1.32.0"
+    ),
     "ort-nbits-block-over-256-2bit": Deviation("onnxruntime", "MatMulNBits refuses block_size > 256 at 2 bits"),
     "ort-nbits-block-over-256-g-idx": Deviation("onnxruntime", "MatMulNBits refuses block_size > 256 with g_idx"),
     "ort-nbits-bits": Deviation("onnxruntime", "MatMulNBits refuses bits 3, 5, 6 and 7"),
     "ort-nbits-bfloat16": Deviation("onnxruntime", "MatMulNBits has no bfloat16 A on the CPU EP"),
     "ort-quantizer-block-over-256": Deviation("onnxruntime", "MatMulNBits quantizer refuses block_size > 256"),
     "ort-quantizer-inf-scale": Deviation(
-        "onnxruntime", "MatMulNBits quantizer: a block spanning +-FLT_MAX gets an infinite scale"),
+        "onnxruntime", "MatMulNBits quantizer: a block spanning +-FLT_MAX gets an infinite scale"
+    ),
     # ONNX Runtime, QuantizeLinear / DequantizeLinear
     "ort-quantize-int32": Deviation(
-        "onnxruntime", "QuantizeLinear's float16, blocked and int4 kernels convert through int32 (+Inf -> minimum)",
-        fixed_in="1.32.0"),
+        "onnxruntime",
+        "QuantizeLinear's float16, blocked and int4 kernels convert through int32 (+Inf -> minimum)",
+        fixed_in="1.32.0",
+    ),
     "ort-quantize-dtypes": Deviation(
-        "onnxruntime", "Quantize/DequantizeLinear refuse bfloat16 and float64, and scales of another dtype than x"),
+        "onnxruntime", "Quantize/DequantizeLinear refuse bfloat16 and float64, and scales of another dtype than x"
+    ),
     "ort-quantize-blocked-scale-1": Deviation(
-        "onnxruntime", "Quantize/DequantizeLinear refuse a blocked scale of shape (1,) (taken as per-tensor)"),
+        "onnxruntime", "Quantize/DequantizeLinear refuse a blocked scale of shape (1,) (taken as per-tensor)"
+    ),
     "ort-float8-zero-point": Deviation(
-        "onnxruntime", "QuantizeLinear ignores nonzero float8 zero points; DequantizeLinear refuses them, -0 too"),
+        "onnxruntime", "QuantizeLinear ignores nonzero float8 zero points; DequantizeLinear refuses them, -0 too"
+    ),
     "ort-float8-unsaturated-quirks": Deviation(
-        "onnxruntime", "QuantizeLinear saturate=0: e4m3fn [480, 496) -> +-448, e5m2 [61440, 65536) -> NaN"),
+        "onnxruntime", "QuantizeLinear saturate=0: e4m3fn [480, 496) -> +-448, e5m2 [61440, 65536) -> NaN"
+    ),
     # onnx.reference
     "onnx-qlinear-1d-shape": Deviation("onnx", "QLinearMatMul 1-D x 1-D with [1]-shaped scales returns shape (1,)"),
     "onnx-quantize-int32": Deviation(
-        "onnx", "QuantizeLinear converts through int32 (+Inf -> minimum, NaN wraps with a negative zero point)"),
+        "onnx", "QuantizeLinear converts through int32 (+Inf -> minimum, NaN wraps with a negative zero point)"
+    ),
     "onnx-quantize-16-bit-division": Deviation(
-        "onnx", "QuantizeLinear divides float16 and bfloat16 in 16 bits (the quotient rounded twice)"),
+        "onnx", "QuantizeLinear divides float16 and bfloat16 in 16 bits (the quotient rounded twice)"
+    ),
     "onnx-e5m2-nan": Deviation("onnx", "QuantizeLinear gives 0x7E/0xFE for NaN in float8e5m2 (onnxruntime 0x7F/0xFF)"),
     "onnx-float8-zero-point": Deviation("onnx", "QuantizeLinear ignores nonzero float8 zero points"),
 }
@@ -141,7 +155,8 @@ def deviation(key: str, present: bool) -> bool:
         raise AssertionError(
             f"{dev.peer} {installed(dev.peer)} (the pinned version): '{dev.what}' is documented as "
             f"{'holding' if expected else 'not holding'} here but {'holds' if present else 'does not'}: "
-            f"update tests/peer_deviations.py, the README's peer tables and docs/")
+            f"update tests/peer_deviations.py, the README's peer tables and docs/"
+        )
     return bool(present)
 
 
@@ -187,6 +202,8 @@ def summary_lines() -> list[str]:
         lines += [f"  {statuses[k]:<{width}}  {DEVIATIONS[k].what}" for k in keys]
         changed = [k for k in keys if statuses[k].split()[0] in ("GONE", "BACK", "MIXED")]
         if changed:
-            lines.append(f"  {len(changed)} changed in {peer} {version}: update tests/peer_deviations.py, "
-                         f"the README's peer tables and docs/")
+            lines.append(
+                f"  {len(changed)} changed in {peer} {version}: update tests/peer_deviations.py, "
+                f"the README's peer tables and docs/"
+            )
     return lines

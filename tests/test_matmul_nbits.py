@@ -490,6 +490,7 @@ def test_float_zero_points_in_bfloat16_and_float16_scales_are_accepted():
 
 ort = pytest.importorskip("onnxruntime")
 from peer_deviations import deviation, peer_refuses, pinned  # noqa: E402
+
 from quantmatmul.peers import run_matmul_nbits_onnxruntime  # noqa: E402
 
 ort.set_default_logger_severity(4)
@@ -525,7 +526,8 @@ def test_onnxruntime_agrees_within_the_documented_bounds(bits):
         if bits == 8 and zp == "float":
             # Deviation: ORT has no 8-bit float-zero-point kernel (1.32 refuses the model, 1.31 refused the run
             # with "Only 2b and 4b quantization is supported")
-            refused, y_ort = peer_refuses("ort-nbits-8bit-float-zp", lambda: run_ort(case, level), EIGHT_BIT_FLOAT_ZP)
+            run = lambda case=case, level=level: run_ort(case, level)
+            refused, y_ort = peer_refuses("ort-nbits-8bit-float-zp", run, EIGHT_BIT_FLOAT_ZP)
             if refused:
                 continue
         else:
@@ -613,7 +615,7 @@ def test_onnxruntime_deviation_block_sizes_above_256(block_size):
                     key = "ort-nbits-block-over-256-2bit" if bits == 2 else "ort-nbits-block-over-256"
                     message = ("2-bit MatMulNBits block_size must not exceed 256" if bits == 2
                                else "Only block sizes 16, 32, 64, 128, and 256 are supported")
-                    refused, y_ort = peer_refuses(key, lambda: run_ort(case, level), message)
+                    refused, y_ort = peer_refuses(key, lambda case=case, level=level: run_ort(case, level), message)
                     if refused:
                         continue
                     assert_within(y_ort, case.exact(), case.bound(level), f"ORT {case} level {level} vs exact")

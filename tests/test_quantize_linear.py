@@ -16,8 +16,8 @@ onnx = pytest.importorskip("onnx")
 ort = pytest.importorskip("onnxruntime")
 from onnx import TensorProto, helper, numpy_helper  # noqa: E402
 from onnx.reference import ReferenceEvaluator  # noqa: E402
-
 from peer_deviations import deviation, documented, peer_refuses  # noqa: E402
+
 from quantmatmul.quantize_linear import dequantize_linear, quantize_linear  # noqa: E402
 
 ort.set_default_logger_severity(4)
@@ -527,9 +527,11 @@ def test_documented_integer_saturation_divergences_are_real():
     minimum, maximum = np.full((1, 2), -128, np.int8), np.full((1, 2), 127, np.int8)
     # we saturate as the spec says, whatever the layout, and give NaN the type minimum; so does onnxruntime's
     # per-tensor float32 kernel (MLAS)
-    for ours in (quantize_linear(x, np.float32(1), np.int8(0)), quantize_linear(x, one, zero, **blocked),
-                 quantize_linear(x16, np.float16(1), np.int8(0)), run_ort("QuantizeLinear", x, np.float32(1), np.int8(0))):
-        assert_same_bits(ours, spec)
+    saturated = [quantize_linear(x, np.float32(1), np.int8(0)), quantize_linear(x, one, zero, **blocked),
+                 quantize_linear(x16, np.float16(1), np.int8(0)),
+                 run_ort("QuantizeLinear", x, np.float32(1), np.int8(0))]
+    for out in saturated:
+        assert_same_bits(out, spec)
     assert_same_bits(quantize_linear(nan, np.float32(1), np.int8(-1)), minimum)
     assert_same_bits(run_ort("QuantizeLinear", nan, np.float32(1), np.int8(-1)), minimum)
     # the reference converts through int32 first (INT32_MIN for +Inf; NaN with a negative zero point wraps)
@@ -588,7 +590,7 @@ def test_peers_ignore_or_reject_nonzero_float8_zero_points_and_we_reject():
     # ... and onnxruntime rejects it when dequantizing, -0 as well
     q = x.astype(E4M3FN)
     for bad in (zp, np.array(-0.0, E4M3FN)):
-        peer_refuses("ort-float8-zero-point", lambda: run_ort("DequantizeLinear", q, np.float32(1), bad),
+        peer_refuses("ort-float8-zero-point", lambda bad=bad: run_ort("DequantizeLinear", q, np.float32(1), bad),
                      "should have no zero point or all zero points should be 0")
         with pytest.raises(ValueError, match=r"^dequantize_linear: .*float8 zero point must be \+0"):
             dequantize_linear(q, np.float32(1), bad)

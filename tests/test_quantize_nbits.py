@@ -388,7 +388,7 @@ def test_onnxruntime_matmulnbits_runs_the_weight(bits):
                                       [helper.make_tensor_value_info("Y", TensorProto.FLOAT, [M, N])], inits)
             opsets = [helper.make_opsetid("", 21), helper.make_opsetid("com.microsoft", 1)]
             model = helper.make_model(graph, opset_imports=opsets, ir_version=10)
-            def run():
+            def run(model=model):
                 session = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
                 return session.run(None, {"A": A})[0]
 

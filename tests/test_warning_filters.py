@@ -18,16 +18,25 @@ def warn_from(module: str, category: type[Warning], message: str = "a warning") 
     return [str(w.message) for w in shown]
 
 
-@pytest.mark.parametrize("module", ["onnx.backend.test.case.node.reshape", "onnx", "numpy._core.fromnumeric",
-                                    "hypothesis.strategies._internal.core", "onnxruntime.capi.onnxruntime_inference_collection"])
+@pytest.mark.parametrize(
+    "module",
+    [
+        "onnx.backend.test.case.node.reshape",
+        "onnx",
+        "numpy._core.fromnumeric",
+        "hypothesis.strategies._internal.core",
+        "onnxruntime.capi.onnxruntime_inference_collection",
+    ],
+)
 @pytest.mark.parametrize("category", [DeprecationWarning, PendingDeprecationWarning, FutureWarning])
 def test_third_party_deprecations_are_shown_not_raised(module, category):
     # e.g. numpy 2.5 deprecating `a.shape = ...` inside onnx's backend test cases, at collection
     assert warn_from(module, category, NUMPY_2_5) == [NUMPY_2_5]
 
 
-@pytest.mark.parametrize("module", ["quantmatmul.qlinear", "quantmatmul", "test_quantize_linear", "onnx_backend",
-                                    "conftest", "onnxfoo"])
+@pytest.mark.parametrize(
+    "module", ["quantmatmul.qlinear", "quantmatmul", "test_quantize_linear", "onnx_backend", "conftest", "onnxfoo"]
+)
 @pytest.mark.parametrize("category", [DeprecationWarning, FutureWarning, RuntimeWarning, UserWarning])
 def test_our_warnings_are_errors(module, category):
     with pytest.raises(category):
