@@ -150,8 +150,19 @@ Selection select(Isa isa, bool emulated) {
   return {isa, emulated, pick(r.qgemm, isa, emulated), pick(r.nbits, isa, emulated), pick(r.float8, isa, emulated)};
 }
 
+// One selection per (level, emulated), made on first use and kept for the process: a call still
+// running on the previous one keeps valid entries, and switching back and forth allocates nothing.
+const Selection* interned(Isa isa, bool emulated) {
+  static std::mutex mutex;
+  static const Selection* made[4][2] = {};
+  std::lock_guard<std::mutex> lock(mutex);
+  const Selection*& slot = made[static_cast<int>(isa)][emulated];
+  if (!slot) slot = new Selection(select(isa, emulated));
+  return slot;
+}
+
 std::atomic<const Selection*>& current() {
-  static std::atomic<const Selection*> selection{new Selection(select(best_isa(), false))};
+  static std::atomic<const Selection*> selection{interned(best_isa(), false)};
   return selection;
 }
 
@@ -189,8 +200,7 @@ Isa best_isa() {
 
 bool set_isa(Isa isa, bool emulated) {
   if (!isa_available(isa, emulated)) return false;
-  // Selections are few and small: the old one stays valid for calls still running on it.
-  current().store(new Selection(select(isa, emulated)), std::memory_order_release);
+  current().store(interned(isa, emulated), std::memory_order_release);
   return true;
 }
 
