@@ -134,8 +134,11 @@ def rows(model, tmp_path_factory):
     feeds = minilm.tokenize(SENTENCES)
     reference = _session(model).run(None, feeds)[0]
     workdir = str(tmp_path_factory.mktemp("minilm"))
-    configs = [demo.Config("ORT nbits", "rtn", 4, 32), demo.Config("quantmatmul", "rtn", 4, 32),
-               demo.Config("quantmatmul", "mse", 4, 32)]
+    configs = [
+        demo.Config("ORT nbits", "rtn", 4, 32),
+        demo.Config("quantmatmul", "rtn", 4, 32),
+        demo.Config("quantmatmul", "mse", 4, 32),
+    ]
     return {c.label: demo.measure(c, model, feeds, reference, workdir) for c in configs}
 
 
@@ -149,8 +152,11 @@ def test_quantize_finds_the_36_weight_matmuls(model):
 
 def test_rtn_is_onnxruntimes_quantizer(rows):
     ours, theirs = rows["quantmatmul rtn"], rows["ORT nbits rtn"]
-    assert (ours.cos_mean, ours.cos_worst, ours.same_neighbour) == (theirs.cos_mean, theirs.cos_worst,
-                                                                     theirs.same_neighbour)
+    assert (ours.cos_mean, ours.cos_worst, ours.same_neighbour) == (
+        theirs.cos_mean,
+        theirs.cos_worst,
+        theirs.same_neighbour,
+    )
 
 
 def test_mse_keeps_embeddings_closer_than_onnxruntimes_quantizer(rows):

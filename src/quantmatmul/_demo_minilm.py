@@ -147,8 +147,12 @@ def quantize(config: Config, model, workdir: str):
         if config.quantizer == "ORT nbits":
             from onnxruntime.quantization.matmul_nbits_quantizer import MatMulNBitsQuantizer
 
-            quantizer = MatMulNBitsQuantizer(onnx.ModelProto.FromString(model.SerializeToString()),
-                                             bits=config.bits, block_size=config.block_size, is_symmetric=False)
+            quantizer = MatMulNBitsQuantizer(
+                onnx.ModelProto.FromString(model.SerializeToString()),
+                bits=config.bits,
+                block_size=config.block_size,
+                is_symmetric=False,
+            )
             quantizer.process()
             return quantizer.model.model
         from onnxruntime.quantization import QuantFormat, QuantType, quantize_dynamic, quantize_static
@@ -160,8 +164,14 @@ def quantize(config: Config, model, workdir: str):
         if config.quantizer == "ORT dynamic":
             quantize_dynamic(source, target, **common)
         else:
-            quantize_static(source, target, _Calibration(), quant_format=QuantFormat.QOperator,
-                            activation_type=QuantType.QUInt8, **common)
+            quantize_static(
+                source,
+                target,
+                _Calibration(),
+                quant_format=QuantFormat.QOperator,
+                activation_type=QuantType.QUInt8,
+                **common,
+            )
         return onnx.load(target)
 
 
@@ -221,7 +231,9 @@ def measure(config: Config, model, feeds, reference, workdir) -> Row:
         row.ours_ms = 1e3 * seconds
         if embeddings is None:
             embeddings = ours
-            row.notes.append("3-bit rows: accuracy from quantmatmul.onnx.InferenceSession (ORT runs no 3-bit MatMulNBits)")
+            row.notes.append(
+                "3-bit rows: accuracy from quantmatmul.onnx.InferenceSession (ORT runs no 3-bit MatMulNBits)"
+            )
         if _ort_runs(config) and config.quantizer != "float":
             report = compare(quantized, feeds, numerics="exact")
             bad = [r for r in report.rows if r["ok"] is False]
@@ -241,8 +253,18 @@ def _cell(value, spec):
     return "-" if value is None else format(value, spec)
 
 
-_COLUMNS = (("quantizer", 18), ("bits", 4), ("block", 5), ("quantize s", 10), ("mean cos", 8), ("worst cos", 9),
-            ("same NN", 7), ("ORT ms", 6), ("ours ms", 7), ("compare (exact)", 15))
+_COLUMNS = (
+    ("quantizer", 18),
+    ("bits", 4),
+    ("block", 5),
+    ("quantize s", 10),
+    ("mean cos", 8),
+    ("worst cos", 9),
+    ("same NN", 7),
+    ("ORT ms", 6),
+    ("ours ms", 7),
+    ("compare (exact)", 15),
+)
 
 
 def _line(cells) -> str:
@@ -254,9 +276,20 @@ def table_header() -> str:
 
 
 def table_row(r: Row, n_sentences: int) -> str:
-    return _line([r.config.label, _cell(r.config.bits, "d"), _cell(r.config.block_size, "d"),
-                  _cell(r.quantize_s, ".1f"), _cell(r.cos_mean, ".4f"), _cell(r.cos_worst, ".4f"),
-                  "-" if r.same_neighbour is None else f"{r.same_neighbour}/{n_sentences}", _cell(r.ort_ms, ".0f"), _cell(r.ours_ms, ".0f"), r.compare])
+    return _line(
+        [
+            r.config.label,
+            _cell(r.config.bits, "d"),
+            _cell(r.config.block_size, "d"),
+            _cell(r.quantize_s, ".1f"),
+            _cell(r.cos_mean, ".4f"),
+            _cell(r.cos_worst, ".4f"),
+            "-" if r.same_neighbour is None else f"{r.same_neighbour}/{n_sentences}",
+            _cell(r.ort_ms, ".0f"),
+            _cell(r.ours_ms, ".0f"),
+            r.compare,
+        ]
+    )
 
 
 def mse_against_ort(rows) -> list[str]:
@@ -268,8 +301,10 @@ def mse_against_ort(rows) -> list[str]:
         if r.config.label == "quantmatmul mse" and key in ort:
             theirs = ort[key]
             verdict = "closer" if r.cos_mean >= theirs.cos_mean else "FARTHER"
-            lines.append(f"  {key[0]} bits, block {key[1]}: mse {r.cos_mean:.4f} vs ORT rtn {theirs.cos_mean:.4f}: "
-                         f"{verdict} (1 - cos {1 - r.cos_mean:.2e} vs {1 - theirs.cos_mean:.2e})")
+            lines.append(
+                f"  {key[0]} bits, block {key[1]}: mse {r.cos_mean:.4f} vs ORT rtn {theirs.cos_mean:.4f}: "
+                f"{verdict} (1 - cos {1 - r.cos_mean:.2e} vs {1 - theirs.cos_mean:.2e})"
+            )
     return lines
 
 
@@ -282,6 +317,7 @@ def run(grid=None, out=None) -> bool:
         import onnxruntime
 
         from . import onnx as _  # noqa: F401
+
         model = minilm.onnx_model()
         feeds = minilm.tokenize(SENTENCES)
     except ImportError as error:
@@ -293,12 +329,18 @@ def run(grid=None, out=None) -> bool:
     few = minilm.tokenize(CALIBRATION)
     graph_error = float(np.abs(_ort_session(model).run(None, few)[0] - minilm.minilm_numpy(few)).max())
     ok = graph_error < 1e-5
-    print(f"  float graph (onnx.helper, {len(model.graph.node)} nodes) in ONNX Runtime {onnxruntime.__version__} "
-          f"against the numpy forward pass: max |diff| {graph_error:.1e}{'' if ok else ' MISMATCH'}", file=out)
+    print(
+        f"  float graph (onnx.helper, {len(model.graph.node)} nodes) in ONNX Runtime {onnxruntime.__version__} "
+        f"against the numpy forward pass: max |diff| {graph_error:.1e}{'' if ok else ' MISMATCH'}",
+        file=out,
+    )
     batch, seq = feeds["input_ids"].shape
-    print(f"  {batch} sentences (6 topics) in one batch of {seq} tokens; ORT and ours on {get_num_threads()} threads; "
-          f"cos: each sentence's embedding against the float model's; same NN: sentences whose nearest other "
-          f"sentence is the float model's", file=out)
+    print(
+        f"  {batch} sentences (6 topics) in one batch of {seq} tokens; ORT and ours on {get_num_threads()} threads; "
+        f"cos: each sentence's embedding against the float model's; same NN: sentences whose nearest other "
+        f"sentence is the float model's",
+        file=out,
+    )
     print(table_header(), file=out, flush=True)
     rows = []
     start = time.perf_counter()
@@ -315,8 +357,11 @@ def run(grid=None, out=None) -> bool:
     notes = sorted({note for r in rows for note in r.notes})
     for note in notes:
         print(f"  {note}", file=out)
-    print("  ours ms: one batch in quantmatmul.onnx.InferenceSession (onnx.reference with quantmatmul's kernels), "
-          "on the rows marked; compare: quantmatmul.onnx.compare, every quantized node against ONNX Runtime", file=out)
+    print(
+        "  ours ms: one batch in quantmatmul.onnx.InferenceSession (onnx.reference with quantmatmul's kernels), "
+        "on the rows marked; compare: quantmatmul.onnx.compare, every quantized node against ONNX Runtime",
+        file=out,
+    )
     lines = mse_against_ort(rows)
     if lines:
         print("  mse against ONNX Runtime's quantizer (mean cosine to float):", file=out)

@@ -112,8 +112,11 @@ def demo() -> int:
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(prog="quantmatmul", description=__doc__.split(": ", 1)[1])
     sub = parser.add_subparsers(dest="command", required=True)
-    sub.add_parser("demo", help="run each source document's worked example and compare with ONNX Runtime; "
-                   "quantize all-MiniLM-L6-v2 with quantmatmul's and ONNX Runtime's quantizers")
+    sub.add_parser(
+        "demo",
+        help="run each source document's worked example and compare with ONNX Runtime; "
+        "quantize all-MiniLM-L6-v2 with quantmatmul's and ONNX Runtime's quantizers",
+    )
     bench = sub.add_parser("bench", help="time quantmatmul against ONNX Runtime and oneDNN (torch) on identical inputs")
     bench.add_argument("--threads", type=int, default=None, help="threads for every library (default: all usable CPUs)")
     bench.add_argument("--repeat", type=int, default=15, help="interleaved rounds; medians are reported")

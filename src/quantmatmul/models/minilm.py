@@ -148,6 +148,11 @@ class _Builder:
         bias = self.const(f"{prefix}.bias", tensors[f"{prefix}.bias"])
         return self.op("Add", [self.op("MatMul", [x, B], f"{prefix}/MatMul"), bias], f"{prefix}/Add")
 
+    def heads(self, x: str, prefix: str, tensors, shape: str, perm) -> str:
+        """A query, key or value projection split into heads: Linear, Reshape to shape, Transpose by perm."""
+        y = self.op("Reshape", [self.linear(x, prefix, tensors), shape], f"{prefix}/split_heads")
+        return self.op("Transpose", [y], f"{prefix}/transpose", perm=perm)
+
     def layer_norm(self, x: str, prefix: str, tensors, eps: float) -> str:
         gamma = self.const(f"{prefix}.weight", tensors[f"{prefix}.weight"])
         beta = self.const(f"{prefix}.bias", tensors[f"{prefix}.bias"])
@@ -171,13 +176,21 @@ def onnx_model(tensors=None, cfg=None):
     # embeddings: word + position (rows 0..seq-1) + token type, then LayerNorm
     seq = g.op("Shape", ["input_ids"], "sequence_length", start=1, end=2)
     zero = g.const("zero_1d", np.zeros(1, np.int64))
-    word = g.op("Gather", [g.const("embeddings.word_embeddings.weight", tensors["embeddings.word_embeddings.weight"]),
-                           "input_ids"], "embeddings/word")
+    word = g.op(
+        "Gather",
+        [g.const("embeddings.word_embeddings.weight", tensors["embeddings.word_embeddings.weight"]), "input_ids"],
+        "embeddings/word",
+    )
     table = g.const("embeddings.position_embeddings.weight", tensors["embeddings.position_embeddings.weight"])
     position = g.op("Slice", [table, zero, seq, zero], "embeddings/position")  # [seq, hidden]
-    token_type = g.op("Gather", [g.const("embeddings.token_type_embeddings.weight",
-                                         tensors["embeddings.token_type_embeddings.weight"]), "token_type_ids"],
-                      "embeddings/token_type")
+    token_type = g.op(
+        "Gather",
+        [
+            g.const("embeddings.token_type_embeddings.weight", tensors["embeddings.token_type_embeddings.weight"]),
+            "token_type_ids",
+        ],
+        "embeddings/token_type",
+    )
     x = g.op("Add", [g.op("Add", [word, position], "embeddings/add_position"), token_type], "embeddings/sum")
     x = g.layer_norm(x, "embeddings.LayerNorm", tensors, eps)
 
@@ -195,14 +208,9 @@ def onnx_model(tensors=None, cfg=None):
     for i in range(cfg["num_hidden_layers"]):
         p = f"encoder.layer.{i}"
 
-        def heads_of(name, perm):
-            y = g.linear(x, f"{p}.attention.self.{name}", tensors)
-            y = g.op("Reshape", [y, split_heads], f"{p}.attention.self.{name}/split_heads")
-            return g.op("Transpose", [y], f"{p}.attention.self.{name}/transpose", perm=perm)
-
-        q = heads_of("query", [0, 2, 1, 3])  # [batch, heads, seq, head_dim]
-        k = heads_of("key", [0, 2, 3, 1])  # [batch, heads, head_dim, seq]
-        v = heads_of("value", [0, 2, 1, 3])
+        q = g.heads(x, f"{p}.attention.self.query", tensors, split_heads, [0, 2, 1, 3])  # [batch, heads, seq, dim]
+        k = g.heads(x, f"{p}.attention.self.key", tensors, split_heads, [0, 2, 3, 1])  # [batch, heads, dim, seq]
+        v = g.heads(x, f"{p}.attention.self.value", tensors, split_heads, [0, 2, 1, 3])
         scores = g.op("MatMul", [q, k], f"{p}.attention.self/scores")
         scores = g.op("Div", [scores, sqrt_head_dim], f"{p}.attention.self/scaled")
         scores = g.op("Add", [scores, attention_bias], f"{p}.attention.self/masked")
@@ -216,8 +224,14 @@ def onnx_model(tensors=None, cfg=None):
 
         h = g.linear(x, f"{p}.intermediate.dense", tensors)  # GELU, erf form: 0.5 h (1 + erf(h / sqrt 2))
         erf = g.op("Erf", [g.op("Div", [h, sqrt2], f"{p}.intermediate/gelu_div")], f"{p}.intermediate/gelu_erf")
-        gelu = g.op("Mul", [g.op("Mul", [h, g.op("Add", [erf, one], f"{p}.intermediate/gelu_add")],
-                                 f"{p}.intermediate/gelu_mul"), half], f"{p}.intermediate/gelu")
+        gelu = g.op(
+            "Mul",
+            [
+                g.op("Mul", [h, g.op("Add", [erf, one], f"{p}.intermediate/gelu_add")], f"{p}.intermediate/gelu_mul"),
+                half,
+            ],
+            f"{p}.intermediate/gelu",
+        )
         out = g.linear(gelu, f"{p}.output.dense", tensors)
         out = g.op("Add", [out, x], f"{p}.output/residual")
         x = g.layer_norm(out, f"{p}.output.LayerNorm", tensors, eps)
@@ -241,8 +255,9 @@ def onnx_model(tensors=None, cfg=None):
         [helper.make_tensor_value_info(OUTPUT, TensorProto.FLOAT, ["batch", hidden])],
         g.initializers,
     )
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", OPSET)], ir_version=8,
-                              producer_name="quantmatmul.models.minilm")
+    model = helper.make_model(
+        graph, opset_imports=[helper.make_opsetid("", OPSET)], ir_version=8, producer_name="quantmatmul.models.minilm"
+    )
     model.doc_string = "sentence-transformers/all-MiniLM-L6-v2: mean-pooled, L2-normalised sentence embeddings"
     onnx.checker.check_model(model)
     return model
@@ -275,26 +290,36 @@ def minilm_numpy(feeds, tensors=None, cfg=None) -> np.ndarray:
     hidden = cfg["hidden_size"]
     d = hidden // heads
 
-    x = (W("embeddings.word_embeddings.weight")[ids] + W("embeddings.position_embeddings.weight")[:seq]
-         + W("embeddings.token_type_embeddings.weight")[types])
+    x = (
+        W("embeddings.word_embeddings.weight")[ids]
+        + W("embeddings.position_embeddings.weight")[:seq]
+        + W("embeddings.token_type_embeddings.weight")[types]
+    )
     x = _layer_norm(x, W("embeddings.LayerNorm.weight"), W("embeddings.LayerNorm.bias"), eps)
     attended = mask.astype(bool)[:, None, None, :]  # [batch, 1, 1 (query), seq (key)]
+
+    def linear(v, name):  # as 2-D @ 2-D: numpy's BLAS path (stacked matmul is far slower)
+        return (v.reshape(-1, v.shape[-1]) @ W(name + ".weight").T).reshape(*v.shape[:-1], -1) + W(name + ".bias")
+
     for i in range(cfg["num_hidden_layers"]):
         p = f"encoder.layer.{i}."
-        linear = lambda v, name: (v.reshape(-1, v.shape[-1]) @ W(p + name + ".weight").T).reshape(
-            *v.shape[:-1], -1) + W(p + name + ".bias")  # 2-D @ 2-D: numpy's BLAS path
-        q, k, v = (linear(x, f"attention.self.{n}").reshape(batch, seq, heads, d) for n in ("query", "key", "value"))
+        q, k, v = (linear(x, f"{p}attention.self.{n}").reshape(batch, seq, heads, d) for n in ("query", "key", "value"))
         scores = np.einsum("bqhd,bkhd->bhqk", q, k) / math.sqrt(d)
         scores = np.where(attended, scores, -np.inf)
         probs = np.exp(scores - scores.max(axis=-1, keepdims=True))
         probs /= probs.sum(axis=-1, keepdims=True)
         context = np.einsum("bhqk,bkhd->bqhd", probs, v).reshape(batch, seq, hidden)
-        x = _layer_norm(x + linear(context, "attention.output.dense"), W(p + "attention.output.LayerNorm.weight"),
-                        W(p + "attention.output.LayerNorm.bias"), eps)
-        h = linear(x, "intermediate.dense")
+        x = _layer_norm(
+            x + linear(context, p + "attention.output.dense"),
+            W(p + "attention.output.LayerNorm.weight"),
+            W(p + "attention.output.LayerNorm.bias"),
+            eps,
+        )
+        h = linear(x, p + "intermediate.dense")
         h = 0.5 * h * (1 + _erf(h / math.sqrt(2)).astype(np.float64))
-        x = _layer_norm(x + linear(h, "output.dense"), W(p + "output.LayerNorm.weight"), W(p + "output.LayerNorm.bias"),
-                        eps)
+        x = _layer_norm(
+            x + linear(h, p + "output.dense"), W(p + "output.LayerNorm.weight"), W(p + "output.LayerNorm.bias"), eps
+        )
     m = mask.astype(np.float64)[:, :, None]
     mean = (x * m).sum(axis=1) / np.maximum(m.sum(axis=1), 1e-9)
     return mean / np.maximum(np.linalg.norm(mean, axis=1, keepdims=True), 1e-12)
