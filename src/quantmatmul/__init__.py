@@ -12,6 +12,17 @@ from .quantize_nbits import NBitsWeight, quantize_nbits
 
 __version__ = "0.1.0"
 
+
+def __getattr__(name):
+    # quantmatmul.onnx (whole models: quantize, InferenceSession, compare) needs the onnx package, so it is
+    # imported on first use rather than with quantmatmul
+    if name == "onnx":
+        import importlib
+
+        return importlib.import_module(".onnx", __name__)
+    raise AttributeError(f"module 'quantmatmul' has no attribute {name!r}")
+
+
 __all__ = [
     "qlinear_matmul",
     "QLinearMatMul",

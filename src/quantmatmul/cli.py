@@ -1,9 +1,11 @@
-"""cli.py: the `quantmatmul` command: `quantmatmul demo` runs each source document's worked example and quantizes all-MiniLM-L6-v2 end to end, `quantmatmul bench` times it against the peers."""
+"""cli.py: the `quantmatmul` command: `quantmatmul demo` runs each source document's worked example and quantizes all-MiniLM-L6-v2 end to end, `quantmatmul bench` times it against the peers, `quantmatmul quantize | compare | run` work on ONNX models."""
 
 from __future__ import annotations
 
 import argparse
+import os
 import sys
+import time
 
 import ml_dtypes
 import numpy as np
@@ -123,6 +125,7 @@ def main(argv=None) -> int:
     bench.add_argument("--quick", action="store_true", help="smaller shapes, for a smoke run")
     bench.add_argument("--json", metavar="PATH", help="write the report as JSON ('-': to standard output)")
     bench.add_argument("--plot", metavar="PNG", help="write a bar chart (needs matplotlib)")
+    _add_model_commands(sub)
     args = parser.parse_args(argv)
     if args.command == "demo":
         return demo()
@@ -130,7 +133,153 @@ def main(argv=None) -> int:
         from . import bench as bench_module
 
         return bench_module.main(args)
+    if args.command in _MODEL_COMMANDS:
+        return _model_command(args)
     return 2
+
+
+# ---------------------------------------------------------------------------------------------------
+# quantmatmul quantize | compare | run: ONNX models (quantmatmul.onnx, docs/onnx.md). Exit status 0: done
+# (compare: every node agrees), 1: compare found differences, 2: bad input (the message, no traceback).
+
+_MODEL_COMMANDS = ("quantize", "compare", "run")
+
+
+def _add_model_commands(sub):
+    q = sub.add_parser("quantize", help="quantize an ONNX model's MatMul/Gemm weights to MatMulNBits")
+    q.add_argument("model", metavar="IN.onnx")
+    q.add_argument("output", metavar="OUT.onnx")
+    q.add_argument("--bits", type=int, default=4, help="2..8 (ONNX Runtime runs 2, 4, 8; default 4)")
+    q.add_argument("--block-size", type=int, default=128, help="a power of two >= 16 (default 128)")
+    q.add_argument("--method", default="mse", help="rtn (ONNX Runtime's bytes), mse (default) or hqq")
+    q.add_argument("--symmetric", action="store_true", help="no zero points")
+    q.add_argument("--accuracy-level", type=int, default=None, metavar="N", help="MatMulNBits accuracy_level 0..4")
+    q.add_argument("--exclude", nargs="+", default=[], metavar="NODE", help="node names to leave as they are")
+    c = sub.add_parser("compare", help="run a quantized model in ONNX Runtime and check each quantized node here")
+    c.add_argument("model", metavar="MODEL.onnx")
+    c.add_argument("--input", action="append", default=[], metavar="NAME=FILE.npy", help="an input (others: random)")
+    c.add_argument("--dim", action="append", default=[], metavar="NAME=SIZE", help="a named dimension (default 1)")
+    c.add_argument(
+        "--numerics", default="exact", help="QLinearMatMul numerics: exact (default), onnxruntime, onnx-reference"
+    )
+    r = sub.add_parser("run", help="run an ONNX model on quantmatmul's kernels and write its outputs as .npy")
+    r.add_argument("model", metavar="MODEL.onnx")
+    r.add_argument("--input", action="append", default=[], metavar="NAME=FILE.npy", help="every input of the model")
+    r.add_argument("--output-dir", default=".", metavar="DIR", help="where OUTPUT.npy files go (default: .)")
+    r.add_argument("--numerics", default="onnxruntime", help="QLinearMatMul numerics (default onnxruntime)")
+
+
+def _model_command(args) -> int:
+    try:
+        from . import onnx as qonnx
+
+        return {"quantize": _quantize, "compare": _compare, "run": _run}[args.command](args, qonnx)
+    except (ValueError, TypeError, OSError, ImportError) as error:
+        print(f"quantmatmul: error: {error}", file=sys.stderr)
+        return 2
+
+
+def _progress(what):
+    def report(done, total, name):
+        print(f"[{done + 1}/{total}] {what} {name or '(unnamed node)'}", file=sys.stderr, flush=True)
+
+    return report
+
+
+def _pairs(command, option, items, convert):
+    """NAME=VALUE arguments as a dict, each value through convert."""
+    out = {}
+    for item in items:
+        name, sep, value = item.partition("=")
+        if not sep or not name or not value:
+            raise ValueError(f"{command}: {option} expects NAME=VALUE, got {item!r}")
+        out[name] = convert(name, value)
+    return out
+
+
+def _npy(command):
+    def load(name, path):
+        try:
+            return np.load(path, allow_pickle=False)
+        except (OSError, ValueError) as error:
+            raise ValueError(f"{command}: cannot read input {name!r} from {path!r}: {error}") from None
+
+    return load
+
+
+def _size(name, value):
+    try:
+        return int(value)
+    except ValueError:
+        raise ValueError(f"compare: --dim {name} expects an integer size, got {value!r}") from None
+
+
+def _quantize(args, qonnx) -> int:
+    from .onnx._common import format_table
+    from .onnx._quantize import QuantizedNode, quantize_model
+
+    if os.path.exists(args.output) and os.path.exists(args.model) and os.path.samefile(args.output, args.model):
+        raise ValueError("quantize: OUT.onnx is the input file; write the quantized model to another path")
+    start = time.perf_counter()
+    model, rows = quantize_model(
+        args.model, bits=args.bits, block_size=args.block_size, method=args.method, symmetric=args.symmetric,
+        accuracy_level=args.accuracy_level, exclude=args.exclude, progress=_progress("quantizing"),
+    )  # fmt: skip
+    import onnx
+
+    if model.ByteSize() > 2**31 - 2**24:  # protobuf's limit: the weights go to a data file beside it
+        onnx.save(model, args.output, save_as_external_data=True, location=os.path.basename(args.output) + ".data")
+    else:
+        onnx.save(model, args.output)
+    table = []
+    for r in rows:
+        if isinstance(r, QuantizedNode):
+            note = "weight shared with an earlier node" if r.shared else ""
+            table.append([r.node, r.op_type, f"{r.K}x{r.N}", r.bits, r.block_size, f"{r.error:.3g}", note])
+        else:
+            table.append([r.node, r.op_type, "-", "-", "-", "-", "not quantized: " + r.reason])
+    print(format_table(["node", "op_type", "KxN", "bits", "block", "weight error", "note"], table, "llrrrrl"))
+    done = sum(isinstance(r, QuantizedNode) for r in rows)
+    print(
+        f"\n{done} of {len(rows)} MatMul/Gemm nodes quantized (method={args.method}; weight error: "
+        f"||W_q - W||^2 / ||W||^2) in {time.perf_counter() - start:.1f} s; wrote {args.output} "
+        f"({os.path.getsize(args.output) / 1e6:.2f} MB, from {os.path.getsize(args.model) / 1e6:.2f} MB)"
+    )
+    return 0
+
+
+def _compare(args, qonnx) -> int:
+    feed = _pairs("compare", "--input", args.input, _npy("compare"))
+    dims = _pairs("compare", "--dim", args.dim, _size)
+    print(
+        f"running {args.model} in ONNX Runtime, every quantized node's output exposed ...", file=sys.stderr, flush=True
+    )
+    report = qonnx.compare(
+        args.model, feed or None, numerics=args.numerics, dims=dims or None, progress=_progress("checking")
+    )
+    print(report)
+    return 0 if report.ok else 1
+
+
+def _run(args, qonnx) -> int:
+    from .onnx._common import format_table
+
+    feed = _pairs("run", "--input", args.input, _npy("run"))
+    session = qonnx.InferenceSession(args.model, numerics=args.numerics)
+    print(f"running {args.model} on quantmatmul ...", file=sys.stderr, flush=True)
+    start = time.perf_counter()
+    outputs = session.run(None, feed)
+    elapsed = time.perf_counter() - start
+    os.makedirs(args.output_dir, exist_ok=True)
+    table = []
+    for arg, value in zip(session.get_outputs(), outputs):
+        safe = "".join(ch if ch.isalnum() or ch in "._-" else "_" for ch in arg.name) or "output"
+        path = os.path.join(args.output_dir, safe + ".npy")
+        np.save(path, value)
+        table.append([arg.name, str(value.dtype), "x".join(map(str, value.shape)) or "scalar", path])
+    print(format_table(["output", "dtype", "shape", "file"], table))
+    print(f"\n{len(outputs)} outputs in {elapsed:.2f} s (numerics={args.numerics!r})")
+    return 0
 
 
 if __name__ == "__main__":

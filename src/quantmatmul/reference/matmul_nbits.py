@@ -140,9 +140,12 @@ def effective_operands(A, decoded: Decoded, level):
     return A64, W32
 
 
-def matmul_nbits(A, B, scales, zp=None, g_idx=None, bias=None, *, K, N, bits, block_size, level=None) -> np.ndarray:
-    """float64 Y [..., N]: the exact A @ W*.T + bias (level None), or the product of a level's effective operands."""
-    decoded = Decoded(B, scales, zp, g_idx, K, N, bits, block_size)
+def matmul_nbits(A, B, scales, zp=None, g_idx=None, bias=None, *, K, N, bits, block_size, level=None,
+                 decoded=None) -> np.ndarray:
+    """float64 Y [..., N]: the exact A @ W*.T + bias (level None), or the product of a level's effective operands.
+    decoded: the weight's Decoded, when the caller has it already."""
+    if decoded is None:
+        decoded = Decoded(B, scales, zp, g_idx, K, N, bits, block_size)
     A = np.asarray(A)
     if level is None:
         a, w = A.reshape(-1, K).astype(np.float64), decoded.W
@@ -167,14 +170,19 @@ def gamma(n: float) -> float:
 
 
 def error_bound(A, B, scales, zp=None, g_idx=None, bias=None, *, K, N, bits, block_size, level,
-                out_dtype) -> np.ndarray:
-    """The bound on |Y - Y*| that matmul_nbits documents for accuracy_level=level, [..., N] float64."""
-    decoded = Decoded(B, scales, zp, g_idx, K, N, bits, block_size)
+                out_dtype, decoded=None, exact=None) -> np.ndarray:
+    """The bound on |Y - Y*| that matmul_nbits documents for accuracy_level=level, [..., N] float64.
+    decoded, exact: the weight's Decoded and the exact product Y*, when the caller has them already."""
+    if decoded is None:
+        decoded = Decoded(B, scales, zp, g_idx, K, N, bits, block_size)
     A = np.asarray(A)
     a = np.abs(A.reshape(-1, K).astype(np.float64))
     magnitude = np.abs(decoded.s) * (np.abs(decoded.q) + np.abs(decoded.z))  # [N, K]
     b = np.zeros(N) if bias is None else np.abs(np.asarray(bias).astype(np.float64))
-    exact = np.abs(matmul_nbits(A, B, scales, zp, g_idx, bias, K=K, N=N, bits=bits, block_size=block_size))
+    if exact is None:
+        exact = matmul_nbits(A, B, scales, zp, g_idx, bias, K=K, N=N, bits=bits, block_size=block_size,
+                             decoded=decoded)
+    exact = np.abs(exact)
     exact = exact.reshape(-1, N)
     if level == 4:
         k_blocks = -(-K // block_size)

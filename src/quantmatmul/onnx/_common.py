@@ -1,0 +1,147 @@
+"""onnx/_common.py: what quantize, InferenceSession and compare share: loading a model, its inputs' types, checking an input feed."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+import numpy as np
+import onnx
+from onnx import TensorProto, external_data_helper, helper, numpy_helper
+
+MS_DOMAIN = "com.microsoft"
+
+
+def load_model(fn: str, model, *, copy: bool) -> onnx.ModelProto:
+    """model as a ModelProto: a path is read with its external data; a ModelProto is copied when copy is set
+    (so the caller's is never modified). Anything that is not an ONNX model is a ValueError / TypeError
+    starting with fn."""
+    if isinstance(model, onnx.ModelProto):
+        if copy:
+            proto = onnx.ModelProto()
+            proto.CopyFrom(model)
+            model = proto
+        source = "the model"
+    elif isinstance(model, (str, os.PathLike)):
+        path = os.fspath(model)
+        if not os.path.isfile(path):
+            raise ValueError(f"{fn}: {path!r} is not a file")
+        try:
+            model = onnx.load(path)
+        except Exception as error:  # protobuf's DecodeError, external data not found, ...
+            raise ValueError(f"{fn}: {path!r} is not an ONNX model ({_first_line(error)})") from None
+        source = repr(path)
+    else:
+        raise TypeError(f"{fn}: model must be an onnx.ModelProto or a path, got {type(model).__name__}")
+    # protobuf parses many non-ONNX byte strings (an empty file is an empty message): a model has a graph
+    if not model.HasField("graph") or not model.opset_import or (not model.graph.node and not model.graph.output):
+        raise ValueError(f"{fn}: {source} is not an ONNX model (no graph, opset or nodes)")
+    for tensor in model.graph.initializer:
+        if external_data_helper.uses_external_data(tensor):
+            raise ValueError(
+                f"{fn}: initializer {tensor.name!r} is stored in an external file that was not loaded: pass the "
+                f"model's path, or onnx.load() it (load_external_data=True)"
+            )
+    return model
+
+
+def _first_line(error: Exception) -> str:
+    text = str(error).strip() or type(error).__name__
+    return text.splitlines()[0][:200]
+
+
+def initializers(graph: onnx.GraphProto) -> dict[str, TensorProto]:
+    return {t.name: t for t in graph.initializer}
+
+
+def to_array(tensor: TensorProto) -> np.ndarray:
+    return numpy_helper.to_array(tensor)
+
+
+def type_string(elem_type: int) -> str:
+    """ONNX Runtime's name of a tensor type: 'tensor(float)', 'tensor(uint8)', ..."""
+    return f"tensor({TensorProto.DataType.Name(elem_type).lower()})"
+
+
+def np_dtype(elem_type: int) -> np.dtype:
+    return np.dtype(helper.tensor_dtype_to_np_dtype(elem_type))
+
+
+@dataclass(frozen=True)
+class NodeArg:
+    """A model input or output as onnxruntime describes it: name, shape (ints for fixed dimensions, the
+    dimension's name or None otherwise) and type ('tensor(float)')."""
+
+    name: str
+    shape: list | None
+    type: str
+
+
+def node_arg(value_info: onnx.ValueInfoProto) -> NodeArg:
+    t = value_info.type
+    if not t.HasField("tensor_type"):
+        return NodeArg(value_info.name, None, t.WhichOneof("value") or "unknown")
+    tt = t.tensor_type
+    shape = None
+    if tt.HasField("shape"):
+        shape = [d.dim_value if d.HasField("dim_value") else (d.dim_param or None) for d in tt.shape.dim]
+    return NodeArg(value_info.name, shape, type_string(tt.elem_type))
+
+
+def graph_inputs(model: onnx.ModelProto) -> list[onnx.ValueInfoProto]:
+    """The inputs a caller feeds: graph inputs that are not initializers (IR < 4 lists initializers as inputs)."""
+    inits = {t.name for t in model.graph.initializer}
+    return [i for i in model.graph.input if i.name not in inits]
+
+
+def check_feed(fn: str, model: onnx.ModelProto, feed, *, complete: bool = True) -> dict[str, np.ndarray]:
+    """input_feed checked against the model's inputs: every name known, every input given (unless not
+    complete), each value of the declared type and rank with the declared fixed dimensions. Returns {name: ndarray}."""
+    if not isinstance(feed, dict):
+        raise TypeError(f"{fn}: input_feed must be a dict {{input name: numpy array}}, got {type(feed).__name__}")
+    inputs = {i.name: i for i in graph_inputs(model)}
+    unknown = [name for name in feed if name not in inputs]
+    if unknown:
+        raise ValueError(
+            f"{fn}: the model has no input named {unknown[0]!r} (its inputs: {', '.join(inputs) or 'none'})"
+        )
+    missing = [name for name in inputs if name not in feed]
+    if missing and complete:
+        raise ValueError(f"{fn}: input {missing[0]!r} is missing from input_feed")
+    checked = {}
+    for name, value in feed.items():
+        arg = node_arg(inputs[name])
+        array = np.asarray(value)
+        tt = inputs[name].type.tensor_type
+        if inputs[name].type.HasField("tensor_type") and tt.elem_type:
+            expected = np_dtype(tt.elem_type)
+            if array.dtype != expected:
+                raise TypeError(f"{fn}: input {name!r} must be {arg.type} ({expected}), got {array.dtype}")
+        if arg.shape is not None:
+            if array.ndim != len(arg.shape):
+                raise ValueError(f"{fn}: input {name!r} must have shape {_shape_text(arg.shape)}, got {array.shape}")
+            for size, dim in zip(array.shape, arg.shape):
+                if isinstance(dim, int) and dim > 0 and size != dim:
+                    raise ValueError(
+                        f"{fn}: input {name!r} must have shape {_shape_text(arg.shape)}, got {array.shape}"
+                    )
+        checked[name] = array
+    return checked
+
+
+def _shape_text(shape) -> str:
+    return "[" + ", ".join("?" if d is None else str(d) for d in shape) + "]"
+
+
+def format_table(headers: list[str], rows: list[list], align: str | None = None) -> str:
+    """A plain-text table: a header line, a rule, one line per row; align has one 'l' or 'r' per column."""
+    cells = [[str(h) for h in headers]] + [["" if c is None else str(c) for c in row] for row in rows]
+    widths = [max(len(r[i]) for r in cells) for i in range(len(headers))]
+    align = align or "l" * len(headers)
+    lines = []
+    for k, row in enumerate(cells):
+        parts = [c.ljust(w) if a == "l" else c.rjust(w) for c, w, a in zip(row, widths, align)]
+        lines.append("  ".join(parts).rstrip())
+        if k == 0:
+            lines.append("  ".join("-" * w for w in widths))
+    return "\n".join(lines)

@@ -1,0 +1,333 @@
+"""onnx/_session.py: InferenceSession: onnx.reference.ReferenceEvaluator with quantmatmul's QLinearMatMul, MatMulNBits, QuantizeLinear, DequantizeLinear, DynamicQuantizeLinear and MatMulInteger."""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx
+from onnx.reference import ReferenceEvaluator
+from onnx.reference.op_run import OpRun
+
+from ..matmul_nbits import MatMulNBits, matmul_nbits
+from ..qlinear import NUMERICS, QLinearMatMul, qlinear_matmul
+from ..quantize_linear import _QUANT_TYPES as DEQUANTIZE_TYPES
+from ..quantize_linear import dequantize_linear, quantize_linear
+from ._common import MS_DOMAIN, NodeArg, check_feed, graph_inputs, load_model, node_arg, np_dtype, to_array
+
+__all__ = ["InferenceSession", "NodeArg", "OPS", "dynamic_quantize_linear", "matmul_integer"]
+
+# (domain, op_type) of every node run by quantmatmul rather than by onnx.reference
+OPS = (
+    ("", "QLinearMatMul"),
+    (MS_DOMAIN, "MatMulNBits"),
+    ("", "QuantizeLinear"),
+    ("", "DequantizeLinear"),
+    ("", "DynamicQuantizeLinear"),
+    ("", "MatMulInteger"),
+)
+
+
+class InferenceSession:
+    """Runs an ONNX model the way ``onnxruntime.InferenceSession`` does, on quantmatmul's kernels.
+
+    ``InferenceSession(model, *, numerics="onnxruntime")``: model is an ``onnx.ModelProto`` or a path.
+    Every node runs in ``onnx.reference.ReferenceEvaluator``, except QLinearMatMul, com.microsoft
+    MatMulNBits, QuantizeLinear, DequantizeLinear, DynamicQuantizeLinear and MatMulInteger, which run in
+    quantmatmul (what ONNX Runtime's quantizers emit: ``quantize_static`` in QOperator and QDQ formats,
+    ``quantize_dynamic``, ``MatMulNBitsQuantizer`` and :func:`quantmatmul.onnx.quantize`). A constant
+    weight (B and its parameters initializers) is held as a :class:`quantmatmul.QLinearMatMul` /
+    :class:`quantmatmul.MatMulNBits`, packed once. ``numerics`` ("onnxruntime", "onnx-reference" or
+    "exact") is passed to every QLinearMatMul; MatMulNBits runs at its node's ``accuracy_level``;
+    MatMulInteger computes the spec's int32 sum; DynamicQuantizeLinear computes scale and zero point as
+    ONNX Runtime does (docs/onnx.md).
+
+    ``run(output_names, input_feed)`` returns a list of numpy arrays (``output_names`` None: every
+    output); ``get_inputs()`` / ``get_outputs()`` return :class:`NodeArg` (name, shape, type) as
+    onnxruntime does. The input feed is checked against the model's input types and fixed dimensions.
+    """
+
+    _FN = "InferenceSession"
+
+    def __init__(self, model, *, numerics: str = "onnxruntime"):
+        if numerics not in NUMERICS:
+            raise ValueError(f"{self._FN}: numerics must be one of {', '.join(map(repr, NUMERICS))}, got {numerics!r}")
+        self.numerics = numerics
+        self._model = load_model(self._FN, model, copy=False)
+        constants = {t.name: t for t in self._model.graph.initializer}
+        try:
+            self._evaluator = ReferenceEvaluator(self._model, new_ops=_op_classes(constants, numerics))
+        except _NodeError as error:
+            raise error.public(self._FN) from None
+        except Exception as error:  # onnx.reference refuses an operator or an attribute
+            raise ValueError(f"{self._FN}: onnx.reference cannot run this model: {_first_line(error)}") from None
+        self._inputs = [node_arg(v) for v in graph_inputs(self._model)]
+        self._outputs = [node_arg(v) for v in self._model.graph.output]
+
+    def get_inputs(self) -> list[NodeArg]:
+        return list(self._inputs)
+
+    def get_outputs(self) -> list[NodeArg]:
+        return list(self._outputs)
+
+    def run(self, output_names, input_feed, run_options=None) -> list[np.ndarray]:
+        fn = "InferenceSession.run"
+        names = [o.name for o in self._outputs]
+        if not output_names:
+            output_names = names
+        elif isinstance(output_names, str):
+            raise TypeError(f"{fn}: output_names must be a list of names or None, got a string")
+        else:
+            output_names = list(output_names)
+            unknown = [n for n in output_names if n not in names]
+            if unknown:
+                raise ValueError(
+                    f"{fn}: the model has no output named {unknown[0]!r} (its outputs: {', '.join(names)})"
+                )
+        feed = check_feed(fn, self._model, input_feed)
+        try:
+            with np.errstate(all="ignore"):
+                return list(self._evaluator.run(output_names, feed))
+        except _NodeError as error:
+            raise error.public(fn) from None
+
+    def __repr__(self) -> str:
+        ins = ", ".join(i.name for i in self._inputs)
+        outs = ", ".join(o.name for o in self._outputs)
+        return f"InferenceSession(({ins}) -> ({outs}), numerics={self.numerics!r})"
+
+
+def _first_line(error: Exception) -> str:
+    text = str(error).strip() or type(error).__name__
+    return text.splitlines()[0][:300]
+
+
+class _NodeError(RuntimeError):
+    """An error inside one of our operators, carried through onnx.reference (which rewraps TypeErrors)."""
+
+    def __init__(self, node, error):
+        super().__init__(str(error))
+        self.node, self.error = node, error
+
+    def public(self, fn):
+        label = f"node {self.node.name!r} ({self.node.op_type})" if self.node.name else f"a {self.node.op_type} node"
+        cls = TypeError if isinstance(self.error, TypeError) else ValueError
+        return cls(f"{fn}: {label}: {self.error}")
+
+
+# ---------------------------------------------------------------------------------------------------
+# The operators. Each session makes its own classes (the names are the op types, as onnx.reference
+# requires), bound to the model's initializers and the session's numerics.
+
+
+class _Op(OpRun):
+    constants: dict = {}
+    numerics = "onnxruntime"
+
+    def _run(self, *inputs, **attributes):
+        try:
+            return self._compute(*inputs, **attributes)
+        except (TypeError, ValueError) as error:
+            raise _NodeError(self.onnx_node, error) from error
+
+    def _constant(self, index):
+        """The initializer at input `index`, as an array: None when the input is absent, False when it is not
+        an initializer."""
+        names = self.onnx_node.input
+        if index >= len(names) or not names[index]:
+            return None
+        tensor = self.constants.get(names[index])
+        return False if tensor is None else to_array(tensor)
+
+
+class _QLinearMatMul(_Op):
+    def __init__(self, onnx_node, run_params, schema=None):
+        super().__init__(onnx_node, run_params, schema)
+        b = [self._constant(i) for i in (3, 4, 5)]
+        self._held = None
+        if all(x is not None and x is not False for x in b):
+            try:
+                self._held = QLinearMatMul(*b)
+            except (TypeError, ValueError) as error:
+                raise _NodeError(onnx_node, error) from error
+
+    def _compute(self, a, a_scale, a_zero_point, b, b_scale, b_zero_point, y_scale, y_zero_point, **_):
+        if self._held is not None:
+            return (self._held(a, a_scale, a_zero_point, y_scale, y_zero_point, numerics=self.numerics),)
+        return (
+            qlinear_matmul(
+                a, a_scale, a_zero_point, b, b_scale, b_zero_point, y_scale, y_zero_point, numerics=self.numerics
+            ),
+        )
+
+
+class _MatMulNBits(_Op):
+    op_domain = MS_DOMAIN
+
+    def __init__(self, onnx_node, run_params, schema=None):
+        super().__init__(onnx_node, run_params, schema)
+        attrs = {a.name: onnx.helper.get_attribute_value(a) for a in onnx_node.attribute}
+        self._attrs = {
+            "K": attrs.get("K"),
+            "N": attrs.get("N"),
+            "bits": attrs.get("bits", 4),
+            "block_size": attrs.get("block_size"),
+        }
+        if self._attrs["K"] is None or self._attrs["N"] is None or self._attrs["block_size"] is None:
+            raise _NodeError(onnx_node, ValueError("MatMulNBits needs the attributes K, N and block_size"))
+        self._level = int(attrs.get("accuracy_level", 0))
+        weights = [self._constant(i) for i in range(1, 6)]  # B, scales, zero_points, g_idx, bias
+        self._held = None
+        if weights[0] is not None and all(w is not False for w in weights):
+            try:
+                self._held = MatMulNBits(*weights, **self._attrs, accuracy_level=self._level)
+            except (TypeError, ValueError) as error:
+                raise _NodeError(onnx_node, error) from error
+
+    def _compute(self, A, B=None, scales=None, zero_points=None, g_idx=None, bias=None, **_):
+        if self._held is not None:
+            return (self._held(A),)
+        return (matmul_nbits(A, B, scales, zero_points, g_idx, bias, **self._attrs, accuracy_level=self._level),)
+
+
+class _QuantizeLinear(_Op):
+    def _compute(self, x, y_scale, y_zero_point=None, axis=1, saturate=1, block_size=0, output_dtype=0, **rest):
+        if rest.get("precision"):
+            raise ValueError("the precision attribute (opset 25) is not supported")
+        if y_zero_point is None and output_dtype:
+            y_zero_point = np.zeros(np.shape(y_scale), np_dtype(output_dtype))
+        return (
+            quantize_linear(
+                x,
+                y_scale,
+                y_zero_point,
+                axis=axis,
+                block_size=block_size or 0,
+                saturate=bool(1 if saturate is None else saturate),
+            ),
+        )
+
+
+class _DequantizeLinear(_Op):
+    def _compute(self, x, x_scale, x_zero_point=None, axis=1, block_size=0, **rest):
+        if np.asarray(x).dtype not in DEQUANTIZE_TYPES or rest.get("output_dtype"):
+            # int32 (a quantized bias) and the types quantmatmul lacks: onnx.reference's own kernel
+            return _reference_op(self).run(x, x_scale, *([] if x_zero_point is None else [x_zero_point]))
+        return (dequantize_linear(x, x_scale, x_zero_point, axis=axis, block_size=block_size or 0),)
+
+
+def _reference_op(op: OpRun) -> OpRun:
+    """onnx.reference's implementation of op's node (for the cases quantmatmul does not implement)."""
+    if getattr(op, "_reference", None) is None:
+        from onnx.reference.ops import load_op
+
+        cls = load_op(op.onnx_node.domain, op.onnx_node.op_type, op.run_params["opsets"][op.onnx_node.domain])
+        op._reference = cls(op.onnx_node, op.run_params)
+    return op._reference
+
+
+class _DynamicQuantizeLinear(_Op):
+    def _compute(self, x, **_):
+        return dynamic_quantize_linear(x)
+
+
+class _MatMulInteger(_Op):
+    def __init__(self, onnx_node, run_params, schema=None):
+        super().__init__(onnx_node, run_params, schema)
+        b, b_zp = self._constant(1), self._constant(3)
+        self._held = None
+        if b is not None and b is not False and b_zp is not False:
+            self._held = _integer_operand("b", b, b_zp, "MatMulInteger")
+
+    def _compute(self, A, B, a_zero_point=None, b_zero_point=None, **_):
+        b = self._held if self._held is not None else _integer_operand("b", B, b_zero_point, "MatMulInteger")
+        return (_matmul_integer(_integer_operand("a", A, a_zero_point, "MatMulInteger"), b),)
+
+
+def _op_classes(constants: dict, numerics: str) -> list:
+    bases = {
+        "QLinearMatMul": _QLinearMatMul,
+        "MatMulNBits": _MatMulNBits,
+        "QuantizeLinear": _QuantizeLinear,
+        "DequantizeLinear": _DequantizeLinear,
+        "DynamicQuantizeLinear": _DynamicQuantizeLinear,
+        "MatMulInteger": _MatMulInteger,
+    }
+    return [type(name, (base,), {"constants": constants, "numerics": numerics}) for name, base in bases.items()]
+
+
+# ---------------------------------------------------------------------------------------------------
+# DynamicQuantizeLinear and MatMulInteger (quantmatmul has no kernel of its own for them)
+
+
+def dynamic_quantize_linear(x) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """ONNX DynamicQuantizeLinear (opset 11) as ONNX Runtime's CPU kernel computes it: ``(y, y_scale, y_zero_point)``.
+
+    In float32: ``lo = min(min(x), 0)``, ``hi = max(max(x), 0)``, ``scale = (hi - lo) / 255`` (1 when
+    ``hi == lo``, i.e. x all zero or empty, where the spec would divide by zero), ``zero_point =
+    round_half_even(clamp(0 - lo / scale, 0, 255))``, and ``y = QuantizeLinear(x, scale, zero_point)``
+    (``round_half_even(x / scale) + zero_point``, saturated to uint8)."""
+    x = np.asarray(x)
+    if x.dtype != np.float32:
+        raise TypeError(f"dynamic_quantize_linear: x must be float32, got {x.dtype}")
+    f32 = np.float32
+    with np.errstate(all="ignore"):
+        lo = min(f32(np.min(x)) if x.size else f32(0), f32(0))
+        hi = max(f32(np.max(x)) if x.size else f32(0), f32(0))
+        scale = f32(1) if hi == lo else f32(f32(hi - lo) / f32(255))
+        initial = f32(f32(0) - f32(lo / scale))
+        zero_point = np.uint8(np.rint(np.clip(initial, f32(0), f32(255))))
+    y = quantize_linear(x, np.asarray(scale, f32), np.asarray(zero_point, np.uint8))
+    return y, np.asarray(scale, f32), np.asarray(zero_point, np.uint8)
+
+
+_INT8 = (np.dtype(np.int8), np.dtype(np.uint8))
+
+
+def _integer_operand(which, x, zero_point, fn):
+    """x - zero_point in float64 (exact), zero point per tensor, per row of a or per column of b."""
+    x = np.asarray(x)
+    if x.dtype not in _INT8:
+        raise TypeError(f"{fn}: {which} must be int8 or uint8, got {x.dtype}")
+    if x.ndim == 0:
+        raise ValueError(f"{fn}: {which} must have at least 1 dimension")
+    values = x.astype(np.float64)
+    if zero_point is None:
+        return values
+    zp = np.asarray(zero_point)
+    if zp.dtype != x.dtype:
+        raise TypeError(f"{fn}: {which}_zero_point dtype {zp.dtype} does not match {which} dtype {x.dtype}")
+    z = zp.astype(np.float64)
+    if z.size == 1:
+        return values - z.reshape(())
+    if which == "a":  # per row: [M] for a of rank >= 2, or a shape ending in (M, 1)
+        if x.ndim >= 2 and z.shape == (x.shape[-2],):
+            return values - z.reshape(-1, 1)
+        if z.ndim >= 2 and z.shape[-1] == 1:
+            return values - z
+    else:  # per column: [N], or a shape ending in (1, N) or (..., N) for batched b
+        if x.ndim >= 2 and z.shape == (x.shape[-1],):
+            return values - z
+        if x.ndim >= 3 and z.shape == x.shape[:-2] + (x.shape[-1],):
+            return values - z[..., None, :]
+        if z.ndim >= 2 and z.shape[-2] == 1:
+            return values - z
+    raise ValueError(
+        f"{fn}: {which}_zero_point has shape {zp.shape}, which is neither per tensor nor per "
+        f"{'row' if which == 'a' else 'column'} of {which} {x.shape}"
+    )
+
+
+def _matmul_integer(a, b) -> np.ndarray:
+    """(a - a_zp) @ (b - b_zp) in int32 (wrapping), from exact float64 operands. Each product has magnitude
+    <= 255 * 255 < 2**16, so every partial sum is an integer below 2**53 for K < 2**37: the float64 product
+    (any summation order) is the exact integer sum."""
+    if a.shape[-1] != (b.shape[0] if b.ndim == 1 else b.shape[-2]):
+        raise ValueError(f"MatMulInteger: inner dimensions differ: a {a.shape}, b {b.shape}")
+    exact = np.matmul(a, b).astype(np.int64)
+    return ((exact + 2**31) % 2**32 - 2**31).astype(np.int32)
+
+
+def matmul_integer(A, B, a_zero_point=None, b_zero_point=None) -> np.ndarray:
+    """ONNX MatMulInteger (opset 10): ``(A - a_zero_point) @ (B - b_zero_point)`` accumulated in int32, exact
+    (wrapping only past int32, which needs K > 33025). Zero points per tensor, per row of A, per column of B."""
+    fn = "matmul_integer"
+    return _matmul_integer(_integer_operand("a", A, a_zero_point, fn), _integer_operand("b", B, b_zero_point, fn))
