@@ -1,4 +1,4 @@
-"""cli.py: the `quantmatmul` command: `quantmatmul demo` runs each source document's worked example, `quantmatmul bench` times it against the peers, `quantmatmul quantize | compare | run` work on ONNX models."""
+"""cli.py: the `quantmatmul` command: `quantmatmul demo` runs each source document's worked example and quantizes all-MiniLM-L6-v2 end to end, `quantmatmul bench` times it against the peers, `quantmatmul quantize | compare | run` work on ONNX models."""
 
 from __future__ import annotations
 
@@ -63,7 +63,7 @@ def _qlinear_example(title, args, expected, source="documented result"):
 
 
 def demo() -> int:
-    print("quantmatmul demo: the worked examples of the source documents")
+    print("quantmatmul demo: the worked examples of the source documents, then all-MiniLM-L6-v2 quantized end to end")
     s = lambda v: np.array([v], np.float32)
     u = lambda v: np.array([v], np.uint8)
     a = np.array([[208, 236, 0, 238], [3, 214, 255, 29]], np.uint8)
@@ -103,9 +103,10 @@ def demo() -> int:
     print(f"  documented result: [14, 13] -> {'matches' if orion_ok else 'MISMATCH'}")
     ok &= orion_ok
 
-    from . import _demo_nbits
+    from . import _demo_minilm, _demo_nbits
 
     ok &= _demo_nbits.run()
+    ok &= _demo_minilm.run()
     print("\nall examples reproduced" if ok else "\nSOME EXAMPLES DID NOT REPRODUCE")
     return 0 if ok else 1
 
@@ -113,7 +114,11 @@ def demo() -> int:
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(prog="quantmatmul", description=__doc__.split(": ", 1)[1])
     sub = parser.add_subparsers(dest="command", required=True)
-    sub.add_parser("demo", help="run each source document's worked example and compare with ONNX Runtime")
+    sub.add_parser(
+        "demo",
+        help="run each source document's worked example and compare with ONNX Runtime; "
+        "quantize all-MiniLM-L6-v2 with quantmatmul's and ONNX Runtime's quantizers",
+    )
     bench = sub.add_parser("bench", help="time quantmatmul against ONNX Runtime and oneDNN (torch) on identical inputs")
     bench.add_argument("--threads", type=int, default=None, help="threads for every library (default: all usable CPUs)")
     bench.add_argument("--repeat", type=int, default=15, help="interleaved rounds; medians are reported")
