@@ -10,7 +10,8 @@
 // kernels at levels 2 and 3) and level 4 with a g_idx (the front end passes A dequantized from
 // its int8 form); matmul_nbits_int8 serves level 4 without one (A quantized to int8 here). Both
 // split the columns across the thread pool and run the active kernel table's entries (qgemm.h):
-// kernels/qgemm_portable.cpp, or kernels/nbits_f32_avx2.cpp and kernels/nbits_int8_avx2.cpp.
+// kernels/qgemm_portable.cpp, kernels/nbits_f32_avx2.cpp and kernels/nbits_int8_avx2.cpp, or (level 4)
+// kernels/nbits_int8_avx512vnni.cpp.
 #pragma once
 
 #include <cmath>

@@ -699,6 +699,90 @@ def test_native_prefill_paths_within_the_documented_bounds(isa):
 
 
 # --------------------------------------------------------------------------------------------------
+# The AVX-512 VNNI level-4 kernels (nbits_int8_avx512vnni.cpp): emulated over SIMDe on any AVX2
+# machine, and natively where the CPU has AVX-512 VNNI. Their float32 epilogue is the AVX2 kernels',
+# operation for operation, so the two entries must agree bit for bit on every path; the integer
+# dot products are checked exactly that way (a wrong product by one unit hides inside the bounds).
+
+
+def _vnni_levels():
+    import quantmatmul
+
+    here = quantmatmul.available_isas() + quantmatmul.emulated_isas()
+    return [isa for isa in ("avx512_vnni-emulated", "avx512_vnni") if isa in here and "avx2" in here]
+
+
+@pytest.fixture(params=_vnni_levels() or [pytest.param(None, marks=pytest.mark.skip(reason="no AVX-512 VNNI entry"))])
+def vnni(request):
+    """Selects the AVX-512 VNNI MatMulNBits entry (emulated, and native where the CPU has it)."""
+    import quantmatmul
+
+    before = quantmatmul.cpu_info()["isa"]
+    quantmatmul.set_isa(request.param)
+    assert quantmatmul.cpu_info()["kernels"]["nbits"] == request.param
+    yield request.param
+    quantmatmul.set_isa(before)
+
+
+def _under(isa, fn):
+    import quantmatmul
+
+    before = quantmatmul.cpu_info()["isa"]
+    quantmatmul.set_isa(isa)
+    try:
+        return fn()
+    finally:
+        quantmatmul.set_isa(before)
+
+
+@pytest.mark.parametrize("bits", BITS)
+def test_vnni_level4_equals_avx2_bit_for_bit(vnni, bits):
+    """Every width x block sizes 16..256 x rows 1, 3, 7 (per-column kernel) and 8, 9, 33 (GEMM: groups
+    of 8 and row tails) x every zero-point form: the same bits as the AVX2 entry, and within the tight
+    tolerance of the exact product of the level's operands. K: 1 to 19 blocks (whole groups of 8
+    blocks and the blocks left over), mostly with a tail; N up to 40 (two tasks and a column tail)."""
+    rng = np.random.default_rng(4000 + bits)
+    for block_size in (16, 32, 64, 128, 256):
+        for M in (1, 3, 7, 8, 9, 33):
+            for zp in ZP_FORMS:
+                K = block_size * int(rng.integers(1, 20)) - int(rng.integers(0, block_size // 2 + 1))
+                case = Case(rng, bits, block_size, K=K, N=int(rng.integers(1, 41)), batch=(M,), zp=zp,
+                            bias=bool(rng.integers(0, 2)))
+                y = case.run(4)
+                expected = _under("avx2", lambda: case.run(4))
+                assert np.array_equal(y.view(np.uint32), expected.view(np.uint32)), f"{vnni} {case} vs avx2"
+                y_eff, tol = tight_tolerance(case, 4)
+                assert_within(y, y_eff, tol, f"{vnni} {case} tight")
+
+
+@pytest.mark.parametrize("bits", BITS)
+def test_vnni_level4_extreme_codes_and_activations(vnni, bits):
+    """Codes all at their maximum (every bit of B set) against A at +-max|a| (qa = +-127): per block
+    |sum qa * q| reaches 127 * (2^bits - 1) * block_size, and with 8-bit codes a pair of products
+    (2 * 255 * 127) overflows int16, where vpmaddubsw would saturate. All-positive, all-negative and
+    alternating-sign rows, both row regimes, groups of 8 blocks and blocks left over: the AVX2
+    entry's bits, and within the tight tolerance of the exact product."""
+    rng = np.random.default_rng(5000 + bits)
+    for block_size in (16, 32, 64, 256):
+        for M in (1, 5, 8, 12):
+            K, N = 12 * block_size, 19  # 12 blocks: a group of 8 and 4 left over
+            signs = np.ones((M, K), np.float32)
+            signs[1::3] = -1.0
+            signs[2::3, 1::2] = -1.0
+            for zp in ("none", "packed"):
+                case = Case(rng, bits, block_size, K=K, N=N, batch=(M,), zp=zp).replace(
+                    A=signs * 3.0,  # max|a| = 3 in every block: qa = +-127
+                    B=np.full((N, K // block_size, block_size * bits // 8), 255, np.uint8),
+                    scales=np.ones((N, K // block_size), np.float32))
+                if zp == "packed":  # zero points 0: nothing offsets the products
+                    case = case.replace(zero_points=np.zeros_like(case.zero_points))
+                y = case.run(4)
+                assert np.array_equal(y, _under("avx2", lambda: case.run(4))), (vnni, bits, block_size, M, zp)
+                y_eff, tol = tight_tolerance(case, 4)
+                assert_within(y, y_eff, tol, f"{vnni} bits {bits} block {block_size} M {M} zp {zp}")
+
+
+# --------------------------------------------------------------------------------------------------
 # MatMulNBits: a constant weight prepared once
 
 

@@ -14,6 +14,8 @@
 //    A interleaved by quads in groups of 4 rows (nbits_prepare_int8), 4 x 16 register tiles.
 //
 // Level 4 with a g_idx does not come here (it runs through the float kernels, nbits_f32_avx2.cpp).
+// The AVX-512 VNNI kernels (nbits_int8_avx512vnni.cpp) repeat both float32 epilogues operation for
+// operation and are tested bit for bit against these: change the order in both, or in neither.
 #include "nbits_avx2.h"
 
 #include <immintrin.h>

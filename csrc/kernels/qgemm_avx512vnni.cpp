@@ -25,6 +25,8 @@
 #include <cstdint>
 
 #include "dispatch.h"
+#include "nbits_avx2.h"
+#include "nbits_avx512vnni.h"
 #include "qgemm.h"
 #include "requantize.h"
 
@@ -64,8 +66,20 @@ const QGemmDispatch kQGemm = {
     .begin_task = nullptr,
 };
 
+// MatMulNBits: level 4 on vpdpbusd (nbits_int8_avx512vnni.cpp); levels 0-3 are the AVX2 float
+// kernels of the avx2 build (nbits_avx2.h), which every CPU this entry runs on has (the native
+// entry needs AVX-512, whose feature set includes AVX2's; the emulated one needs kAvx2Features,
+// exactly what the avx2 build is compiled for).
+const NBitsDispatch kNBits = {
+    .info = kInfo,
+    .rows = avx2::nbits_rows,
+    .rows_int8 = QMM_KERNEL_NS::nbits_rows_int8,
+    .prepare_int8 = QMM_KERNEL_NS::nbits_prepare_int8,
+    .prepare_f32 = avx2::nbits_prepare_f32,
+};
+
 }  // namespace
 
-KernelEntries QMM_KERNELS_FN() { return {&kQGemm, nullptr, nullptr}; }
+KernelEntries QMM_KERNELS_FN() { return {&kQGemm, &kNBits, nullptr}; }
 
 }  // namespace qmm
