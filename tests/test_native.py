@@ -167,6 +167,182 @@ def test_a_matmul_nbits_weight_runs_under_every_table():
         qm.set_isa(before)
 
 
+def _run_python(code, **env):
+    environment = {**os.environ, **env}
+    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=environment, timeout=120)
+
+
+def test_environment_variables():
+    done = _run_python("import quantmatmul as q; i = q.cpu_info(); print(i['isa'], q.get_num_threads())",
+                       QUANTMATMUL_ISA="portable", QUANTMATMUL_NUM_THREADS="3")
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split() == ["portable", "3"]
+    bad = _run_python("import quantmatmul", QUANTMATMUL_ISA="neon")
+    assert bad.returncode != 0 and "QUANTMATMUL_ISA='neon' is not one of" in bad.stderr
+
+
+def test_thread_counts_do_not_change_results():
+    rng = np.random.default_rng(1)
+    args = random_problem(rng, (u8, s8, u8), 77, 300, 190, per_column=True)
+    before = qm.get_num_threads()
+    try:
+        results = []
+        for n in (1, 2, 3, 5):
+            qm.set_num_threads(n)
+            assert qm.get_num_threads() == n
+            results.append(qm.qlinear_matmul(*args))
+        assert all(np.array_equal(r, results[0]) for r in results)
+        with pytest.raises(ValueError, match="^set_num_threads: n must be a positive integer"):
+            qm.set_num_threads(0)
+    finally:
+        qm.set_num_threads(before)
+
+
+def test_concurrent_calls_from_python_threads():
+    """The GIL is released in the kernels; concurrent calls must each get their own right answer."""
+    rng = np.random.default_rng(2)
+    problems = [random_problem(rng, COMBOS[i % 8], 40 + i, 200 + 3 * i, 50 + i, per_column=bool(i % 2)) for i in range(8)]
+    expected = [oracle.onnxruntime(*p) for p in problems]
+    weights = [qm.QLinearMatMul(p[3], p[4], p[5]) for p in problems]
+    errors = []
+
+    def worker(i):
+        try:
+            for _ in range(5):
+                p = problems[i]
+                assert np.array_equal(qm.qlinear_matmul(*p), expected[i])
+                assert np.array_equal(weights[i](p[0], p[1], p[2], p[6], p[7]), expected[i])
+        except BaseException as error:  # noqa: BLE001 - reported below
+            errors.append(error)
+
+    threads = [threading.Thread(target=worker, args=(i,)) for i in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors, errors[0]
+
+
+# --------------------------------------------------------------------------------------------------
+# QLinearMatMul: constant weights
+
+
+@pytest.mark.parametrize("numerics", ["onnxruntime", "onnx-reference", "exact"])
+def test_constant_weight_equals_function(numerics):
+    rng = np.random.default_rng(3)
+    for combo in COMBOS:
+        a, a_s, a_z, b, b_s, b_z, y_s, y_z = random_problem(rng, combo, 13, 40, 21, per_column=True)
+        w = qm.QLinearMatMul(b, b_s, b_z)
+        for a_in in (a, a[0], np.stack([a, a[::-1]])):
+            expected = qm.qlinear_matmul(a_in, a_s, a_z, b, b_s, b_z, y_s, y_z, numerics=numerics)
+            assert np.array_equal(w(a_in, a_s, a_z, y_s, y_z, numerics=numerics), expected)
+
+
+def test_constant_weight_batched_vector_and_float8_b():
+    rng = np.random.default_rng(4)
+    b3 = rng.integers(-128, 128, (3, 20, 9), dtype=s8)
+    a = rng.integers(0, 256, (2, 3, 5, 20), dtype=u8)
+    args = (f32(0.02), u8(128), f32(0.5), u8(10))
+    w = qm.QLinearMatMul(b3, f32(0.01), s8(0))
+    assert np.array_equal(w(a, *args), qm.qlinear_matmul(a, args[0], args[1], b3, f32(0.01), s8(0), args[2], args[3]))
+    bv = rng.integers(-128, 128, 20, dtype=s8)
+    wv = qm.QLinearMatMul(bv, f32(0.01), s8(3))
+    assert np.array_equal(wv(a, *args), qm.qlinear_matmul(a, args[0], args[1], bv, f32(0.01), s8(3), args[2], args[3]))
+    e4 = ml_dtypes.float8_e4m3fn
+    bf = rng.normal(size=(20, 4)).astype(e4)
+    wf = qm.QLinearMatMul(bf, f32(0.5), e4(0))
+    assert np.array_equal(wf(a, *args).view(u8),
+                          qm.qlinear_matmul(a, args[0], args[1], bf, f32(0.5), e4(0), args[2], args[3]).view(u8))
+
+
+def test_constant_weight_is_a_private_copy_and_compact():
+    rng = np.random.default_rng(5)
+    b = rng.integers(-128, 128, (4096, 512), dtype=s8)
+    w = qm.QLinearMatMul(b, f32(0.01), s8(0))
+    assert w.nbytes <= 1.25 * b.nbytes
+    a = rng.integers(0, 256, (2, 4096), dtype=u8)
+    before = w(a, f32(0.01), u8(128), f32(1.0), u8(128))
+    b[:] = 0  # the caller's array changes; the packed weight must not
+    assert np.array_equal(w(a, f32(0.01), u8(128), f32(1.0), u8(128)), before)
+    assert "QLinearMatMul(b: int8 (4096, 512)" in repr(w)
+
+
+def test_constant_weight_errors_name_the_class():
+    b = np.zeros((4, 3), s8)
+    with pytest.raises(TypeError, match="^QLinearMatMul: b dtype float32 is not supported"):
+        qm.QLinearMatMul(b.astype(f32), f32(1), s8(0))
+    with pytest.raises(TypeError, match="^QLinearMatMul: b_zero_point dtype uint8 does not match b dtype int8"):
+        qm.QLinearMatMul(b, f32(1), u8(0))
+    with pytest.raises(ValueError, match="^QLinearMatMul: b_scale must be nonzero"):
+        qm.QLinearMatMul(b, f32(0), s8(0))
+    w = qm.QLinearMatMul(b, f32(1), s8(0))
+    with pytest.raises(ValueError, match="^QLinearMatMul: inner dimensions differ"):
+        w(np.zeros((2, 5), u8), f32(1), u8(0), f32(1), u8(0))
+    with pytest.raises(TypeError, match="^QLinearMatMul: the three scales must share one dtype"):
+        w(np.zeros((2, 4), u8), np.float16(1), u8(0), np.float16(1), u8(0))
+    with pytest.raises(ValueError, match="^QLinearMatMul: numerics must be one of"):
+        w(np.zeros((2, 4), u8), f32(1), u8(0), f32(1), u8(0), numerics="fast")
+
+
+def test_report_which_paths_ran():
+    """Runs last in this module: every path this machine supports was exercised above."""
+    assert TESTED_ISAS >= set(kernel_levels()), f"tested {sorted(TESTED_ISAS)} of {kernel_levels()}"
+    print(f"\nkernel paths tested on {qm.cpu_info()['features']['brand']}: {sorted(TESTED_ISAS)}")
+
+
+@pytest.mark.parametrize("combo", COMBOS, ids=lambda c: "".join(np.dtype(t).char for t in c))
+def test_fast_path_equals_general_path(combo):
+    """2-D calls take a short path; a batch of one takes the general one: identical results."""
+    rng = np.random.default_rng(6 + COMBOS.index(combo))
+    for M, K, N in [(1, 16, 16), (7, 33, 20), (64, 256, 48)]:
+        for per_column in (False, True):
+            a, a_s, a_z, b, b_s, b_z, y_s, y_z = random_problem(rng, combo, M, K, N, per_column=per_column)
+            fast = qm.qlinear_matmul(a, a_s, a_z, b, b_s, b_z, y_s, y_z)
+            general = qm.qlinear_matmul(a[None], a_s, a_z, b, b_s, b_z, y_s, y_z)[0]
+            assert fast.flags.c_contiguous and fast.dtype == y_z.dtype and fast.shape == (M, N)
+            assert np.array_equal(fast, general) and np.array_equal(fast, oracle.onnxruntime(a, a_s, a_z, b, b_s, b_z, y_s, y_z))
+            w = qm.QLinearMatMul(b, b_s, b_z)
+            assert np.array_equal(w(a, a_s, a_z, y_s, y_z), fast)
+
+
+def test_fast_path_multiplier_is_float32_arithmetic():
+    """The fast path forms f32(f32(a_s * b_s) / y_s) with doubles; it must equal numpy's float32 ops bit for bit."""
+    from quantmatmul.qlinear import _f32
+
+    rng = np.random.default_rng(9)
+    bits = rng.integers(0, 2**32, (200_000, 3), dtype=np.uint64).astype(np.uint32)
+    s = bits.view(np.float32).reshape(-1, 3)
+    s = s[np.all(np.isfinite(s) & (s != 0), axis=1)]
+    with np.errstate(all="ignore"):
+        expected = (s[:, 0] * s[:, 1]) / s[:, 2]
+    ours = np.array([_f32(_f32(float(x) * float(y)) / float(z)) for x, y, z in s], np.float64)
+    finite = np.isfinite(ours)
+    assert np.array_equal(ours[finite].astype(np.float32).view(np.uint32), expected[finite].view(np.uint32))
+    assert np.all(~np.isfinite(expected[~finite]) | (np.abs(expected[~finite]) == np.finfo(np.float32).max))
+
+
+def test_float_path_gemm_is_one_fma_per_k_in_order(isa):
+    """The float8 path's float32 GEMM, bit for bit against fma in order of k (oracle, exact rationals),
+    on float32 data whose products are not exact: an unfused multiply-add, another order or a
+    different tiling of the sum would show. Shapes cover the 6 x 16 tiles and their row and column tails."""
+    from quantmatmul import _core
+    from quantmatmul.reference.qlinear_matmul import _fma_f32
+
+    rng = np.random.default_rng(11)
+    for M, K, N in [(7, 41, 19), (13, 9, 33), (1, 64, 5)]:
+        a = rng.standard_normal((1, M, K)).astype(np.float32)
+        b = rng.standard_normal((1, K, N)).astype(np.float32)
+        out = np.empty((1, M, N), np.float32)
+        index = np.zeros(1, np.int64)
+        _core.matmul_f32_sequential(a, index, b, index, out)
+        for m in range(M):
+            for n in range(N):
+                acc = 0.0
+                for k in range(K):
+                    acc = _fma_f32(float(a[0, m, k]), float(b[0, k, n]), acc)
+                assert out[0, m, n] == np.float32(acc), (isa, M, K, N, m, n)
+
+
 # Weak definitions a kernel object may have: the exception personality's data reference, the same
 # bytes in every object.
 WEAK_ALLOWED = {"DW.ref.__gxx_personality_v0"}
