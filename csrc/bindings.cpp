@@ -167,6 +167,14 @@ void bind_runtime(nb::module_& m) {
     d["float8"] = label(qmm::float8_kernels().info);
     return d;
   });
+  m.def("kernel_levels", [] {  // the level of the entry each family uses now (an entry's name need not be a level)
+    auto level = [](const qmm::EntryInfo& info) { return std::string(qmm::isa_name(info.isa)); };
+    nb::dict d;
+    d["qgemm"] = level(qmm::qgemm_kernels().info);
+    d["nbits"] = level(qmm::nbits_kernels().info);
+    d["float8"] = level(qmm::float8_kernels().info);
+    return d;
+  });
   m.def("qgemm_layout", [] { return static_cast<int>(qmm::qgemm_kernels().layout->id); });
   m.def("kernel_entries", &qmm::kernel_entries);
   m.def("self_test_report", &qmm::self_test_report);

@@ -55,6 +55,7 @@ struct NBitsDispatch {
 
 struct Float8Dispatch {
   EntryInfo info;
+  int64_t a_group;  // rows of a interleaved by k for sgemm_rows (csrc/qgemm.h); 1: a as given
   SgemmRows sgemm_rows;
 };
 

@@ -91,9 +91,13 @@ using QGemmKernel = void (*)(const int32_t* a, int64_t rows, const int8_t* b_pan
 using RequantizeRow = void (*)(const int32_t* acc, const float* multiplier, const int32_t* zp, int64_t count,
                                bool y_signed, void* y);
 
-// y[r, n] = sum_k a[r, k] * b[k, n] for rows r < rows, float32 fused multiply-adds in order of k
-// from +0 (kernels/sgemm_rows.inc): the float8 path. a is [rows, K], y [rows, N], and b comes
-// in panels of 16 columns, [ceil(N / 16)][K][16], zero padded.
-using SgemmRows = void (*)(const float* a, const float* b, float* y, int64_t rows, int64_t N, int64_t K);
+// y[r * ldy + n] = sum_k a[r, k] * b[k, n] for rows r < rows and columns n < cols, float32 fused
+// multiply-adds in order of k from +0 (kernels/sgemm_rows.inc): the float8 path. b comes in panels
+// of 16 columns, [ceil(cols / 16)][K][16], zero padded. a holds the rows interleaved by k in groups
+// of the entry's a_group rows (Float8Dispatch, csrc/dispatch.h), as the driver packs them: the
+// group of rows [g, g + G) (g a multiple of G; G = a_group, or the rows left for the last group)
+// at a + g * K, a[r, k] at a + g * K + k * G + (r - g). With a_group 1 that is a as given, [rows, K].
+using SgemmRows = void (*)(const float* a, const float* b, float* y, int64_t ldy, int64_t rows, int64_t cols,
+                           int64_t K);
 
 }  // namespace qmm

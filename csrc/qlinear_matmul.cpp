@@ -2,6 +2,7 @@
 #include "qlinear_matmul.h"
 
 #include <algorithm>
+#include <memory>
 #include <new>
 #include <stdexcept>
 #include <string>
@@ -251,7 +252,9 @@ void qlinear_matmul_exact(const QGemmProblem& p, View3<float> a_scale, View3<flo
 
 void matmul_f32_sequential(int64_t batch, int64_t M, int64_t N, int64_t K, const float* a, const int64_t* a_index,
                            const float* b, const int64_t* b_index, float* out) {
-  const SgemmRows sgemm_rows = float8_kernels().sgemm_rows;
+  const Float8Dispatch& entry = float8_kernels();
+  const SgemmRows sgemm_rows = entry.sgemm_rows;
+  const int64_t group = entry.a_group;
   // Pack each distinct b into panels of 16 columns: [panel][k][16], zero padded.
   const int64_t b_count = batch ? *std::max_element(b_index, b_index + batch) + 1 : 0;
   const int64_t panels = (N + 15) / 16, panel_floats = panels * 16 * K;
@@ -262,13 +265,39 @@ void matmul_f32_sequential(int64_t batch, int64_t M, int64_t N, int64_t K, const
     for (int64_t k = 0; k < K; ++k)
       for (int64_t j = 0; j < cols; ++j) dst[k * 16 + j] = b[(i * K + k) * N + n0 + j];
   });
-  constexpr int64_t kRowsPerTask = 48;  // each task streams all of b once: more rows, less traffic
-  const int64_t row_blocks = (M + kRowsPerTask - 1) / kRowsPerTask;
-  parallel_for(batch * row_blocks, [&](int64_t task) {
-    const int64_t bt = task / row_blocks, m0 = task % row_blocks * kRowsPerTask;
-    const int64_t rows = std::min(kRowsPerTask, M - m0);
-    sgemm_rows(a + (a_index[bt] * M + m0) * K, packed.data() + b_index[bt] * panel_floats, out + (bt * M + m0) * N,
-               rows, N, K);
+  // Each distinct a, its rows interleaved by k in groups of the entry's a_group (csrc/qgemm.h):
+  // once per call, so that no task copies rows again for each of its column blocks.
+  const float* a_rows = a;
+  std::unique_ptr<float[]> a_packed;
+  if (group > 1) {
+    const int64_t a_count = batch ? *std::max_element(a_index, a_index + batch) + 1 : 0;
+    const int64_t groups = (M + group - 1) / group;
+    a_packed.reset(new float[static_cast<size_t>(a_count * M * K)]);
+    parallel_for(a_count * groups, [&](int64_t task) {
+      const int64_t m0 = task / groups * M + task % groups * group, rows = std::min(group, M - task % groups * group);
+      const float* src = a + m0 * K;
+      float* dst = a_packed.get() + m0 * K;
+      for (int64_t k = 0; k < K; ++k)
+        for (int64_t r = 0; r < rows; ++r) dst[k * rows + r] = src[r * K + k];
+    });
+    a_rows = a_packed.get();
+  }
+  // Tasks of (matrix, block of columns, block of rows), rows fastest: the row blocks of one column
+  // block run side by side and share its b panels through the last-level cache. A task takes 48
+  // rows (a multiple of every entry's a_group) and about kTaskPanelBytes of b panels (L2-sized; an
+  // even count of at least 2: the AVX-512 tiles take panels in pairs): M = 128, N = K = 4096 makes
+  // 3 x 128 tasks. Each output is still computed by one task, one FMA chain over all of k.
+  constexpr int64_t kRowsPerTask = 48;
+  constexpr int64_t kTaskPanelBytes = 512 << 10;
+  const int64_t task_rows = (kRowsPerTask + group - 1) / group * group;
+  const int64_t panel_bytes = 16 * K * static_cast<int64_t>(sizeof(float));
+  const int64_t task_panels = std::max<int64_t>(2, (panel_bytes ? kTaskPanelBytes / panel_bytes : panels) / 2 * 2);
+  const int64_t row_blocks = (M + task_rows - 1) / task_rows, col_blocks = (panels + task_panels - 1) / task_panels;
+  parallel_for(batch * col_blocks * row_blocks, [&](int64_t task) {
+    const int64_t bt = task / (col_blocks * row_blocks), block = task % (col_blocks * row_blocks);
+    const int64_t m0 = block % row_blocks * task_rows, p0 = block / row_blocks * task_panels, n0 = p0 * 16;
+    sgemm_rows(a_rows + (a_index[bt] * M + m0) * K, packed.data() + b_index[bt] * panel_floats + p0 * 16 * K,
+               out + (bt * M + m0) * N + n0, N, std::min(task_rows, M - m0), std::min(task_panels * 16, N - n0), K);
   });
 }
 

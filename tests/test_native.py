@@ -84,15 +84,111 @@ def test_isa_report_and_settings():
 def test_each_family_reports_its_entry_per_level(isa):
     """A level runs each family's entry of that level where it has one, else its best one below;
     emulated entries run only when asked for by name."""
-    kernels = qm.cpu_info()["kernels"]
+    kernels, levels = qm.cpu_info()["kernels"], _core.kernel_levels()
     level = isa.removesuffix("-emulated")
     order = ["portable", "avx2", "avx512_vnni", "amx"]
     for family in ("qgemm", "nbits", "float8"):
-        name = kernels[family]
-        assert order.index(name.removesuffix("-emulated")) <= order.index(level), (family, name)
-        assert name.endswith("-emulated") == (name.removesuffix("-emulated") == level and isa.endswith("-emulated"))
+        name = kernels[family]  # the entry's name: its level, or what it uses (float8's "avx512f")
+        assert order.index(levels[family]) <= order.index(level), (family, name, levels[family])
+        assert name.endswith("-emulated") == (levels[family] == level and isa.endswith("-emulated")), (family, name)
     entries = qm.cpu_info()["entries"]
     assert f"qgemm:{kernels['qgemm'].replace('-emulated', ' (emulated)')}" in entries
+
+
+def _f32_gemm(a, b, a_index=None, b_index=None):
+    """The float8 path's float32 GEMM as the driver runs it (csrc/qlinear_matmul.cpp), its bits as uint32."""
+    a_index = np.zeros(1, np.int64) if a_index is None else a_index
+    b_index = np.zeros(1, np.int64) if b_index is None else b_index
+    out = np.empty((len(a_index), a.shape[1], b.shape[2]), np.float32)
+    _core.matmul_f32_sequential(a, a_index, b, b_index, out)
+    return out.view(np.uint32)
+
+
+def test_float_path_gemm_is_one_fma_per_k_in_order(isa):
+    """The float8 path's float32 GEMM, bit for bit against fma in order of k (oracle, exact rationals),
+    on float32 data whose products are not exact: an unfused multiply-add, another order or a
+    different tiling of the sum would show. Shapes cover the 6 x 16 (AVX2) and 12 x 32 (AVX-512)
+    tiles and their row and column tails."""
+    from quantmatmul.reference.qlinear_matmul import _fma_f32
+
+    rng = np.random.default_rng(11)
+    for M, K, N in [(7, 41, 19), (13, 9, 33), (1, 64, 5), (14, 30, 35)]:
+        a = rng.standard_normal((1, M, K)).astype(np.float32)
+        b = rng.standard_normal((1, K, N)).astype(np.float32)
+        out = _f32_gemm(a, b).view(np.float32)
+        for m in range(M):
+            for n in range(N):
+                acc = 0.0
+                for k in range(K):
+                    acc = _fma_f32(float(a[0, m, k]), float(b[0, k, n]), acc)
+                assert out[0, m, n] == np.float32(acc), (isa, M, K, N, m, n)
+
+
+def test_the_float8_family_runs_its_avx512_entry_at_the_avx512_level():
+    """The float8 family's AVX-512F entry sits at level avx512_vnni: under avx512_vnni-emulated the
+    family runs the emulated build of kernels/float8_avx512.cpp (so the `isa` fixture's
+    avx512_vnni-emulated runs of the float8 tests exercise it), and natively on an AVX-512 CPU."""
+    before = qm.cpu_info()["isa"]
+    try:
+        if "avx512_vnni-emulated" in qm.emulated_isas():
+            qm.set_isa("avx512_vnni-emulated")
+            assert qm.cpu_info()["kernels"]["float8"] == "avx512f-emulated"
+            assert _core.kernel_levels()["float8"] == "avx512_vnni"
+        if "avx512_vnni" in qm.available_isas() and "float8:avx512f" in qm.cpu_info()["entries"]:
+            qm.set_isa("avx512_vnni")
+            assert qm.cpu_info()["kernels"]["float8"] == "avx512f"
+    finally:
+        qm.set_isa(before)
+    assert "float8:avx512f (emulated)" in qm.cpu_info()["entries"] or not qm.emulated_isas()
+
+
+def _portable_f32_gemm(*args):
+    before = qm.cpu_info()["isa"]
+    try:
+        qm.set_isa("portable")
+        return _f32_gemm(*args)
+    finally:
+        qm.set_isa(before)
+
+
+def test_float_path_tile_edges_match_the_portable_entry(isa):
+    """Every row count of a 12-row tile and its tail (1 .. 13), column counts around the 16-column
+    panels and 32-column panel pairs (1 .. 70), K around the k chunks (0 .. 300): bit for bit the
+    portable entry's std::fma in order of k."""
+    rng = np.random.default_rng(5)
+    for K in (0, 1, 2, 127, 128, 129, 255, 256, 257, 300):
+        b = rng.standard_normal((1, K, 70)).astype(np.float32)
+        a = rng.standard_normal((1, 13, K)).astype(np.float32)
+        for N in (1, 2, 15, 16, 17, 31, 32, 33, 47, 48, 49, 63, 64, 65, 70):
+            bn = np.ascontiguousarray(b[:, :, :N])
+            for M in range(1, 14):
+                am = np.ascontiguousarray(a[:, :M])
+                got, want = _f32_gemm(am, bn), _portable_f32_gemm(am, bn)
+                assert np.array_equal(got, want), (isa, M, K, N)
+                if K == 0:
+                    assert not got.any()  # +0, not -0
+
+
+def test_float_path_threads_and_task_blocks_do_not_change_bits(isa):
+    """The driver splits the float GEMM into (matrix, column block, row block) tasks; 1, 2, 3 or 5
+    threads, shapes of several row blocks (48 rows) and column blocks (about 512 KB of b panels: 4 at
+    K = 1500, 2 at K = 4200), batched with repeated a and b: the same bits as the portable entry on
+    one thread."""
+    rng = np.random.default_rng(9)
+    before = qm.get_num_threads()
+    cases = [(100, 1500, 150, [0, 1, 0], [1, 1, 0]), (61, 4200, 70, [0], [0]), (49, 64, 1100, [0], [0])]
+    try:
+        for M, K, N, a_index, b_index in cases:
+            a = rng.standard_normal((max(a_index) + 1, M, K)).astype(np.float32)
+            b = rng.standard_normal((max(b_index) + 1, K, N)).astype(np.float32)
+            args = (a, b, np.array(a_index, np.int64), np.array(b_index, np.int64))
+            qm.set_num_threads(1)
+            want = _portable_f32_gemm(*args)
+            for n in (1, 2, 3, 5):
+                qm.set_num_threads(n)
+                assert np.array_equal(_f32_gemm(*args), want), (isa, M, K, N, n)
+    finally:
+        qm.set_num_threads(before)
 
 
 def _weight(rng, b_t, K, N):

@@ -157,39 +157,43 @@ void requantize_row_avx2(const int32_t* acc, const float* multiplier, const int3
 }
 
 // The float8 path's float32 GEMM (contract: kernels/sgemm_rows.inc): one fused multiply-add per k,
-// in order of k, exactly as the portable code does (std::fma), so both give the same bits. Rows
-// come in groups of 6, interleaved by k into a thread-local copy ([k][6]: a tile's broadcasts
-// read one run per k), for 6 x 16 tiles of 12 accumulators; the last rows take 4 x 16 and 1 x 16
-// tiles straight from a. Each panel of b is swept in chunks of 256 k (16 KB, L1-resident while
-// every row tile passes); the tiles' sums wait in a [rows][16] block between chunks, so each sum
-// still sees its k in order.
+// in order of k, exactly as the portable code does (std::fma), so both give the same bits. a comes
+// interleaved by k in groups of 6 rows (kSgemmGroup, the entry's a_group: the driver packs it once
+// per call, [k][6], so that a tile's broadcasts read one run per k) for 6 x 16 tiles of 12
+// accumulators; the last group's rows (rows % 6, [k][rows % 6]) take a tile of that many rows.
+// Each panel of b is swept in chunks of 256 k (16 KB, L1-resident while every row tile passes);
+// the tiles' sums wait in a [rows][16] block between chunks, so each sum still sees its k in order.
 constexpr int64_t kSgemmGroup = 6;
 constexpr int64_t kSgemmChunk = 256;
 
-void sgemm_rows_avx2(const float* a, const float* b_panels, float* y, int64_t rows, int64_t N, int64_t K) {
-  const int64_t groups = rows / kSgemmGroup;
-  thread_local Scratch grouped_storage, partial_storage;
-  float* const grouped = grouped_storage.get<float>(groups * kSgemmGroup * K);
+// The last group's tile: `rows` (1 .. 5) rows interleaved by k.
+void fma_tile_tail(int64_t rows, const float* a, int64_t k0, int64_t k1, const float* panel, float* partial) {
+  switch (rows) {
+    case 1: return fma_tile<1>(a, 1, 1, k0, k1, panel, partial);
+    case 2: return fma_tile<2>(a, 1, 2, k0, k1, panel, partial);
+    case 3: return fma_tile<3>(a, 1, 3, k0, k1, panel, partial);
+    case 4: return fma_tile<4>(a, 1, 4, k0, k1, panel, partial);
+    default: return fma_tile<5>(a, 1, 5, k0, k1, panel, partial);
+  }
+}
+
+void sgemm_rows_avx2(const float* a, const float* b_panels, float* y, int64_t ldy, int64_t rows, int64_t cols,
+                     int64_t K) {
+  const int64_t full = rows / kSgemmGroup * kSgemmGroup, tail = rows - full;
+  thread_local Scratch partial_storage;
   float* const partial = partial_storage.get<float>(rows * 16);
-  for (int64_t g = 0; g < groups; ++g)
-    for (int64_t k = 0; k < K; ++k)
-      for (int64_t r = 0; r < kSgemmGroup; ++r)
-        grouped[(g * K + k) * kSgemmGroup + r] = a[(g * kSgemmGroup + r) * K + k];
-  for (int64_t n = 0; n < N; n += 16) {
+  for (int64_t n = 0; n < cols; n += 16) {
     const float* panel = b_panels + n * K;
-    const int64_t cols = N - n < 16 ? N - n : 16;
+    const int64_t width = cols - n < 16 ? cols - n : 16;
     zero_floats(partial, rows * 16);  // +0: the sums' starting value
     for (int64_t k0 = 0; k0 < K; k0 += kSgemmChunk) {
       const int64_t k1 = min_i64(K, k0 + kSgemmChunk);
-      for (int64_t g = 0; g < groups; ++g)
-        fma_tile<kSgemmGroup>(grouped + g * kSgemmGroup * K, 1, kSgemmGroup, k0, k1, panel,
-                              partial + g * kSgemmGroup * 16);
-      int64_t m = groups * kSgemmGroup;
-      for (; m + 4 <= rows; m += 4) fma_tile<4>(a + m * K, K, 1, k0, k1, panel, partial + m * 16);
-      for (; m < rows; ++m) fma_tile<1>(a + m * K, K, 1, k0, k1, panel, partial + m * 16);
+      for (int64_t m = 0; m < full; m += kSgemmGroup)
+        fma_tile<kSgemmGroup>(a + m * K, 1, kSgemmGroup, k0, k1, panel, partial + m * 16);
+      if (tail) fma_tile_tail(tail, a + full * K, k0, k1, panel, partial + full * 16);
     }
     for (int64_t m = 0; m < rows; ++m)
-      for (int64_t j = 0; j < cols; ++j) y[m * N + n + j] = partial[m * 16 + j];
+      for (int64_t j = 0; j < width; ++j) y[m * ldy + n + j] = partial[m * 16 + j];
   }
 }
 
@@ -211,7 +215,7 @@ const NBitsDispatch kNBits = {
     .prepare_int8 = avx2::nbits_prepare_int8,
     .prepare_f32 = avx2::nbits_prepare_f32,
 };
-const Float8Dispatch kFloat8 = {.info = kInfo, .sgemm_rows = sgemm_rows_avx2};
+const Float8Dispatch kFloat8 = {.info = kInfo, .a_group = kSgemmGroup, .sgemm_rows = sgemm_rows_avx2};
 
 }  // namespace
 

@@ -125,6 +125,7 @@ const NBitsDispatch kPortableNBits = {
 };
 const Float8Dispatch kPortableFloat8 = {
     .info = {.name = "portable", .isa = Isa::kPortable, .needs = 0, .emulated = false},
+    .a_group = 1,
     .sgemm_rows = sgemm_rows_impl,
 };
 
