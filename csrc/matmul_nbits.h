@@ -38,9 +38,10 @@ struct NBitsWeight {
   const int32_t* g_idx = nullptr;
 };
 
+// Helpers kernel files share are static inline (see requantize.h).
 // x rounded to float16 or bfloat16 (nearest even; float16 overflows to infinity, NaN stays NaN) and
 // back, as numpy's / ml_dtypes' astype do; x itself for float32. Scalar: kernels vectorize their own.
-inline float round_operand(float x, NBitsOperands operands) {
+static inline float round_operand(float x, NBitsOperands operands) {
   if (operands == NBitsOperands::kFloat32 || std::isnan(x)) return x;
   uint32_t bits;
   std::memcpy(&bits, &x, 4);
@@ -57,7 +58,7 @@ inline float round_operand(float x, NBitsOperands operands) {
 }
 
 // The zero point of block `index` (= n * k_blocks + b) as float32.
-inline float zero_point(const NBitsWeight& w, int64_t index) {
+static inline float zero_point(const NBitsWeight& w, int64_t index) {
   return w.zero_points_u8 ? static_cast<float>(w.zero_points_u8[index]) : w.zero_points[index];
 }
 

@@ -6,10 +6,13 @@
 
 namespace qmm {
 
+// static inline: kernel files built with AVX-512 or AMX flags include this header too; with external
+// linkage an out-of-line copy from such a file could be the one the linker keeps for every caller.
+
 // ONNX Runtime / MLAS (MlasRequantizeOutput): float32 multiply, clamp to [qmin - zp, qmax - zp] with
 // the operand order of maxps/minps (a NaN becomes the lower bound, as in MLAS), round half to even
 // (cvtps_epi32 under the default rounding mode), add the zero point.
-inline int32_t requantize_onnxruntime(int32_t acc, float multiplier, int32_t zp, int32_t qmin, int32_t qmax) {
+static inline int32_t requantize_onnxruntime(int32_t acc, float multiplier, int32_t zp, int32_t qmin, int32_t qmax) {
   float v = static_cast<float>(acc) * multiplier;
   const float lo = static_cast<float>(qmin - zp);
   const float hi = static_cast<float>(qmax - zp);
@@ -19,7 +22,7 @@ inline int32_t requantize_onnxruntime(int32_t acc, float multiplier, int32_t zp,
 }
 
 // onnx.reference: D = C * multiplier (float64), D += zp (float64), rint, clip, cast.
-inline int32_t requantize_onnx_reference(int32_t acc, double multiplier, int32_t zp, int32_t qmin, int32_t qmax) {
+static inline int32_t requantize_onnx_reference(int32_t acc, double multiplier, int32_t zp, int32_t qmin, int32_t qmax) {
   double d = static_cast<double>(acc) * multiplier;
   d += static_cast<double>(zp);
   d = std::nearbyint(d);

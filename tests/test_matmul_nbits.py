@@ -9,6 +9,7 @@ import tracemalloc
 import ml_dtypes
 import numpy as np
 import pytest
+import quantmatmul
 
 from quantmatmul.matmul_nbits import _decode, dequantize_nbits, matmul_nbits
 from quantmatmul.nbits_layout import pack_nbits, packed_size, unpack_nbits
@@ -234,6 +235,27 @@ def test_level4_uses_127_over_max_not_the_reciprocal_of_the_scale():
         qa, scale = oracle.quantize_a_int8(x, 16, 16)
         assert qa[0, 1] == np.rint(a[r, c] * ort_mul[r]) != np.rint(a[r, c] * other_mul[r])
         assert y[0, 1] == np.float32(scale[0, 0] * np.float32(qa[0, 1]))
+
+
+def test_level4_quantizes_a_tall_A_row_by_row_like_the_oracle():
+    """A is quantized in row tasks on the thread pool (1024 rows of K = 16 per task): every row of
+    every task, ties included, as the oracle does, with the blocks' non-finite and tiny cases mixed in."""
+    B, scales, zp = _one_hot_weight(16)
+    rng = np.random.default_rng(11)
+    amax = rng.uniform(0.5, 4, 3001).astype(np.float32)
+    a = (rng.integers(-254, 255, (3001, 16)) / np.float32(254) * amax[:, None]).astype(np.float32)  # many ties
+    a[:, 0] = amax
+    a[5, 3], a[2000, 7], a[2999, :2] = np.nan, -np.inf, [1e-38, -5e-39]
+    before = quantmatmul.get_num_threads()
+    quantmatmul.set_num_threads(2)
+    try:
+        y = matmul_nbits(a, B, scales, zp, K=16, N=16, bits=4, block_size=16, accuracy_level=4)
+    finally:
+        quantmatmul.set_num_threads(before)
+    finite = np.isfinite(a).all(axis=1)
+    qa, scale = oracle.quantize_a_int8(a[finite], 16, 16)
+    assert np.array_equal(y[finite], (scale * qa.astype(np.float32)).astype(np.float32))
+    assert np.isnan(y[~finite]).all()
 
 
 def test_level4_tiny_blocks_and_non_finite_rows():
