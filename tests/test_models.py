@@ -163,3 +163,26 @@ def test_mse_keeps_embeddings_closer_than_onnxruntimes_quantizer(rows):
     """Issue 12's target at 4 bits, block 32 (the demo and docs/models.md measure every width and block size)."""
     mse, rtn = rows["quantmatmul mse"], rows["ORT nbits rtn"]
     assert 0.95 < rtn.cos_mean < 1 and mse.cos_mean >= rtn.cos_mean, (mse.cos_mean, rtn.cos_mean)
+
+
+def test_onnxruntime_static_int8_minilm_runs_and_compares(model, tmp_path):
+    """Issue 12's InferenceSession and compare targets on the real model: ORT's quantize_static (QOperator,
+    QLinearMatMul) MiniLM. compare names no node, or (on a CPU where ORT's u8·s8 kernel saturates int16
+    pair sums) only nodes it explains by that; InferenceSession's embeddings are ORT's."""
+    qm_onnx = pytest.importorskip("quantmatmul.onnx", reason="needs quantmatmul.onnx")
+    from quantmatmul import _demo_minilm as demo
+    from quantmatmul.peers import onnxruntime_u8s8_saturates
+
+    quantized = demo.quantize(demo.Config("ORT static", bits=8), model, str(tmp_path))
+    assert sum(n.op_type == "QLinearMatMul" for n in quantized.graph.node) == 36
+    feeds = minilm.tokenize(FEW)
+    report = qm_onnx.compare(quantized, feeds, numerics="onnxruntime")
+    assert sum(r["op_type"] == "QLinearMatMul" for r in report.rows) == 36
+    differing = [r for r in report.rows if r["ok"] is False]
+    assert all(r["op_type"] == "QLinearMatMul" and "saturates" in r["note"] for r in differing), str(report)
+    if not onnxruntime_u8s8_saturates():
+        assert report.ok, str(report)
+    ours = qm_onnx.InferenceSession(quantized).run([minilm.OUTPUT], feeds)[0]
+    theirs = _session(quantized).run([minilm.OUTPUT], feeds)[0]
+    cosines = np.sum(ours * theirs, axis=1)  # unit rows
+    assert cosines.min() > (0.95 if differing else 1 - 1e-5), cosines
