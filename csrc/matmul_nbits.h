@@ -103,8 +103,8 @@ using NBitsPrepareInt8 = void (*)(int8_t* qa, int64_t M, const NBitsWeight& w);
 // (prepare_int8 keeps each group of row_group rows within its own rows' bytes), its M the range's
 // rows, and Y at the range's first row. So rows_int8 sees at least min(M, row_group) rows.
 struct NBitsInt8Tiling {
-  int64_t min_rows;   // 0: none
-  int64_t columns;    // per task
+  int64_t min_rows;  // 0: none
+  int64_t columns;  // per task
   int64_t row_group;  // >= min_rows
 };
 // Levels 0-3: rearranges A [M, K] once per call into out (M * K floats) in the order the same

@@ -829,7 +829,7 @@ def test_amx_level4_row_blocks_equal_avx2_bit_for_bit(amx, bits):
             K = max(K, 1100) if block_size == 16 and j == 0 else K  # two passes with blocks of 16
             case = Case(rng, bits, block_size, K=K, N=int(rng.integers(1, 71)), batch=(M,),
                         zp=ZP_FORMS[(i + j) % 3], bias=(i + j) % 2 == 1)
-            expected = _under("avx2", lambda: case.run(4))
+            expected = _under("avx2", lambda c=case: c.run(4))
             try:
                 for n_threads in (threads, 16):  # 16: ranges of row groups over the same columns
                     quantmatmul.set_num_threads(n_threads)
@@ -850,7 +850,7 @@ def test_amx_level4_non_finite_rows_and_zero_padding(amx):
         A = case.A.copy()
         A[0, 3], A[M - 1, 0], A[M // 2, -1] = np.nan, np.inf, -np.inf
         y = case.run(4, A)
-        assert np.array_equal(y.view(np.uint32), _under("avx2", lambda: case.run(4, A)).view(np.uint32))
+        assert np.array_equal(y.view(np.uint32), _under("avx2", lambda c=case, a=A: c.run(4, a)).view(np.uint32))
         bad = np.zeros(M, bool)
         bad[[0, M - 1, M // 2]] = True
         assert np.isnan(y[bad]).all() and np.isfinite(y[~bad]).all(), (amx, M, block_size)
@@ -870,7 +870,7 @@ def test_amx_tile_configuration_per_task(amx):
     expected_q = qoracle.onnxruntime(*qargs)
     for block_size in (16, 32, 64, 16):
         case = Case(rng, 4, block_size, K=150, N=40, batch=(33,), zp="packed")
-        expected = _under("avx2", lambda: case.run(4))
+        expected = _under("avx2", lambda c=case: c.run(4))
         assert np.array_equal(quantmatmul.qlinear_matmul(*qargs), expected_q)
         assert np.array_equal(case.run(4).view(np.uint32), expected.view(np.uint32)), (amx, block_size)
         assert np.array_equal(quantmatmul.qlinear_matmul(*qargs), expected_q)

@@ -66,8 +66,8 @@ namespace vnni = ::qmm::avx512_vnni_emulated;
 namespace vnni = ::qmm::avx512_vnni;
 #endif
 
-constexpr int64_t kGroup = 32;   // rows per group of A: tmm4, tmm5
-constexpr int64_t kPanel = 32;   // columns per panel: tmm6, tmm7
+constexpr int64_t kGroup = 32;  // rows per group of A: tmm4, tmm5
+constexpr int64_t kPanel = 32;  // columns per panel: tmm6, tmm7
 constexpr int64_t kChunk = 512;  // codes per pass over the groups (at least one block)
 constexpr int64_t kMinRows = QMM_KERNEL_NS::kNBitsTiling.min_rows;
 static_assert(QMM_KERNEL_NS::kNBitsTiling.row_group == kGroup && QMM_KERNEL_NS::kNBitsTiling.columns == kPanel);

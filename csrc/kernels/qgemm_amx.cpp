@@ -31,7 +31,7 @@
 #define SIMDE_ENABLE_NATIVE_ALIASES
 #include <simde/x86/avx512.h>
 #define QMM_AMX_EMULATION_STATE  // the build's one tile state is defined here (amx_emulation.h)
-#include "amx_emulation.h"       // last: it replaces the AMX intrinsics
+#include "amx_emulation.h"  // last: it replaces the AMX intrinsics
 #else
 #include <immintrin.h>
 #endif
