@@ -51,6 +51,7 @@ struct NBitsDispatch {
   NBitsRowsInt8 rows_int8;        // level 4
   NBitsPrepareInt8 prepare_int8;  // may be null
   NBitsPrepareF32 prepare_f32;    // may be null
+  NBitsInt8Tiling int8_tiling;    // level 4's tasks (zero: 16 columns over all rows)
 };
 
 struct Float8Dispatch {

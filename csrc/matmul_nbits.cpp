@@ -1,4 +1,4 @@
-// matmul_nbits.cpp: MatMulNBits level 0/1 driver: code decoding (shared by every path) and column blocks on the thread pool.
+// matmul_nbits.cpp: MatMulNBits drivers (levels 0-3 float, level 4 int8): code decoding (shared by every path), A quantized to int8, and tasks on the thread pool.
 #include "matmul_nbits.h"
 
 #include <algorithm>
@@ -139,17 +139,30 @@ void quantize_a_int8(const float* A, int64_t M, int64_t K, int64_t block_size, i
 
 void matmul_nbits_int8(const float* A, int64_t M, const NBitsWeight& w, const float* bias, float* Y) {
   const NBitsDispatch& kernels = nbits_kernels();  // one entry for the preparation and the products
-  std::vector<int8_t> qa(static_cast<size_t>(M * w.k_blocks * w.block_size));
+  const NBitsInt8Tiling& tiling = kernels.int8_tiling;
+  const bool tiled = tiling.min_rows > 0 && M >= tiling.min_rows;
+  const int64_t padded = w.k_blocks * w.block_size;
+  const int64_t rows = tiled ? (M + tiling.row_group - 1) / tiling.row_group * tiling.row_group : M;
+  std::vector<int8_t> qa(static_cast<size_t>(rows * padded));  // zeros: the rows past M stay so
   std::vector<float> scale(static_cast<size_t>(M * w.k_blocks)), block_sum(scale.size());
   quantize_a_int8(A, M, w.K, w.block_size, qa.data(), scale.data(), block_sum.data());
   if (kernels.prepare_int8) kernels.prepare_int8(qa.data(), M, w);
-  const NBitsRowsInt8 rows = kernels.rows_int8;
-  const QuantizedA a{qa.data(), scale.data(), block_sum.data(), M, w.k_blocks * w.block_size};
-  constexpr int64_t kColumnsPerTask = 16;
-  const int64_t tasks = (w.N + kColumnsPerTask - 1) / kColumnsPerTask;
-  parallel_for(tasks, [&](int64_t task) {
-    const int64_t n0 = task * kColumnsPerTask;
-    rows(a, w, n0, std::min(w.N, n0 + kColumnsPerTask), bias, Y);
+  const NBitsRowsInt8 rows_int8 = kernels.rows_int8;
+  const QuantizedA a{qa.data(), scale.data(), block_sum.data(), M, padded};
+  const int64_t columns = tiled ? tiling.columns : 16;
+  const int64_t column_tasks = (w.N + columns - 1) / columns;
+  // Tiled: ranges of whole row groups (the last one takes the rows left over) where the column tasks
+  // alone would leave threads idle, since each range decodes its columns' codes again.
+  const int64_t groups = tiled ? M / tiling.row_group : 0;
+  const int64_t wanted = (2 * static_cast<int64_t>(get_num_threads()) + column_tasks - 1) / column_tasks;
+  const int64_t ranges = std::max<int64_t>(1, std::min(groups, wanted));
+  parallel_for(column_tasks * ranges, [&](int64_t task) {
+    const int64_t n0 = task / ranges * columns, range = task % ranges;
+    const int64_t m0 = range * groups / ranges * tiling.row_group;
+    const int64_t m1 = range + 1 == ranges ? M : (range + 1) * groups / ranges * tiling.row_group;
+    const QuantizedA view{a.qa + m0 * padded, a.scale + m0 * w.k_blocks, a.block_sum + m0 * w.k_blocks, m1 - m0,
+                          padded};
+    rows_int8(view, w, n0, std::min(w.N, n0 + columns), bias, Y + m0 * w.N);
   });
 }
 

@@ -11,7 +11,7 @@
 // its int8 form); matmul_nbits_int8 serves level 4 without one (A quantized to int8 here). Both
 // split the columns across the thread pool and run the active kernel table's entries (qgemm.h):
 // kernels/qgemm_portable.cpp, kernels/nbits_f32_avx2.cpp and kernels/nbits_int8_avx2.cpp, or (level 4)
-// kernels/nbits_int8_avx512vnni.cpp.
+// kernels/nbits_int8_avx512vnni.cpp and kernels/nbits_int8_amx.cpp.
 #pragma once
 
 #include <cmath>
@@ -94,8 +94,20 @@ using NBitsRows = void (*)(const float* A, int64_t M, const NBitsWeight& w, int6
 using NBitsRowsInt8 = void (*)(const QuantizedA& a, const NBitsWeight& w, int64_t n0, int64_t n1, const float* bias,
                                float* Y);
 // Level 4: rearranges the int8 A [M, k_blocks * block_size] in place, once per call, into the
-// order the same entry's rows_int8 reads for this weight.
+// order the same entry's rows_int8 reads for this weight. Where the entry's NBitsInt8Tiling applies
+// (below), qa has room for M rounded up to its row_group rows, those past M zero.
 using NBitsPrepareInt8 = void (*)(int8_t* qa, int64_t M, const NBitsWeight& w);
+// Level 4's tasks for an entry whose kernel works on blocks of rows (AMX tiles). Where min_rows is 0
+// or M < min_rows: tasks of 16 columns over all M rows. Else tasks of `columns` columns x a range
+// of rows that starts at a multiple of row_group and holds at least row_group rows (or all M), and
+// rows_int8 gets that range as a view: QuantizedA's qa, scale and block_sum at the range's first row
+// (prepare_int8 keeps each group of row_group rows within its own rows' bytes), its M the range's
+// rows, and Y at the range's first row. So rows_int8 sees at least min(M, row_group) rows.
+struct NBitsInt8Tiling {
+  int64_t min_rows;  // 0: none
+  int64_t columns;  // per task
+  int64_t row_group;  // >= min_rows
+};
 // Levels 0-3: rearranges A [M, K] once per call into out (M * K floats) in the order the same
 // entry's rows reads for M rows; returns false (out unused) where it reads A as it is.
 using NBitsPrepareF32 = bool (*)(const float* A, int64_t M, int64_t K, float* out);

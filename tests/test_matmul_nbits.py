@@ -721,27 +721,50 @@ def test_native_prefill_paths_within_the_documented_bounds(isa):
 
 
 # --------------------------------------------------------------------------------------------------
-# The AVX-512 VNNI level-4 kernels (nbits_int8_avx512vnni.cpp): emulated over SIMDe on any AVX2
-# machine, and natively where the CPU has AVX-512 VNNI. Their float32 epilogue is the AVX2 kernels',
-# operation for operation, so the two entries must agree bit for bit on every path; the integer
-# dot products are checked exactly that way (a wrong product by one unit hides inside the bounds).
+# The AVX-512 VNNI and AMX level-4 kernels (nbits_int8_avx512vnni.cpp, nbits_int8_amx.cpp): emulated
+# over SIMDe (and the AMX tile emulation) on any AVX2 machine, and natively where the CPU has the
+# ISA. Their float32 epilogue is the AVX2 kernels', operation for operation, so the entries must
+# agree bit for bit on every path; the integer dot products are checked exactly that way (a wrong
+# product by one unit hides inside the bounds). The AMX entry runs the VNNI kernels below 16 rows.
 
 
-def _vnni_levels():
+def _levels(*names):
     import quantmatmul
 
     here = quantmatmul.available_isas() + quantmatmul.emulated_isas()
-    return [isa for isa in ("avx512_vnni-emulated", "avx512_vnni") if isa in here and "avx2" in here]
+    return [isa for isa in names if isa in here and "avx2" in here]
 
 
-@pytest.fixture(params=_vnni_levels() or [pytest.param(None, marks=pytest.mark.skip(reason="no AVX-512 VNNI entry"))])
-def vnni(request):
-    """Selects the AVX-512 VNNI MatMulNBits entry (emulated, and native where the CPU has it)."""
+def _select_nbits_entry(isa):
+    """Selects the level `isa` and checks that MatMulNBits runs its own entry there; returns the level before."""
     import quantmatmul
 
     before = quantmatmul.cpu_info()["isa"]
-    quantmatmul.set_isa(request.param)
-    assert quantmatmul.cpu_info()["kernels"]["nbits"] == request.param
+    quantmatmul.set_isa(isa)
+    assert quantmatmul.cpu_info()["kernels"]["nbits"] == isa
+    return before
+
+
+_WIDE = _levels("avx512_vnni-emulated", "avx512_vnni", "amx-emulated", "amx")
+_AMX = _levels("amx-emulated", "amx")
+
+
+@pytest.fixture(params=_WIDE or [pytest.param(None, marks=pytest.mark.skip(reason="no AVX-512 VNNI or AMX entry"))])
+def vnni(request):
+    """Selects the AVX-512 VNNI or the AMX MatMulNBits entry (emulated, and native where the CPU has it)."""
+    import quantmatmul
+
+    before = _select_nbits_entry(request.param)
+    yield request.param
+    quantmatmul.set_isa(before)
+
+
+@pytest.fixture(params=_AMX or [pytest.param(None, marks=pytest.mark.skip(reason="no AMX entry"))])
+def amx(request):
+    """Selects the AMX MatMulNBits entry (emulated, and native where the CPU has AMX)."""
+    import quantmatmul
+
+    before = _select_nbits_entry(request.param)
     yield request.param
     quantmatmul.set_isa(before)
 
@@ -760,7 +783,8 @@ def _under(isa, fn):
 @pytest.mark.parametrize("bits", BITS)
 def test_vnni_level4_equals_avx2_bit_for_bit(vnni, bits):
     """Every width x block sizes 16..256 x rows 1, 3, 7 (per-column kernel) and 8, 9, 33 (GEMM: groups
-    of 8 and row tails) x every zero-point form: the same bits as the AVX2 entry, and within the tight
+    of 8 and row tails; the AMX entry: 33 on the tiles, a group of 32 and one row in a padded group of
+    16, the rest on the VNNI kernels) x every zero-point form: the same bits as the AVX2 entry, and within the tight
     tolerance of the exact product of the level's operands. K: 1 to 19 blocks (whole groups of 8
     blocks and the blocks left over), mostly with a tail; N up to 40 (two tasks and a column tail)."""
     rng = np.random.default_rng(4000 + bits)
@@ -782,11 +806,11 @@ def test_vnni_level4_extreme_codes_and_activations(vnni, bits):
     """Codes all at their maximum (every bit of B set) against A at +-max|a| (qa = +-127): per block
     |sum qa * q| reaches 127 * (2^bits - 1) * block_size, and with 8-bit codes a pair of products
     (2 * 255 * 127) overflows int16, where vpmaddubsw would saturate. All-positive, all-negative and
-    alternating-sign rows, both row regimes, groups of 8 blocks and blocks left over: the AVX2
-    entry's bits, and within the tight tolerance of the exact product."""
+    alternating-sign rows, every row regime (33: the AMX entry's tiles), groups of 8 blocks and
+    blocks left over: the AVX2 entry's bits, and within the tight tolerance of the exact product."""
     rng = np.random.default_rng(5000 + bits)
     for block_size in (16, 32, 64, 256):
-        for M in (1, 5, 8, 12):
+        for M in (1, 5, 8, 12, 33):
             K, N = 12 * block_size, 19  # 12 blocks: a group of 8 and 4 left over
             signs = np.ones((M, K), np.float32)
             signs[1::3] = -1.0
@@ -802,6 +826,86 @@ def test_vnni_level4_extreme_codes_and_activations(vnni, bits):
                 assert np.array_equal(y, _under("avx2", lambda: case.run(4))), (vnni, bits, block_size, M, zp)
                 y_eff, tol = tight_tolerance(case, 4)
                 assert_within(y, y_eff, tol, f"{vnni} bits {bits} block {block_size} M {M} zp {zp}")
+
+
+# The AMX entry's tiles: groups of 32 rows (2 x 2 tiles; 1 x 2 for a last group of 16 rows or
+# fewer, 2 x 1 / 1 x 1 for a last panel of 16 columns or fewer), blocks of 16 and 32 codes as one
+# partial-K step, larger blocks in steps of 64, passes of 512 codes, and the driver's tasks of 32
+# columns x ranges of whole groups (more ranges with more threads).
+AMX_ROWS = [16, 17, 31, 32, 33, 48, 77]
+
+
+@pytest.mark.parametrize("bits", BITS)
+def test_amx_level4_row_blocks_equal_avx2_bit_for_bit(amx, bits):
+    """Every width x block sizes 16..256 x rows 16..77 (whole groups of 32, and 1 to 31 rows past
+    them) x the three zero-point forms in turn, bias in turn: the AVX2 entry's bits, and within the
+    tight tolerance of the exact product. K: 1 to 5 blocks (one or two passes), mostly with a tail;
+    N up to 70 (panels of 32 and column tails of 1-31 columns, over or under 16)."""
+    import quantmatmul
+
+    rng = np.random.default_rng(6000 + bits)
+    threads = quantmatmul.get_num_threads()
+    for i, block_size in enumerate((16, 32, 64, 128, 256)):
+        for j, M in enumerate(AMX_ROWS):
+            K = block_size * int(rng.integers(1, 6)) - int(rng.integers(0, block_size // 2 + 1))
+            K = max(K, 1100) if block_size == 16 and j == 0 else K  # two passes with blocks of 16
+            case = Case(rng, bits, block_size, K=K, N=int(rng.integers(1, 71)), batch=(M,),
+                        zp=ZP_FORMS[(i + j) % 3], bias=(i + j) % 2 == 1)
+            expected = _under("avx2", lambda c=case: c.run(4))
+            try:
+                for n_threads in (threads, 16):  # 16: ranges of row groups over the same columns
+                    quantmatmul.set_num_threads(n_threads)
+                    y = case.run(4)
+                    assert np.array_equal(y.view(np.uint32), expected.view(np.uint32)), f"{amx} {case} {n_threads}"
+            finally:
+                quantmatmul.set_num_threads(threads)
+            y_eff, tol = tight_tolerance(case, 4)
+            assert_within(y, y_eff, tol, f"{amx} {case} tight")
+
+
+def test_amx_level4_non_finite_rows_and_zero_padding(amx):
+    """Rows holding NaN or infinity (qa 0, NaN scale: NaN outputs) among finite ones in the tiles,
+    the padding rows of the last group dropped: the AVX2 entry's bits, NaN where the row has one."""
+    rng = np.random.default_rng(61)
+    for M, block_size in [(17, 16), (40, 64), (33, 128)]:
+        case = Case(rng, 4, block_size, K=3 * block_size - 5, N=35, batch=(M,), zp="packed", bias=True)
+        A = case.A.copy()
+        A[0, 3], A[M - 1, 0], A[M // 2, -1] = np.nan, np.inf, -np.inf
+        y = case.run(4, A)
+        assert np.array_equal(y.view(np.uint32), _under("avx2", lambda c=case, a=A: c.run(4, a)).view(np.uint32))
+        bad = np.zeros(M, bool)
+        bad[[0, M - 1, M // 2]] = True
+        assert np.isnan(y[bad]).all() and np.isfinite(y[~bad]).all(), (amx, M, block_size)
+
+
+def test_amx_tile_configuration_per_task(amx):
+    """QLinearMatMul's AMX kernel (tiles of 16 x 64 bytes) and MatMulNBits' (A tiles of 16 or 32 bytes
+    for blocks of 16 or 32 codes) take turns on the same threads: each task loads its own
+    configuration, so both stay exact."""
+    import quantmatmul
+    from quantmatmul.reference import qlinear_matmul as qoracle
+
+    rng = np.random.default_rng(62)
+    a = rng.integers(0, 256, (40, 130), dtype=np.uint8)
+    b = rng.integers(-128, 128, (130, 70), dtype=np.int8)
+    qargs = (a, np.float32(0.02), np.uint8(128), b, np.float32(0.01), np.int8(0), np.float32(3.0), np.uint8(128))
+    expected_q = qoracle.onnxruntime(*qargs)
+    for block_size in (16, 32, 64, 16):
+        case = Case(rng, 4, block_size, K=150, N=40, batch=(33,), zp="packed")
+        expected = _under("avx2", lambda c=case: c.run(4))
+        assert np.array_equal(quantmatmul.qlinear_matmul(*qargs), expected_q)
+        assert np.array_equal(case.run(4).view(np.uint32), expected.view(np.uint32)), (amx, block_size)
+        assert np.array_equal(quantmatmul.qlinear_matmul(*qargs), expected_q)
+
+
+def test_amx_entry_is_reported():
+    import quantmatmul
+
+    entries = quantmatmul.cpu_info()["entries"]
+    if "amx-emulated" in quantmatmul.emulated_isas():
+        assert "nbits:amx (emulated)" in entries
+        assert _under("amx-emulated", lambda: quantmatmul.cpu_info()["kernels"]["nbits"]) == "amx-emulated"
+    assert any(e.startswith("nbits:amx") for e in entries) == any(e.startswith("qgemm:amx") for e in entries)
 
 
 # --------------------------------------------------------------------------------------------------

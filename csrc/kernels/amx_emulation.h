@@ -19,9 +19,12 @@
 // modelled (a nonzero start_row), stop the program (__builtin_trap, SIGILL, after a message on
 // stderr), so that a kernel that would fault natively fails its tests here too.
 //
-// Everything has internal linkage (an anonymous namespace): each file including it has its own
-// tile state, so only one kernel file per build may use it (qgemm_amx.cpp). Include it after every
-// other header: it replaces the AMX intrinsics of <immintrin.h> (included first, below) by macros.
+// Everything has internal linkage (an anonymous namespace) except the tile state, one per thread
+// for the whole build as on the hardware, where every AMX kernel file of a build (qgemm_amx.cpp,
+// nbits_int8_amx.cpp) sees the configuration the others loaded: it is reached through
+// qmm::QMM_KERNEL_NS::amx_emulation_state(), which the one file that defines
+// QMM_AMX_EMULATION_STATE before including this header (qgemm_amx.cpp) defines. Include it after
+// every other header: it replaces the AMX intrinsics of <immintrin.h> (included first, below) by macros.
 #pragma once
 
 #if defined(__x86_64__) || defined(__i386__)
@@ -33,18 +36,34 @@
 #include <cstring>
 
 namespace qmm_amx_emulation {
-namespace {
 
 constexpr int kTiles = 8, kMaxRows = 16, kMaxColsb = 64;
 
+// A trivial type (zero-initialized as a thread_local): no constructor for the files to share.
 struct TileState {
-  bool configured = false;
-  uint8_t rows[kTiles] = {};
-  uint16_t colsb[kTiles] = {};
-  alignas(64) uint8_t data[kTiles][kMaxRows][kMaxColsb] = {};  // 1 KB per tile
+  bool configured;
+  uint8_t rows[kTiles];
+  uint16_t colsb[kTiles];
+  alignas(64) uint8_t data[kTiles][kMaxRows][kMaxColsb];  // 1 KB per tile
 };
 
-thread_local TileState state;
+}  // namespace qmm_amx_emulation
+
+namespace qmm::QMM_KERNEL_NS {
+// This thread's tiles (the INIT state at first: all zero).
+qmm_amx_emulation::TileState& amx_emulation_state();
+#if defined(QMM_AMX_EMULATION_STATE)
+qmm_amx_emulation::TileState& amx_emulation_state() {
+  static thread_local qmm_amx_emulation::TileState state;
+  return state;
+}
+#endif
+}  // namespace qmm::QMM_KERNEL_NS
+
+namespace qmm_amx_emulation {
+namespace {
+
+TileState& tiles() { return ::qmm::QMM_KERNEL_NS::amx_emulation_state(); }
 
 [[noreturn]] void fault(const char* instruction, const char* what) {
   std::fprintf(stderr, "quantmatmul AMX emulation: %s: %s\n", instruction, what);
@@ -52,9 +71,10 @@ thread_local TileState state;
   __builtin_trap();
 }
 
-void clear_tiles() { std::memset(state.data, 0, sizeof(state.data)); }
+void clear_tiles() { std::memset(tiles().data, 0, sizeof(tiles().data)); }
 
 void release() {
+  TileState& state = tiles();
   state.configured = false;
   std::memset(state.rows, 0, sizeof(state.rows));
   std::memset(state.colsb, 0, sizeof(state.colsb));
@@ -80,6 +100,7 @@ void loadconfig(const void* config) {
     if (rows[t] > kMaxRows || colsb[t] > kMaxColsb) fault("LDTILECFG", "a tile larger than palette 1's 16 x 64 bytes");
     if ((rows[t] == 0) != (colsb[t] == 0)) fault("LDTILECFG", "a tile with rows or colsb zero, not both");
   }
+  TileState& state = tiles();
   state.configured = true;
   std::memcpy(state.rows, rows, sizeof(rows));
   std::memcpy(state.colsb, colsb, sizeof(colsb));
@@ -87,6 +108,7 @@ void loadconfig(const void* config) {
 }
 
 void storeconfig(void* config) {
+  TileState& state = tiles();
   auto* b = static_cast<uint8_t*>(config);
   std::memset(b, 0, 64);  // the INIT state stores all zeros
   if (!state.configured) return;
@@ -99,16 +121,19 @@ void storeconfig(void* config) {
 }
 
 void check_tile(int t, const char* instruction) {
+  TileState& state = tiles();
   if (!state.configured) fault(instruction, "tiles not configured");
   if (t < 0 || t >= kTiles) fault(instruction, "tile number outside tmm0-tmm7");
 }
 
 void zero(int t) {
+  TileState& state = tiles();
   check_tile(t, "TILEZERO");
   std::memset(state.data[t], 0, sizeof(state.data[t]));
 }
 
 void loadd(int t, const void* base, long long stride) {
+  TileState& state = tiles();
   check_tile(t, "TILELOADD");
   const auto* src = static_cast<const uint8_t*>(base);
   std::memset(state.data[t], 0, sizeof(state.data[t]));
@@ -116,6 +141,7 @@ void loadd(int t, const void* base, long long stride) {
 }
 
 void stored(int t, void* base, long long stride) {
+  TileState& state = tiles();
   check_tile(t, "TILESTORED");
   auto* dst = static_cast<uint8_t*>(base);
   for (int r = 0; r < state.rows[t]; ++r) std::memcpy(dst + r * stride, state.data[t][r], state.colsb[t]);
@@ -124,6 +150,7 @@ void stored(int t, void* base, long long stride) {
 // TDPB[S|U][S|U]D dst, a, b: ASigned / BSigned say how a's and b's bytes extend to 32 bits.
 template <bool ASigned, bool BSigned>
 void dot(int dst, int a, int b) {
+  TileState& state = tiles();
   check_tile(dst, "TDPB*D");
   check_tile(a, "TDPB*D");
   check_tile(b, "TDPB*D");

@@ -1,17 +1,34 @@
-// nbits_avx512vnni.h: the AVX-512 VNNI MatMulNBits level-4 kernels that the avx512_vnni kernel table (qgemm_avx512vnni.cpp) points to.
+// nbits_avx512vnni.h: the AVX-512 VNNI MatMulNBits level-4 kernels that the avx512_vnni and amx kernel tables point to.
 //
 // Defined in nbits_int8_avx512vnni.cpp, in the namespace of the build that compiles them
-// (QMM_KERNEL_NS: avx512_vnni natively, avx512_vnni_emulated over SIMDe), so that the two builds'
-// copies never meet at link time. Levels 0-3 of that table are the AVX2 float kernels (nbits_avx2.h).
+// (avx512_vnni natively, avx512_vnni_emulated over SIMDe), so that the two builds' copies never
+// meet at link time. The avx512_vnni table (qgemm_avx512vnni.cpp) takes the two kernels of its own
+// build; the amx table (nbits_int8_amx.cpp) takes them for fewer than 16 rows, and the panel
+// decoder for its B tiles, from the avx512_vnni build of its kind (native or emulated). Levels 0-3
+// of both tables are the AVX2 float kernels (nbits_avx2.h).
 #pragma once
 
 #include <cstdint>
 
 #include "matmul_nbits.h"
 
-namespace qmm::QMM_KERNEL_NS {
+// nbits_decode_panel16: the codes of columns n0 .. n0 + cols - 1 (cols <= 16, zeros past them), k0 ..
+// k1 - 1 (k0 a multiple of 64, k1 <= k_blocks * block_size), as [quad (k - k0) / 4][16 columns][4
+// codes], k1 - k0 rounded up to 64: one 64-byte row per quad (the VNNI GEMM's panel, an AMX B
+// tile's rows); 8-bit codes as c - 128 (int8).
+namespace qmm::avx512_vnni {
 
 void nbits_rows_int8(const QuantizedA& a, const NBitsWeight& w, int64_t n0, int64_t n1, const float* bias, float* Y);
 void nbits_prepare_int8(int8_t* qa, int64_t M, const NBitsWeight& w);
+void nbits_decode_panel16(const NBitsWeight& w, int64_t n0, int64_t cols, int64_t k0, int64_t k1, uint8_t* panel);
 
-}  // namespace qmm::QMM_KERNEL_NS
+}  // namespace qmm::avx512_vnni
+
+// The same functions of the emulated build (identical declarations: a build defines one set).
+namespace qmm::avx512_vnni_emulated {
+
+void nbits_rows_int8(const QuantizedA& a, const NBitsWeight& w, int64_t n0, int64_t n1, const float* bias, float* Y);
+void nbits_prepare_int8(int8_t* qa, int64_t M, const NBitsWeight& w);
+void nbits_decode_panel16(const NBitsWeight& w, int64_t n0, int64_t cols, int64_t k0, int64_t k1, uint8_t* panel);
+
+}  // namespace qmm::avx512_vnni_emulated

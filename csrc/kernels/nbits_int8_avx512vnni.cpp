@@ -26,8 +26,9 @@
 //
 // Built twice (CMakeLists.txt): natively (-mavx512f/bw/vl/dq -mavx512vnni) and with QMM_EMULATED
 // over SIMDe's AVX-512 for the tests on AVX2 machines: intrinsics only, none that SIMDe lacks
-// (e.g. _mm512_cvtepu8_epi16, masked loads). Everything is internal except the two functions of
-// nbits_avx512vnni.h, in the build's own namespace.
+// (e.g. _mm512_cvtepu8_epi16, masked loads). Everything is internal except the three functions of
+// nbits_avx512vnni.h, in the build's own namespace (the AMX entry, nbits_int8_amx.cpp, runs the
+// two kernels for fewer than 16 rows and decodes its B tiles with the third).
 #if defined(QMM_EMULATED)
 #define SIMDE_ENABLE_NATIVE_ALIASES
 #include <simde/x86/avx512.h>
@@ -340,12 +341,13 @@ inline void transpose16(__m512i r[16]) {
   }
 }
 
-// The panel of columns n0 .. n0 + cols - 1 (zeros past them), k_blocks * block_size codes rounded
-// up to 64; 8-bit codes as c - 128 (int8).
+// The panel of columns n0 .. n0 + cols - 1 (zeros past them), codes k0 .. k1 - 1 (k0 a multiple of
+// 64, k1 <= k_blocks * block_size) rounded up to 64, quad (k - k0) / 4 at 64 * that; 8-bit codes
+// as c - 128 (int8).
 template <int Bits>
-void decode_panel(const NBitsWeight& w, int64_t n0, int64_t cols, uint8_t* panel) {
+void decode_panel(const NBitsWeight& w, int64_t n0, int64_t cols, int64_t k0, int64_t k1, uint8_t* panel) {
   const int64_t padded = w.k_blocks * w.block_size;
-  for (int64_t k = 0; k < padded; k += 64) {
+  for (int64_t k = k0; k < k1; k += 64) {
     __m512i r[16];
     for (int64_t c = 0; c < 16; ++c) {
       if (c >= cols) {
@@ -357,7 +359,7 @@ void decode_panel(const NBitsWeight& w, int64_t n0, int64_t cols, uint8_t* panel
       if constexpr (Bits == 8) r[c] = _mm512_xor_si512(r[c], _mm512_set1_epi8(static_cast<char>(0x80)));
     }
     transpose16(r);
-    for (int q = 0; q < 16; ++q) _mm512_storeu_si512(panel + (k / 4 + q) * 64, r[q]);
+    for (int q = 0; q < 16; ++q) _mm512_storeu_si512(panel + ((k - k0) / 4 + q) * 64, r[q]);
   }
 }
 
@@ -455,15 +457,7 @@ void gemm(const QuantizedA& a, const NBitsWeight& w, int64_t n0, int64_t n1, con
       szb[b * 16 + c] = w.scales[n * kb + b] * (zero_point(w, n * kb + b) - (signed8 ? 128.0f : 0.0f));
     }
   }
-  switch (w.bits) {
-    case 2: decode_panel<2>(w, n0, cols, panel); break;
-    case 3: decode_panel<3>(w, n0, cols, panel); break;
-    case 4: decode_panel<4>(w, n0, cols, panel); break;
-    case 5: decode_panel<5>(w, n0, cols, panel); break;
-    case 6: decode_panel<6>(w, n0, cols, panel); break;
-    case 7: decode_panel<7>(w, n0, cols, panel); break;
-    default: decode_panel<8>(w, n0, cols, panel);
-  }
+  QMM_KERNEL_NS::nbits_decode_panel16(w, n0, cols, 0, padded, panel);
   if (signed8) {
     // start[b] = -128 * (sum of the block's c - 128) per column: vpdpbusd with ones adds each
     // column's 4 codes of a quad into its lane.
@@ -488,6 +482,18 @@ void gemm(const QuantizedA& a, const NBitsWeight& w, int64_t n0, int64_t n1, con
 }  // namespace
 
 namespace QMM_KERNEL_NS {
+
+void nbits_decode_panel16(const NBitsWeight& w, int64_t n0, int64_t cols, int64_t k0, int64_t k1, uint8_t* panel) {
+  switch (w.bits) {
+    case 2: return decode_panel<2>(w, n0, cols, k0, k1, panel);
+    case 3: return decode_panel<3>(w, n0, cols, k0, k1, panel);
+    case 4: return decode_panel<4>(w, n0, cols, k0, k1, panel);
+    case 5: return decode_panel<5>(w, n0, cols, k0, k1, panel);
+    case 6: return decode_panel<6>(w, n0, cols, k0, k1, panel);
+    case 7: return decode_panel<7>(w, n0, cols, k0, k1, panel);
+    default: return decode_panel<8>(w, n0, cols, k0, k1, panel);
+  }
+}
 
 void nbits_rows_int8(const QuantizedA& a, const NBitsWeight& w, int64_t n0, int64_t n1, const float* bias, float* Y) {
   if (a.M >= kGemmMinRows) return gemm(a, w, n0, n1, bias, Y);

@@ -1,4 +1,4 @@
-// qgemm_amx.cpp: AMX-INT8 int8 GEMM micro-kernel (tdpbsud on the int8-tiles layout), an AVX-512 VNNI path for fewer than 16 rows, and the 16-lane ONNX Runtime epilogue.
+// qgemm_amx.cpp: AMX-INT8 int8 GEMM micro-kernel (tdpbsud on the int8-tiles layout), an AVX-512 VNNI path for fewer than 16 rows, the 16-lane ONNX Runtime epilogue, and the amx table's entries (its MatMulNBits kernel: nbits_int8_amx.cpp).
 //
 // Layout kLayoutTiles (csrc/qgemm.h): the stored values of kLayoutQuads (unsigned a - 128, signed
 // b + 128, which the driver turns into zero-point terms), so that tdpbsud's int8 A x uint8 B
@@ -20,8 +20,9 @@
 // The tile configuration is loaded whenever the thread's current one differs from ours, checked
 // (_tile_storeconfig) at the start of each task (the entry's begin_task, which the driver calls
 // before a task's kernel calls), not once per thread: other AMX code on the same thread (ONNX
-// Runtime's, in the same process) may have loaded its own between two of our tasks. Linux's permission for
-// the tile data (arch_prctl) is asked for at feature detection (csrc/cpu_features.cpp).
+// Runtime's, in the same process, or our MatMulNBits kernel's, whose configuration differs) may have
+// loaded its own between two of our tasks (amx_config.h). Linux's permission for the tile data
+// (arch_prctl) is asked for at feature detection (csrc/cpu_features.cpp).
 //
 // Built twice (CMakeLists.txt): natively with -mamx-tile -mamx-int8 -mavx512*, and with
 // QMM_EMULATED over SIMDe's AVX-512 and kernels/amx_emulation.h's tiles, for the tests on any
@@ -29,6 +30,7 @@
 #if defined(QMM_EMULATED)
 #define SIMDE_ENABLE_NATIVE_ALIASES
 #include <simde/x86/avx512.h>
+#define QMM_AMX_EMULATION_STATE  // the build's one tile state is defined here (amx_emulation.h)
 #include "amx_emulation.h"  // last: it replaces the AMX intrinsics
 #else
 #include <immintrin.h>
@@ -37,7 +39,10 @@
 #include <cstdint>
 #include <cstring>
 
+#include "amx_config.h"
 #include "dispatch.h"
+#include "nbits_amx.h"
+#include "nbits_avx2.h"
 #include "qgemm.h"
 #include "requantize.h"
 
@@ -49,25 +54,10 @@ constexpr int64_t kAGroupInt32s = kMr * 16, kBGroupBytes = kNr * 64;  // per k-g
 constexpr int64_t kQuadBytes = 128;  // one k-quad of a B panel
 constexpr int64_t kARowInt32s = 16;  // one row of an A k-group
 
-// LDTILECFG's 64 bytes: palette 1, tiles 0-7 of 16 rows x 64 bytes, the rest zero.
-struct alignas(64) TileConfig {
-  uint8_t palette, start_row, reserved[14];
-  uint16_t colsb[16];
-  uint8_t rows[16];
-};
-static_assert(sizeof(TileConfig) == 64);
-
-// Constant-initialized, in read-only memory: GCC's _tile_loadconfig tells the compiler it reads 8
-// bytes only, so the configuration must not be built by stores it could drop.
+// Palette 1, tiles 0-7 of 16 rows x 64 bytes, the rest zero (amx_config.h).
 constexpr TileConfig kTileConfig = {1, 0, {}, {64, 64, 64, 64, 64, 64, 64, 64}, {16, 16, 16, 16, 16, 16, 16, 16}};
 
-void configure_tiles() {
-  alignas(64) unsigned char current[64];
-  _tile_storeconfig(current);
-  // GCC's _tile_storeconfig declares 8 bytes written: make all 64 opaque to the compiler.
-  __asm__ volatile("" : : "r"(current) : "memory");
-  if (std::memcmp(current, &kTileConfig, sizeof(kTileConfig)) != 0) _tile_loadconfig(&kTileConfig);
-}
+void configure_tiles() { configure_tiles(kTileConfig); }
 
 // Rows [0, 16 * Halves) of the A group at a times the B panel at b over k-groups [g0, g1), into
 // c (row stride ldc, int32): C tiles stored straight into c.
@@ -162,8 +152,22 @@ const QGemmDispatch kQGemm = {
     .begin_task = configure_tiles,
 };
 
+// MatMulNBits: level 4 on the tiles for 16 rows or more (nbits_int8_amx.cpp, which takes the
+// avx512_vnni build's kernels below that); levels 0-3 are the AVX2 float kernels of the avx2 build
+// (nbits_avx2.h), as in the avx512_vnni entry. The needs above cover all three builds' code: the
+// native entry's include AVX-512 VNNI and AVX2's, the emulated entry's kAvx2Features is what the
+// avx2 and emulated builds are compiled for.
+const NBitsDispatch kNBits = {
+    .info = kInfo,
+    .rows = avx2::nbits_rows,
+    .rows_int8 = QMM_KERNEL_NS::nbits_rows_int8,
+    .prepare_int8 = QMM_KERNEL_NS::nbits_prepare_int8,
+    .prepare_f32 = avx2::nbits_prepare_f32,
+    .int8_tiling = QMM_KERNEL_NS::kNBitsTiling,
+};
+
 }  // namespace
 
-KernelEntries QMM_KERNELS_FN() { return {&kQGemm, nullptr, nullptr}; }
+KernelEntries QMM_KERNELS_FN() { return {&kQGemm, &kNBits, nullptr}; }
 
 }  // namespace qmm
