@@ -50,6 +50,7 @@
 
 #include <cstdint>
 #include <cstring>
+#include <type_traits>
 
 #include "matmul_nbits.h"
 #include "nbits_avx2_common.h"
@@ -242,6 +243,7 @@ class ColumnWeights {
   }
   __m512i codes_any(int64_t g) const { return g < direct_ ? group_codes<Bits>(row_ + g * 2 * Bits) : codes(g); }
   __mmask16 lanes(int64_t g) const { return g == groups_ - 1 ? tail_ : __mmask16{0xFFFF}; }
+  int64_t direct() const { return direct_; }  // groups below it are read straight from the row, whole
 
  private:
   const uint8_t* row_;
@@ -309,36 +311,64 @@ void permute_a(const float* A, int64_t M, int64_t K, const int32_t* code, float*
   }
 }
 
-// MR rows of the permuted A (row stride lda) against columns [n0, n1). Per k-chunk and column: the
-// column's sums continue from partial ([column][MR][16]) in chain 0; group g of the chunk goes to
-// chain (g - g0) % C (the last (g1 - g0) % C groups to chain 0); the chains are added
+// MR rows of the permuted A (row stride lda) against columns [n0, n1). Per k-chunk [g0, g1) and
+// column: the column's sums continue from partial ([column][MR][16]) in chain 0; group g of the
+// chunk goes to chain (g - g0) % C, except the groups after the last whole step of C groups that
+// reads the row directly (the chunk's last (g1 - g0) % C groups, and the last groups of the last
+// column where a load would pass the end of the codes), which go to chain 0; the chains are added
 // ((0 + 1) + (2 + 3)) at the end of the chunk.
+//
+// The hot loop takes C groups per step with no per-group checks: a step never straddles a block
+// (blocks are powers of two of groups, steps start at multiples of C), so the table is rebuilt per
+// group (blocks of 16), per two groups (blocks of 32, C = 4) or where a step starts a block.
 template <int Bits, int MR>
 void decode_pass(const float* a, int64_t lda, const NBitsWeight& w, int64_t n0, int64_t n1, const float* bias,
                  float* Y, float* partial, float* zp_buffer) {
   constexpr int C = MR == 1 ? 4 : MR <= 4 ? 2 : 1;
-  const int64_t groups = (w.K + 15) / 16;
+  const int64_t groups = (w.K + 15) / 16, block_groups = w.block_size / 16;
   const int shift = __builtin_ctzll(static_cast<unsigned long long>(w.block_size)) - 4;
   const int64_t chunk = max_i64(C, kChunkGroups / MR / C * C);
+  const NBitsOperands operands = w.operands;
   for (int64_t g0 = 0; g0 < groups; g0 += chunk) {
     const int64_t g1 = min_i64(groups, g0 + chunk), b0 = g0 >> shift, b1 = ((g1 - 1) >> shift) + 1;
     for (int64_t n = n0; n < n1; ++n) {
-      ColumnWeights<Bits> column(w, n, zero_points_f32(w, n, b0, b1, zp_buffer), b0);
+      const float* zero_points = zero_points_f32(w, n, b0, b1, zp_buffer);  // of blocks b0 on
+      const float* scales = w.scales + n * w.k_blocks;
+      const uint8_t* row = w.codes + n * w.row_bytes;
+      ColumnWeights<Bits> column(w, n, zero_points, b0);
       float* part = partial + (n - n0) * MR * 16;
       __m512 acc[MR][C];
 #pragma GCC unroll 6
       for (int m = 0; m < MR; ++m)
         for (int c = 0; c < C; ++c) acc[m][c] = c == 0 && g0 > 0 ? _mm512_load_ps(part + 16 * m) : _mm512_setzero_ps();
       int64_t g = g0;
-      for (; g + C <= g1; g += C) {
+      const int64_t steps_end = g0 + max_i64(0, min_i64(g1, column.direct()) - g0) / C * C;
+      auto table = [&](int64_t group) {
+        const int64_t b = group >> shift;
+        return block_weights<Bits>(zero_points[b - b0], scales[b], operands);
+      };
+      auto steps = [&](auto per) {  // per: groups per table within a step (0: one table per step or more)
+        constexpr int Per = decltype(per)::value;
+        BlockWeights t = table(g);
+        for (; g < steps_end; g += C) {
+          if constexpr (Per == 0) {
+            if ((g & (block_groups - 1)) == 0) t = table(g);
+          }
 #pragma GCC unroll 4
-        for (int c = 0; c < C; ++c) {
-          const __m512 wv = column.at(g + c);
+          for (int c = 0; c < C; ++c) {
+            if constexpr (Per > 0) {
+              if (c % Per == 0) t = table(g + c);
+            }
+            const __m512 wv = weights<Bits>(group_codes<Bits>(row + (g + c) * 2 * Bits), t, operands);
 #pragma GCC unroll 6
-          for (int m = 0; m < MR; ++m)
-            acc[m][c] = _mm512_fmadd_ps(_mm512_load_ps(a + m * lda + 16 * (g + c)), wv, acc[m][c]);
+            for (int m = 0; m < MR; ++m)
+              acc[m][c] = _mm512_fmadd_ps(_mm512_load_ps(a + m * lda + 16 * (g + c)), wv, acc[m][c]);
+          }
         }
-      }
+      };
+      if (block_groups >= C) steps(std::integral_constant<int, 0>{});
+      else if (block_groups == 1) steps(std::integral_constant<int, 1>{});
+      else if constexpr (C == 4) steps(std::integral_constant<int, 2>{});
       for (; g < g1; ++g) {
         const __m512 wv = column.at(g);
 #pragma GCC unroll 6
