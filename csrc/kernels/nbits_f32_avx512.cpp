@@ -59,21 +59,22 @@
 namespace qmm {
 namespace {
 
-constexpr int64_t kDecodeMaxRows = 12;  // up to this many rows the per-column path (the AVX2 crossover; unmeasured here)
-constexpr int kPassRows = 6;            // decode: rows sharing one computation of the weights
-constexpr int64_t kChunkGroups = 256;   // decode: groups per k-chunk for one row (16 KB of A), / rows per pass
-constexpr int kTileRows = 12;           // prefill: rows per tile and per group of A interleaved by k
-constexpr int64_t kPanelColumns = 32;   // prefill: columns per panel (two zmm per k)
-constexpr int64_t kPanelChunk = 128;    // prefill: k per sweep of a panel by the row tiles
+constexpr int64_t kDecodeMaxRows =
+    12;  // up to this many rows the per-column path (the AVX2 crossover; unmeasured here)
+constexpr int kPassRows = 6;  // decode: rows sharing one computation of the weights
+constexpr int64_t kChunkGroups = 256;  // decode: groups per k-chunk for one row (16 KB of A), / rows per pass
+constexpr int kTileRows = 12;  // prefill: rows per tile and per group of A interleaved by k
+constexpr int64_t kPanelColumns = 32;  // prefill: columns per panel (two zmm per k)
+constexpr int64_t kPanelChunk = 128;  // prefill: k per sweep of a panel by the row tiles
 
 // ---------------------------------------------------------------------------------------------
 // A group of 16 codes in a zmm.
 
 struct Lanes {
-  alignas(64) int32_t code[16];   // lane l holds code code[l] of its group
-  alignas(64) uint32_t shift[16]; // at this bit of the lane's dword (after the vpshufb)
+  alignas(64) int32_t code[16];  // lane l holds code code[l] of its group
+  alignas(64) uint32_t shift[16];  // at this bit of the lane's dword (after the vpshufb)
   alignas(64) uint8_t bytes[64];  // vpshufb: the bytes holding code l into dword l (3, 5, 6, 7, 8 bits)
-  alignas(64) float value[32];    // the code each lane of a lookup table stands for (up to 5 bits)
+  alignas(64) float value[32];  // the code each lane of a lookup table stands for (up to 5 bits)
 };
 
 constexpr Lanes make_lanes(int bits) {
@@ -104,7 +105,9 @@ constexpr Lanes kLanes = make_lanes(Bits);
 
 // Bytes a group's load reads from its first byte (2 * Bits of them are its codes).
 template <int Bits>
-constexpr int64_t kRead = Bits == 2 ? 4 : Bits <= 4 ? 8 : 16;
+constexpr int64_t kRead = Bits == 2   ? 4
+                          : Bits <= 4 ? 8
+                                      : 16;
 
 // Each lane's code in its low bits: exactly (6, 7, 8 bits) or with higher bits above it that the
 // table lookup ignores (2, 3, 4, 5 bits; code_values masks them).
@@ -182,7 +185,7 @@ inline BlockWeights block_weights(float zero_point, float scale, NBitsOperands o
 
 template <int Bits>
 inline __m512 weights(__m512i codes, const BlockWeights& block, NBitsOperands operands) {
-  if constexpr (Bits <= 4) return _mm512_permutexvar_ps(codes, block.a);        // index bits 0-3
+  if constexpr (Bits <= 4) return _mm512_permutexvar_ps(codes, block.a);  // index bits 0-3
   else if constexpr (Bits == 5) return _mm512_permutex2var_ps(block.a, codes, block.b);  // bits 0-4
   else return round_operands(_mm512_mul_ps(_mm512_sub_ps(code_values<Bits>(codes), block.a), block.b), operands);
 }
@@ -195,8 +198,8 @@ inline const float* zero_points_f32(const NBitsWeight& w, int64_t n, int64_t b0,
   const uint8_t* z = w.zero_points_u8 + index;
   int64_t i = 0;
   for (; i + 8 <= count; i += 8)
-    _mm256_storeu_ps(buffer + i, _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(
-                                     _mm_loadl_epi64(reinterpret_cast<const __m128i*>(z + i)))));
+    _mm256_storeu_ps(
+        buffer + i, _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(z + i)))));
   for (; i < count; ++i) buffer[i] = static_cast<float>(z[i]);
   return buffer;
 }
@@ -322,8 +325,8 @@ void permute_a(const float* A, int64_t M, int64_t K, const int32_t* code, float*
 // (blocks are powers of two of groups, steps start at multiples of C), so the table is rebuilt per
 // group (blocks of 16), per two groups (blocks of 32, C = 4) or where a step starts a block.
 template <int Bits, int MR>
-void decode_pass(const float* a, int64_t lda, const NBitsWeight& w, int64_t n0, int64_t n1, const float* bias,
-                 float* Y, float* partial, float* zp_buffer) {
+void decode_pass(const float* a, int64_t lda, const NBitsWeight& w, int64_t n0, int64_t n1, const float* bias, float* Y,
+                 float* partial, float* zp_buffer) {
   constexpr int C = MR == 1 ? 4 : MR <= 4 ? 2 : 1;
   const int64_t groups = (w.K + 15) / 16, block_groups = w.block_size / 16;
   const int shift = __builtin_ctzll(static_cast<unsigned long long>(w.block_size)) - 4;
@@ -427,7 +430,8 @@ void decode_columns(const float* a, int64_t M, int64_t lda, const NBitsWeight& w
       for (; g + 4 <= groups; g += 4)
         for (int c = 0; c < 4; ++c)
           acc[c] = _mm512_fmadd_ps(_mm512_load_ps(am + 16 * (g + c)), _mm512_load_ps(wrow + 16 * (g + c)), acc[c]);
-      for (; g < groups; ++g) acc[0] = _mm512_fmadd_ps(_mm512_load_ps(am + 16 * g), _mm512_load_ps(wrow + 16 * g), acc[0]);
+      for (; g < groups; ++g)
+        acc[0] = _mm512_fmadd_ps(_mm512_load_ps(am + 16 * g), _mm512_load_ps(wrow + 16 * g), acc[0]);
       const float y = reduce_add(_mm512_add_ps(_mm512_add_ps(acc[0], acc[1]), _mm512_add_ps(acc[2], acc[3])));
       Y[m * w.N + n] = bias ? y + bias[n] : y;
     }
@@ -442,8 +446,7 @@ void decode(const float* A, int64_t M, const NBitsWeight& w, int64_t n0, int64_t
   float* const a = a_storage.get<float>(M * lda);
   float* const zp_buffer = zp_storage.get<float>(w.k_blocks + 8);
   permute_a(A, M, w.K, kLanes<Bits>.code, a);
-  if (w.g_idx)
-    return decode_columns<Bits>(a, M, lda, w, n0, n1, bias, Y, wrow_storage.get<float>(lda), zp_buffer);
+  if (w.g_idx) return decode_columns<Bits>(a, M, lda, w, n0, n1, bias, Y, wrow_storage.get<float>(lda), zp_buffer);
   float* const partial = partial_storage.get<float>((n1 - n0) * kPassRows * 16);
   decode_rows<Bits>(a, M, lda, w, n0, n1, bias, Y, partial, zp_buffer);
 }
@@ -498,7 +501,8 @@ void tile(const float* a, int64_t kc, const float* panel, float* partial) {
 }
 
 using Tile = void (*)(const float*, int64_t, const float*, float*);
-constexpr Tile kTiles[2][kTileRows] = {  // [NP - 1][MR - 1]
+constexpr Tile kTiles[2][kTileRows] = {
+    // [NP - 1][MR - 1]
     {tile<1, 1>, tile<2, 1>, tile<3, 1>, tile<4, 1>, tile<5, 1>, tile<6, 1>, tile<7, 1>, tile<8, 1>, tile<9, 1>,
      tile<10, 1>, tile<11, 1>, tile<12, 1>},
     {tile<1, 2>, tile<2, 2>, tile<3, 2>, tile<4, 2>, tile<5, 2>, tile<6, 2>, tile<7, 2>, tile<8, 2>, tile<9, 2>,
@@ -524,7 +528,8 @@ void prefill(const float* A, int64_t M, const NBitsWeight& w, int64_t n0, int64_
       for (int64_t c = 0; c < count; ++c) dequantize_column<Bits>(w, n + 16 * h + c, columns + c * lda, zp_buffer);
       for (int64_t g = 0; g < groups; ++g) {
         __m512 r[16];
-        for (int64_t c = 0; c < 16; ++c) r[c] = c < count ? _mm512_load_ps(columns + c * lda + 16 * g) : _mm512_setzero_ps();
+        for (int64_t c = 0; c < 16; ++c)
+          r[c] = c < count ? _mm512_load_ps(columns + c * lda + 16 * g) : _mm512_setzero_ps();
         transpose16(r);  // r[j]: the 16 columns at k = 16 g + code[j]
         for (int j = 0; j < 16; ++j) _mm512_store_ps(panel + (16 * g + code[j]) * kPanelColumns + 16 * h, r[j]);
       }
