@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import functools
 import platform
 import tracemalloc
 
@@ -832,6 +833,25 @@ def test_avx512_float_levels_tile_and_pass_edges(vnni, bits):
                 assert_within(y, exact, case.bound(level), f"{vnni} {case} level {level}")
                 y_eff, tol = tight_tolerance(case, level)
                 assert_within(y, y_eff, tol, f"{vnni} {case} level {level} tight")
+
+
+@pytest.mark.parametrize("bits", BITS)
+def test_avx512_float_prefill_equals_avx2_bit_for_bit(vnni, bits):
+    """More than 12 rows: both entries multiply dequantize_nbits's W (rounded at levels 2/3) in one FMA
+    chain per output in order of k, then add the bias, so their bits agree whatever the tiles (12 x 32
+    here, 6 x 16 there): every width x block sizes 16-256 x rows 13, 24, 25, 37 x every zero-point form,
+    g_idx, bias, levels 0, 2, 3, columns past 32."""
+    rng = np.random.default_rng(6500 + bits)
+    for block_size in (16, 32, 64, 256):
+        for i, M in enumerate((13, 24, 25, 37)):
+            zp, g = ZP_FORMS[(i + block_size) % 3], "random" if i % 2 else None
+            K = int(rng.integers(1, 3 * block_size))
+            case = Case(rng, bits, block_size, K=K, N=int(rng.integers(1, 70)), batch=(M,), zp=zp, g=g,
+                        bias=bool(rng.integers(0, 2)))
+            for level in (0, 2, 3):
+                y = case.run(level)
+                expected = _under("avx2", functools.partial(case.run, level))
+                assert np.array_equal(y.view(np.uint32), expected.view(np.uint32)), f"{vnni} {case} level {level}"
 
 
 @pytest.mark.parametrize("M", [1, 3, 6, 9])
