@@ -48,6 +48,7 @@ struct QGemmDispatch {
 struct NBitsDispatch {
   EntryInfo info;
   NBitsRows rows;                 // levels 0-3
+  int64_t rows_prefill_columns;   // levels 0-3 with more than 12 rows of A: columns per task (zero: 16)
   NBitsRowsInt8 rows_int8;        // level 4
   NBitsPrepareInt8 prepare_int8;  // may be null
   NBitsPrepareF32 prepare_f32;    // may be null

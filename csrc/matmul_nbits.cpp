@@ -174,8 +174,9 @@ void matmul_nbits_f32(const float* A, int64_t M, const NBitsWeight& w, const flo
     prepared.reset(new float[static_cast<size_t>(M * w.K)]);
     if (kernels.prepare_f32(A, M, w.K, prepared.get())) A = prepared.get();
   }
-  // Few rows: wider tasks, so that per-task preparation of A (a reordering) is amortized.
-  const int64_t columns_per_task = M <= 12 ? 64 : 16;
+  // Few rows: wider tasks, so that per-task preparation of A (a reordering) is amortized; more
+  // rows: the entry's panel width.
+  const int64_t columns_per_task = M <= 12 ? 64 : kernels.rows_prefill_columns > 0 ? kernels.rows_prefill_columns : 16;
   const int64_t tasks = (w.N + columns_per_task - 1) / columns_per_task;
   parallel_for(tasks, [&](int64_t task) {
     const int64_t n0 = task * columns_per_task;

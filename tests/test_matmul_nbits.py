@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import functools
 import platform
 import tracemalloc
 
@@ -906,6 +907,162 @@ def test_amx_entry_is_reported():
         assert "nbits:amx (emulated)" in entries
         assert _under("amx-emulated", lambda: quantmatmul.cpu_info()["kernels"]["nbits"]) == "amx-emulated"
     assert any(e.startswith("nbits:amx") for e in entries) == any(e.startswith("qgemm:amx") for e in entries)
+
+
+# --------------------------------------------------------------------------------------------------
+# The AVX-512 float kernels, levels 0-3 (nbits_f32_avx512.cpp: the avx512_vnni entry's rows), emulated
+# over SIMDe on AVX2 machines and natively where the CPU has AVX-512 VNNI: their own edges. (The
+# `isa` tests above run them too.) Decode: up to 12 rows in passes of up to 6, 64-column tasks, k in
+# chunks of 4096 / rows codes; prefill: 32-column panels, 12-row tiles, k-chunks of 128.
+
+
+@pytest.mark.parametrize("bits", BITS)
+def test_avx512_float_levels_tile_and_pass_edges(vnni, bits):
+    """Every width x block sizes 16 and 256 (and 32 for the 2- and 4-bit lane orders) x rows on
+    both sides of each pass and tile height (1..7, 12 decode; 13, 24, 25, 37 prefill) x columns
+    not a multiple of 16 or 32 (tasks of 64 and 32 with tails) x every zero-point form, g_idx,
+    bias: levels 0-3 within the bound and the tight tolerance."""
+    rng = np.random.default_rng(6000 + bits)
+    block_sizes = (16, 32, 256) if bits in (2, 4) else (16, 256)
+    for block_size in block_sizes:
+        for i, M in enumerate((1, 2, 3, 5, 6, 7, 12, 13, 24, 25, 37)):
+            zp = ZP_FORMS[i % 3]
+            N = (1, 15, 17, 31, 33, 47, 65, 70)[(i + block_size) % 8]
+            K = block_size * int(rng.integers(1, 3)) + int(rng.integers(0, 2)) * int(rng.integers(1, block_size))
+            g = "random" if i % 4 == 3 else None
+            case = Case(rng, bits, block_size, K=K, N=N, batch=(M,), zp=zp, g=g, bias=i % 2 == 1)
+            exact = case.exact()
+            for level in (0, 2, 3):
+                y = case.run(level)
+                assert_within(y, exact, case.bound(level), f"{vnni} {case} level {level}")
+                y_eff, tol = tight_tolerance(case, level)
+                assert_within(y, y_eff, tol, f"{vnni} {case} level {level} tight")
+
+
+@pytest.mark.parametrize("bits", BITS)
+def test_avx512_float_prefill_equals_avx2_bit_for_bit(vnni, bits):
+    """More than 12 rows: both entries multiply dequantize_nbits's W (rounded at levels 2/3) in one FMA
+    chain per output in order of k, then add the bias, so their bits agree whatever the tiles (12 x 32
+    here, 6 x 16 there): every width x block sizes 16-256 x rows 13, 24, 25, 37 x every zero-point form,
+    g_idx, bias, levels 0, 2, 3, columns past 32."""
+    rng = np.random.default_rng(6500 + bits)
+    for block_size in (16, 32, 64, 256):
+        for i, M in enumerate((13, 24, 25, 37)):
+            zp, g = ZP_FORMS[(i + block_size) % 3], "random" if i % 2 else None
+            K = int(rng.integers(1, 3 * block_size))
+            case = Case(rng, bits, block_size, K=K, N=int(rng.integers(1, 70)), batch=(M,), zp=zp, g=g,
+                        bias=bool(rng.integers(0, 2)))
+            for level in (0, 2, 3):
+                y = case.run(level)
+                expected = _under("avx2", functools.partial(case.run, level))
+                assert np.array_equal(y.view(np.uint32), expected.view(np.uint32)), f"{vnni} {case} level {level}"
+
+
+@pytest.mark.parametrize("M", [1, 3, 6, 9])
+def test_avx512_float_decode_k_chunks(vnni, M):
+    """K long enough for the decode path's k-chunks (4096 codes for one row, about 4096 / rows for
+    more; the sums wait in memory between chunks), block sizes 16 and 64, a K tail, every level."""
+    rng = np.random.default_rng(6100 + M)
+    for bits, block_size in ((4, 16), (3, 64), (8, 64)):
+        K = (4096 if M == 1 else 1600) + 3 * block_size + 5
+        case = Case(rng, bits, block_size, K=K, N=5, batch=(M,), zp="packed", bias=True)
+        exact = case.exact()
+        for level in (0, 2, 3):
+            assert_within(case.run(level), exact, case.bound(level), f"{vnni} {case} level {level}")
+            y_eff, tol = tight_tolerance(case, level)
+            assert_within(case.run(level), y_eff, tol, f"{vnni} {case} level {level} tight")
+
+
+def test_avx512_float_threads_do_not_change_bits(vnni):
+    """Levels 0-3, decode and prefill, several tasks: the same bits on 1, 2, 3 and 5 threads."""
+    rng = np.random.default_rng(6200)
+    before = quantmatmul.get_num_threads()
+    try:
+        for bits, M, g in ((4, 1, None), (5, 7, None), (2, 30, None), (6, 3, "random"), (3, 26, "random")):
+            case = Case(rng, bits, 32, K=200, N=150, batch=(M,), zp="float", g=g, bias=True)
+            for level in (0, 2, 3):
+                results = []
+                for n in (1, 2, 3, 5):
+                    quantmatmul.set_num_threads(n)
+                    results.append(case.run(level))
+                assert all(np.array_equal(r, results[0], equal_nan=True) for r in results), (vnni, case, level)
+    finally:
+        quantmatmul.set_num_threads(before)
+
+
+def test_non_finite_activations_stay_in_their_rows(isa):
+    """A row of A holding a NaN gives NaN in every column, a row holding an infinity a non-finite value
+    in every column (inf * W, or NaN where W = 0 or the signs meet); no other row changes: decode and
+    prefill rows, the prefill rows in different 12-row tiles, every level 0-3, with and without g_idx."""
+    rng = np.random.default_rng(6300)
+    for bits, M, g in ((4, 5, None), (4, 30, None), (7, 3, "random"), (2, 29, "random")):
+        case = Case(rng, bits, 32, K=100, N=40, batch=(M,), zp="packed", g=g)
+        A = case.A.copy()
+        A[1, 7] = np.nan
+        A[M - 2, 50] = np.inf
+        A[M - 1, 99] = -np.inf
+        clean = [m for m in range(M) if m not in (1, M - 2, M - 1)]
+        dirty = case.replace(A=A)
+        for level in (0, 2, 3):
+            y = dirty.run(level)
+            assert np.isnan(y[1]).all(), (isa, bits, M, level)
+            assert not np.isfinite(y[[M - 2, M - 1]]).any(), (isa, bits, M, level)
+            assert_within(y[clean], case.exact()[clean], case.bound(level)[clean], f"{isa} {case} level {level}")
+
+
+_GUARDED_CODES = r"""
+import ctypes, mmap, sys
+import numpy as np
+import quantmatmul
+sys.path.insert(0, {tests!r})
+from test_matmul_nbits import Case, assert_within
+
+libc = ctypes.CDLL(None, use_errno=True)
+libc.mprotect.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
+PAGE = mmap.PAGESIZE
+keep = []
+
+def guarded(x):
+    # a copy of x whose last byte is followed by an unreadable page
+    x = np.ascontiguousarray(x)
+    pages = -(-x.nbytes // PAGE) + 1
+    m = mmap.mmap(-1, pages * PAGE)
+    address = ctypes.addressof(ctypes.c_char.from_buffer(m))
+    assert libc.mprotect(address + (pages - 1) * PAGE, PAGE, 0) == 0
+    y = np.frombuffer(m, np.uint8, count=x.nbytes, offset=(pages - 1) * PAGE - x.nbytes).view(x.dtype)
+    y[...] = x.reshape(-1)
+    keep.append(m)
+    return y.reshape(x.shape)
+
+rng = np.random.default_rng(6400)
+for isa in {isas!r}:
+    quantmatmul.set_isa(isa)
+    for bits in range(2, 9):
+        for block_size, K in ((16, 16), (16, 40), (32, 32), (64, 150)):
+            for M, g in ((1, None), (3, "random"), (13, None), (14, "random")):
+                case = Case(rng, bits, block_size, K=K, N=3, batch=(M,), g=g)
+                safe = case.replace(B=guarded(case.B), scales=guarded(case.scales),
+                                    g_idx=None if g is None else guarded(case.g_idx))
+                for level in (0, 3):
+                    assert_within(safe.run(level), case.exact(), case.bound(level), f"{{isa}} {{case}} level {{level}}")
+print("ok")
+"""
+
+
+@pytest.mark.skipif(platform.system() != "Linux", reason="mprotect through ctypes")
+def test_codes_scales_and_g_idx_ending_at_an_unreadable_page():
+    """B, the scales and g_idx each end right before a page that cannot be read: every kernel level
+    (native and emulated), every width, short rows (K = 16, the last column's group loads), decode and
+    prefill, levels 0 and 3. A read past an input ends the child process (SIGSEGV)."""
+    import os
+    import subprocess
+    import sys
+
+    from conftest import kernel_levels
+
+    code = _GUARDED_CODES.format(tests=os.path.dirname(os.path.abspath(__file__)), isas=kernel_levels())
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0 and done.stdout.strip().endswith("ok"), (done.returncode, done.stderr[-2000:])
 
 
 # --------------------------------------------------------------------------------------------------

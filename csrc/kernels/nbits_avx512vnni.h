@@ -5,7 +5,7 @@
 // meet at link time. The avx512_vnni table (qgemm_avx512vnni.cpp) takes the two kernels of its own
 // build; the amx table (nbits_int8_amx.cpp) takes them for fewer than 16 rows, and the panel
 // decoder for its B tiles, from the avx512_vnni build of its kind (native or emulated). Levels 0-3
-// of both tables are the AVX2 float kernels (nbits_avx2.h).
+// of both tables are the AVX-512 float kernels (nbits_f32_avx512.h).
 #pragma once
 
 #include <cstdint>

@@ -42,7 +42,7 @@
 #include "amx_config.h"
 #include "dispatch.h"
 #include "nbits_amx.h"
-#include "nbits_avx2.h"
+#include "nbits_f32_avx512.h"
 #include "qgemm.h"
 #include "requantize.h"
 
@@ -153,16 +153,23 @@ const QGemmDispatch kQGemm = {
 };
 
 // MatMulNBits: level 4 on the tiles for 16 rows or more (nbits_int8_amx.cpp, which takes the
-// avx512_vnni build's kernels below that); levels 0-3 are the AVX2 float kernels of the avx2 build
-// (nbits_avx2.h), as in the avx512_vnni entry. The needs above cover all three builds' code: the
-// native entry's include AVX-512 VNNI and AVX2's, the emulated entry's kAvx2Features is what the
-// avx2 and emulated builds are compiled for.
+// avx512_vnni build's kernels below that); levels 0-3 are the avx512_vnni build's AVX-512 float
+// kernels (nbits_f32_avx512.h), as in the avx512_vnni entry, of this build's kind. The needs above
+// cover both builds' code: the native entry's include AVX-512 VNNI, the emulated entry's
+// kAvx2Features is what the emulated builds are compiled for.
+#if defined(QMM_EMULATED)
+namespace f32 = ::qmm::avx512_vnni_emulated;
+#else
+namespace f32 = ::qmm::avx512_vnni;
+#endif
+
 const NBitsDispatch kNBits = {
     .info = kInfo,
-    .rows = avx2::nbits_rows,
+    .rows = f32::nbits_rows_f32,
+    .rows_prefill_columns = f32::kNBitsF32PrefillColumns,
     .rows_int8 = QMM_KERNEL_NS::nbits_rows_int8,
     .prepare_int8 = QMM_KERNEL_NS::nbits_prepare_int8,
-    .prepare_f32 = avx2::nbits_prepare_f32,
+    .prepare_f32 = f32::nbits_prepare_f32,
     .int8_tiling = QMM_KERNEL_NS::kNBitsTiling,
 };
 

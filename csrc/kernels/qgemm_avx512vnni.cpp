@@ -25,8 +25,8 @@
 #include <cstdint>
 
 #include "dispatch.h"
-#include "nbits_avx2.h"
 #include "nbits_avx512vnni.h"
+#include "nbits_f32_avx512.h"
 #include "qgemm.h"
 #include "requantize.h"
 
@@ -66,16 +66,15 @@ const QGemmDispatch kQGemm = {
     .begin_task = nullptr,
 };
 
-// MatMulNBits: level 4 on vpdpbusd (nbits_int8_avx512vnni.cpp); levels 0-3 are the AVX2 float
-// kernels of the avx2 build (nbits_avx2.h), which every CPU this entry runs on has (the native
-// entry needs AVX-512, whose feature set includes AVX2's; the emulated one needs kAvx2Features,
-// exactly what the avx2 build is compiled for).
+// MatMulNBits: level 4 on vpdpbusd (nbits_int8_avx512vnni.cpp), levels 0-3 on AVX-512F FMAs
+// (nbits_f32_avx512.cpp), both of this build.
 const NBitsDispatch kNBits = {
     .info = kInfo,
-    .rows = avx2::nbits_rows,
+    .rows = QMM_KERNEL_NS::nbits_rows_f32,
+    .rows_prefill_columns = QMM_KERNEL_NS::kNBitsF32PrefillColumns,
     .rows_int8 = QMM_KERNEL_NS::nbits_rows_int8,
     .prepare_int8 = QMM_KERNEL_NS::nbits_prepare_int8,
-    .prepare_f32 = avx2::nbits_prepare_f32,
+    .prepare_f32 = QMM_KERNEL_NS::nbits_prepare_f32,
 };
 
 }  // namespace

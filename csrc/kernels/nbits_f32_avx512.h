@@ -1,0 +1,33 @@
+// nbits_f32_avx512.h: the AVX-512 MatMulNBits float kernels (levels 0-3) that the avx512_vnni and amx kernel tables point to.
+//
+// Defined in nbits_f32_avx512.cpp, in the namespace of the build that compiles them (QMM_KERNEL_NS:
+// avx512_vnni natively, avx512_vnni_emulated over SIMDe), so that the two builds' copies never meet
+// at link time; the amx table takes the avx512_vnni build's of its kind (native or emulated). They follow NBitsRows and NBitsPrepareF32 (matmul_nbits.h).
+#pragma once
+
+#include <cstdint>
+
+#include "matmul_nbits.h"
+
+namespace qmm::avx512_vnni {
+
+void nbits_rows_f32(const float* A, int64_t M, const NBitsWeight& w, int64_t n0, int64_t n1, const float* bias,
+                    float* Y);
+bool nbits_prepare_f32(const float* A, int64_t M, int64_t K, float* out);
+
+// Columns per task that nbits_rows_f32's prefill path (more than 12 rows) wants: its tile's width.
+constexpr int64_t kNBitsF32PrefillColumns = 32;
+
+}  // namespace qmm::avx512_vnni
+
+// The same functions of the emulated build (identical declarations: a build defines one set).
+namespace qmm::avx512_vnni_emulated {
+
+void nbits_rows_f32(const float* A, int64_t M, const NBitsWeight& w, int64_t n0, int64_t n1, const float* bias,
+                    float* Y);
+bool nbits_prepare_f32(const float* A, int64_t M, int64_t K, float* out);
+
+// Columns per task that nbits_rows_f32's prefill path (more than 12 rows) wants: its tile's width.
+constexpr int64_t kNBitsF32PrefillColumns = 32;
+
+}  // namespace qmm::avx512_vnni_emulated
