@@ -181,12 +181,20 @@ void bind_runtime(nb::module_& m) {
   });
   // For tests: selection as if this CPU lacked the named features (cpu_features' names); [] undoes it.
   m.def("hide_features", [](const std::vector<std::string>& names) {
-    static const std::pair<const char*, qmm::Feature> bits[] = {
-        {"avx2", qmm::kFeatAvx2},         {"fma", qmm::kFeatFma},           {"f16c", qmm::kFeatF16c},
-        {"bmi2", qmm::kFeatBmi2},         {"avx512f", qmm::kFeatAvx512f},   {"avx512bw", qmm::kFeatAvx512bw},
-        {"avx512vl", qmm::kFeatAvx512vl}, {"avx512dq", qmm::kFeatAvx512dq}, {"avx512_vnni", qmm::kFeatAvx512vnni},
-        {"avx512_bf16", qmm::kFeatAvx512bf16}, {"avx_vnni", qmm::kFeatAvxVnni}, {"amx_tile", qmm::kFeatAmxTile},
-        {"amx_int8", qmm::kFeatAmxInt8},  {"amx_bf16", qmm::kFeatAmxBf16}};
+    static const std::pair<const char*, qmm::Feature> bits[] = {{"avx2", qmm::kFeatAvx2},
+                                                                {"fma", qmm::kFeatFma},
+                                                                {"f16c", qmm::kFeatF16c},
+                                                                {"bmi2", qmm::kFeatBmi2},
+                                                                {"avx512f", qmm::kFeatAvx512f},
+                                                                {"avx512bw", qmm::kFeatAvx512bw},
+                                                                {"avx512vl", qmm::kFeatAvx512vl},
+                                                                {"avx512dq", qmm::kFeatAvx512dq},
+                                                                {"avx512_vnni", qmm::kFeatAvx512vnni},
+                                                                {"avx512_bf16", qmm::kFeatAvx512bf16},
+                                                                {"avx_vnni", qmm::kFeatAvxVnni},
+                                                                {"amx_tile", qmm::kFeatAmxTile},
+                                                                {"amx_int8", qmm::kFeatAmxInt8},
+                                                                {"amx_bf16", qmm::kFeatAmxBf16}};
     qmm::Features hidden = 0;
     for (const std::string& name : names) {
       bool known = false;

@@ -222,7 +222,8 @@ const Entry* pick(const std::vector<const Entry*>& entries, Isa isa, bool emulat
     const EntryInfo& info = e->info;
     if (!runs_here(info) || info.isa > isa) continue;
     if (info.emulated && !(emulated && info.isa == isa)) continue;
-    const bool better = !best || info.isa > best->info.isa || (info.isa == best->info.isa && outranks(info, best->info));
+    const bool better =
+        !best || info.isa > best->info.isa || (info.isa == best->info.isa && outranks(info, best->info));
     if (!better) continue;
     if constexpr (std::is_same_v<Entry, QGemmDispatch>)
       if (!passes_self_test(e, "qgemm", &kPortableQGemm)) continue;

@@ -262,9 +262,8 @@ namespace {
 // task: a_rows the first of its rows in the packed a (a_row elements per row), b_panels its first
 // panel (panel_elems elements per panel).
 template <class T, class RowsFn>
-void float8_tasks(int64_t batch, int64_t M, int64_t N, int64_t group, const T* a, int64_t a_row,
-                  const int64_t* a_index, const T* b, int64_t panel_elems, const int64_t* b_index, float* out,
-                  RowsFn&& rows_fn) {
+void float8_tasks(int64_t batch, int64_t M, int64_t N, int64_t group, const T* a, int64_t a_row, const int64_t* a_index,
+                  const T* b, int64_t panel_elems, const int64_t* b_index, float* out, RowsFn&& rows_fn) {
   constexpr int64_t kRowsPerTask = 48;
   constexpr int64_t kTaskPanelBytes = 512 << 10;
   const int64_t panels = (N + 15) / 16, b_elems = panels * panel_elems;

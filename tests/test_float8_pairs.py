@@ -3,15 +3,16 @@
 from __future__ import annotations
 
 import contextlib
+import math
 
 import ml_dtypes
 import numpy as np
 import pytest
+from conftest import kernel_levels
 
 import quantmatmul as qm
 from quantmatmul import _core
 from quantmatmul.reference import qlinear_matmul as oracle
-from conftest import kernel_levels
 
 f32, f64 = np.float32, np.float64
 FLOAT8 = [ml_dtypes.float8_e4m3fn, ml_dtypes.float8_e4m3fnuz, ml_dtypes.float8_e5m2, ml_dtypes.float8_e5m2fnuz]
@@ -139,7 +140,21 @@ def test_pair_table_is_its_documented_order_bit_for_bit(entry, level, hidden, dt
             ours = gemm_bits(ca, cb)
             assert np.array_equal(ours, pair_model(ca, cb, order).view(np.uint32)), (entry, M, K, N)
             differs += int(np.sum(ours != in_order_model(ca, cb).view(np.uint32)))
+            within_the_bound(ours.view(f32), ca, cb)
     assert differs > 0
+
+
+def within_the_bound(d, ca, cb):
+    """docs/quantization.md: |d - sum p| <= gamma(K - 1) * sum |p|, u = 2^-24, for every order of
+    the recursive sum (the exact sum: math.fsum of the exact float64 products, off by 2^-53 at most)."""
+    K = ca.shape[1]
+    u = 2.0**-24
+    gamma = (K - 1) * u / (1 - (K - 1) * u)
+    for m in range(ca.shape[0]):
+        for n in range(cb.shape[1]):
+            p = ca[m].astype(f64) * cb[:, n].astype(f64)
+            exact, size = math.fsum(p), math.fsum(np.abs(p))
+            assert abs(float(d[m, n]) - exact) <= gamma * size * (1 + 2.0**-50), (m, n)
 
 
 @pytest.mark.parametrize("entry, level, hidden", PAIR_ENTRIES, ids=[e[0] for e in PAIR_ENTRIES])
@@ -183,9 +198,8 @@ def test_values_that_are_not_pair_exact_take_the_in_order_table(entry, level, hi
     base_a = wide_float8(rng, FLOAT8[0], (M, K)).astype(f32)
     base_b = wide_float8(rng, FLOAT8[2], (K, N)).astype(f32)
     e4 = ml_dtypes.float8_e4m3fn
-    nonzero_zp = (np.array(448.0, e4).astype(f32) - np.array(2.0**-9, e4).astype(f32))
-    spoilers = [f32(1.0 + 2.0**-10), nonzero_zp, f32(np.nan), f32(np.inf), f32(2.0**-49), f32(2.0**48),
-                f32(2.0**-130)]
+    nonzero_zp = np.array(448.0, e4).astype(f32) - np.array(2.0**-9, e4).astype(f32)
+    spoilers = [f32(1.0 + 2.0**-10), nonzero_zp, f32(np.nan), f32(np.inf), f32(2.0**-49), f32(2.0**48), f32(2.0**-130)]
     for value in spoilers:
         assert not oracle.pair_exact(np.array([value])).all()
         for side in ("a", "b"):
@@ -208,8 +222,11 @@ def test_qlinear_matmul_float8_on_the_pair_table_against_the_oracle(entry, level
     e4, e5, u8 = ml_dtypes.float8_e4m3fn, ml_dtypes.float8_e5m2, np.uint8
     with float8_entry(level, hidden):
         order = _core.float8_pair_order()
-        for a_t, b_t, y_t, (M, K, N) in [(e4, e4, e4, (13, 37, 35)), (u8, e5, np.int8, (7, 64, 17)),
-                                         (e5, u8, e5, (6, 20, 16))]:
+        for a_t, b_t, y_t, (M, K, N) in [
+            (e4, e4, e4, (13, 37, 35)),
+            (u8, e5, np.int8, (7, 64, 17)),
+            (e5, u8, e5, (6, 20, 16)),
+        ]:
             a = wide_float8(rng, a_t, (M, K)) if a_t is not u8 else rng.integers(0, 256, (M, K)).astype(u8)
             b = wide_float8(rng, b_t, (K, N)) if b_t is not u8 else rng.integers(0, 256, (K, N)).astype(u8)
             a_scale, b_scale = rng.uniform(0.01, 0.05, M).astype(f32), rng.uniform(0.1, 0.9, N).astype(f32)
@@ -218,8 +235,18 @@ def test_qlinear_matmul_float8_on_the_pair_table_against_the_oracle(entry, level
             y_scale, y_zp = f32(0.05), np.zeros((), y_t)
             maximum = float(ml_dtypes.finfo(y_t).max) if y_t in (e4, e5) else None
             args = (a, a_scale, a_zp, b, b_scale, b_zp, y_scale, y_zp)
-            expected = oracle.float8_path(a, a_scale.reshape(M, 1), a_zp.reshape(M, 1), b, b_scale, b_zp, y_scale,
-                                          y_zp, float8_max=maximum, pair_order=order)
+            expected = oracle.float8_path(
+                a,
+                a_scale.reshape(M, 1),
+                a_zp.reshape(M, 1),
+                b,
+                b_scale,
+                b_zp,
+                y_scale,
+                y_zp,
+                float8_max=maximum,
+                pair_order=order,
+            )
             y = qm.qlinear_matmul(*args)
             assert np.array_equal(y.view(np.uint8), expected.view(np.uint8)), (a_t, b_t, y_t)
             exact = qm.qlinear_matmul(*args, numerics="exact")
