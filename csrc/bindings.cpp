@@ -175,6 +175,35 @@ void bind_runtime(nb::module_& m) {
     d["float8"] = level(qmm::float8_kernels().info);
     return d;
   });
+  m.def("float8_pair_order", []() -> nb::object {  // the float8 entry's pair table's order, None if it has none
+    const char* order = qmm::float8_kernels().pair_rows ? qmm::float8_kernels().pair_order : nullptr;
+    return order ? nb::object(nb::str(order)) : nb::none();
+  });
+  // For tests: selection as if this CPU lacked the named features (cpu_features' names); [] undoes it.
+  m.def("hide_features", [](const std::vector<std::string>& names) {
+    static const std::pair<const char*, qmm::Feature> bits[] = {{"avx2", qmm::kFeatAvx2},
+                                                                {"fma", qmm::kFeatFma},
+                                                                {"f16c", qmm::kFeatF16c},
+                                                                {"bmi2", qmm::kFeatBmi2},
+                                                                {"avx512f", qmm::kFeatAvx512f},
+                                                                {"avx512bw", qmm::kFeatAvx512bw},
+                                                                {"avx512vl", qmm::kFeatAvx512vl},
+                                                                {"avx512dq", qmm::kFeatAvx512dq},
+                                                                {"avx512_vnni", qmm::kFeatAvx512vnni},
+                                                                {"avx512_bf16", qmm::kFeatAvx512bf16},
+                                                                {"avx_vnni", qmm::kFeatAvxVnni},
+                                                                {"amx_tile", qmm::kFeatAmxTile},
+                                                                {"amx_int8", qmm::kFeatAmxInt8},
+                                                                {"amx_bf16", qmm::kFeatAmxBf16}};
+    qmm::Features hidden = 0;
+    for (const std::string& name : names) {
+      bool known = false;
+      for (const auto& [n, bit] : bits)
+        if (name == n) hidden |= bit, known = true;
+      if (!known) throw nb::value_error(("hide_features: unknown feature " + name).c_str());
+    }
+    qmm::hide_features(hidden);
+  });
   m.def("qgemm_layout", [] { return static_cast<int>(qmm::qgemm_kernels().layout->id); });
   m.def("kernel_entries", &qmm::kernel_entries);
   m.def("self_test_report", &qmm::self_test_report);

@@ -3,6 +3,8 @@
 
 #include <algorithm>
 #include <atomic>
+#include <bit>
+#include <cmath>
 #include <cstring>
 #include <mutex>
 #include <type_traits>
@@ -42,7 +44,13 @@ Registry& registry() {
   return r;
 }
 
-bool runs_here(const EntryInfo& info) { return (info.needs & ~usable_features()) == 0; }
+// Features hidden from selection (hide_features: tests only).
+std::atomic<Features> hidden{0};
+
+bool runs_here(const EntryInfo& info) {
+  const Features off = hidden.load(std::memory_order_relaxed);
+  return (info.needs & ~(usable_features() & ~off)) == 0 && (info.models & off) == 0;
+}
 
 // --- Self-test: a few small products of every signedness through the entry and the portable one.
 
@@ -102,21 +110,108 @@ std::string self_test(const QGemmDispatch& q) {
   return {};
 }
 
-// Whether `q` passed (run once per entry, on first selection).
-bool passes_self_test(const void* entry, const QGemmDispatch* q) {
+// --- The float8 self-test: the pair table against a scalar model of its order on float8-like
+// values (every product exact, sums rounded: the order shows), and the float32 table against the
+// portable one on float32 values (inexact products: an unfused or reordered sum shows).
+
+// y[m, n] = the pair table's documented sum over k (docs/quantization.md): per pair of k
+// (2j, 2j + 1), the two products added to the float32 sum one at a time, in `order`.
+bool pair_model(const char* order, const float* a, const float* b, int64_t M, int64_t K, int64_t N, float* y) {
+  const bool odd_first = std::strcmp(order, "odd first") == 0;
+  if (!odd_first && std::strcmp(order, "even first") != 0) return false;
+  for (int64_t m = 0; m < M; ++m)
+    for (int64_t n = 0; n < N; ++n) {
+      float acc = 0.0f;
+      for (int64_t k = 0; k < K; k += 2) {
+        const float e = a[m * K + k] * b[k * N + n];  // exact: products of pair-exact values
+        const float o = k + 1 < K ? a[m * K + k + 1] * b[(k + 1) * N + n] : 0.0f;
+        acc = odd_first ? (acc + o) + e : (acc + e) + o;
+      }
+      y[m * N + n] = acc;
+    }
+  return true;
+}
+
+std::string shape_text(int64_t M, int64_t K, int64_t N) {
+  return std::to_string(M) + "x" + std::to_string(K) + "x" + std::to_string(N);
+}
+
+// Empty when `f` agrees with its models, else what differed.
+std::string self_test(const Float8Dispatch& f) {
+  // Row counts around the tiles' row groups (6, 12) and their tails, columns around the 16-column
+  // panels and the 32-column panel pairs, K odd and even around the AVX-512 k chunks (128 steps).
+  static const int64_t shapes[][3] = {{1, 1, 1}, {7, 67, 35}, {13, 300, 17}, {25, 2, 50}};
+  uint32_t state = 4321;
+  const int64_t G = f.a_group;
+  for (const auto& s : shapes) {
+    const int64_t M = s[0], K = s[1], N = s[2], KP = (K + 1) / 2, panels = (N + 15) / 16;
+    std::vector<float> a(static_cast<size_t>(M * K)), b(static_cast<size_t>(K * N));
+    std::vector<float> y(static_cast<size_t>(M * N)), expected(y.size());
+    if (f.pair_rows) {
+      // e4m3-like values: sign, 8 .. 15 eighths, times 2^-6 .. 2^8
+      auto value = [&] {
+        const float m = static_cast<float>(8 + lcg(state) % 8) / 8.0f;
+        return std::ldexp(lcg(state) & 1 ? -m : m, lcg(state) % 15 - 6);
+      };
+      for (auto& x : a) x = value();
+      for (auto& x : b) x = value();
+      std::vector<uint32_t> pa(static_cast<size_t>(M * KP)), pb(static_cast<size_t>(panels * KP * 16));
+      bool exact = true;
+      for (int64_t p = 0; p < panels; ++p) exact &= pack_pair_panel(b.data(), K, N, p * 16, pb.data() + p * KP * 16);
+      for (int64_t g = 0; g < M; g += G)
+        exact &= pack_pair_group(a.data() + g * K, std::min(G, M - g), K, pa.data() + g * KP);
+      if (!exact) return "the pair packers reject pair-exact values";
+      if (!pair_model(f.pair_order ? f.pair_order : "", a.data(), b.data(), M, K, N, expected.data()))
+        return std::string("unknown pair order \"") + (f.pair_order ? f.pair_order : "") + "\"";
+      f.pair_rows(pa.data(), pb.data(), y.data(), N, M, N, K);
+      if (std::memcmp(y.data(), expected.data(), y.size() * sizeof(float)) != 0)
+        return "pair table differs from its order (" + std::string(f.pair_order) + ") at " + shape_text(M, K, N);
+    }
+    // float32 values with 24-bit significands: inexact products
+    for (auto& x : a) x = static_cast<float>(lcg(state) * 256 + lcg(state) - 32768) / 8191.0f;
+    for (auto& x : b) x = static_cast<float>(lcg(state) * 256 + lcg(state) - 32768) / 4093.0f;
+    std::vector<float> pb(static_cast<size_t>(panels * K * 16), 0.0f), pa(a.size());
+    for (int64_t k = 0; k < K; ++k)
+      for (int64_t n = 0; n < N; ++n) pb[(n / 16 * K + k) * 16 + n % 16] = b[k * N + n];
+    for (int64_t g = 0; g < M; g += G) {
+      const int64_t rows = std::min(G, M - g);
+      for (int64_t k = 0; k < K; ++k)
+        for (int64_t r = 0; r < rows; ++r) pa[g * K + k * rows + r] = a[(g + r) * K + k];
+    }
+    f.sgemm_rows(pa.data(), pb.data(), y.data(), N, M, N, K);
+    kPortableFloat8.sgemm_rows(a.data(), pb.data(), expected.data(), N, M, N, K);
+    if (std::memcmp(y.data(), expected.data(), y.size() * sizeof(float)) != 0)
+      return "float32 table differs from the portable one at " + shape_text(M, K, N);
+  }
+  return {};
+}
+
+// Whether `entry` passed its family's self-test (run once per entry, on first selection; native
+// entries of the int8 GEMM and float8 families only).
+template <class Entry>
+bool passes_self_test(const Entry* entry, const char* family, const Entry* portable) {
   static std::mutex mutex;
   static std::vector<std::pair<const void*, bool>> done;
   std::lock_guard<std::mutex> lock(mutex);
   for (const auto& [e, ok] : done)
     if (e == entry) return ok;
-  std::string why = q && !q->info.emulated && q != &kPortableQGemm ? self_test(*q) : std::string();
+  std::string why = !entry->info.emulated && entry != portable ? self_test(*entry) : std::string();
   if (!why.empty()) {
     Registry& r = registry();
     r.failed.emplace_back(entry, why);
-    r.report += std::string(r.report.empty() ? "" : "; ") + "qgemm:" + q->info.name + " " + why;
+    r.report += std::string(r.report.empty() ? "" : "; ") + family + ":" + entry->info.name + " " + why;
   }
   done.emplace_back(entry, why.empty());
   return why.empty();
+}
+
+// Whether x outranks y, two entries of one level that both run here (dispatch.h): emulated first
+// (asked for by name), then the larger feature set, then the name.
+bool outranks(const EntryInfo& x, const EntryInfo& y) {
+  if (x.emulated != y.emulated) return x.emulated;
+  const int fx = std::popcount(x.emulated ? x.models : x.needs), fy = std::popcount(y.emulated ? y.models : y.needs);
+  if (fx != fy) return fx > fy;
+  return std::strcmp(x.name, y.name) < 0;
 }
 
 // The family's entry for (isa, emulated): see dispatch.h.
@@ -127,11 +222,13 @@ const Entry* pick(const std::vector<const Entry*>& entries, Isa isa, bool emulat
     const EntryInfo& info = e->info;
     if (!runs_here(info) || info.isa > isa) continue;
     if (info.emulated && !(emulated && info.isa == isa)) continue;
-    const bool better = !best || info.isa > best->info.isa || (info.isa == best->info.isa && info.emulated);
+    const bool better =
+        !best || info.isa > best->info.isa || (info.isa == best->info.isa && outranks(info, best->info));
     if (!better) continue;
-    const QGemmDispatch* as_qgemm = nullptr;
-    if constexpr (std::is_same_v<Entry, QGemmDispatch>) as_qgemm = e;
-    if (as_qgemm && !passes_self_test(e, as_qgemm)) continue;
+    if constexpr (std::is_same_v<Entry, QGemmDispatch>)
+      if (!passes_self_test(e, "qgemm", &kPortableQGemm)) continue;
+    if constexpr (std::is_same_v<Entry, Float8Dispatch>)
+      if (!passes_self_test(e, "float8", &kPortableFloat8)) continue;
     best = e;
   }
   return best;
@@ -150,15 +247,24 @@ Selection select(Isa isa, bool emulated) {
   return {isa, emulated, pick(r.qgemm, isa, emulated), pick(r.nbits, isa, emulated), pick(r.float8, isa, emulated)};
 }
 
-// One selection per (level, emulated), made on first use and kept for the process: a call still
-// running on the previous one keeps valid entries, and switching back and forth allocates nothing.
+// One selection per (level, emulated, hidden features), made on first use and kept for the
+// process: a call still running on the previous one keeps valid entries, and switching back and
+// forth allocates nothing.
 const Selection* interned(Isa isa, bool emulated) {
   static std::mutex mutex;
-  static const Selection* made[4][2] = {};
+  struct Made {
+    Isa isa;
+    bool emulated;
+    Features hidden;
+    const Selection* selection;
+  };
+  static std::vector<Made> made;
   std::lock_guard<std::mutex> lock(mutex);
-  const Selection*& slot = made[static_cast<int>(isa)][emulated];
-  if (!slot) slot = new Selection(select(isa, emulated));
-  return slot;
+  const Features off = hidden.load();
+  for (const Made& m : made)
+    if (m.isa == isa && m.emulated == emulated && m.hidden == off) return m.selection;
+  made.push_back({isa, emulated, off, new Selection(select(isa, emulated))});
+  return made.back().selection;
 }
 
 std::atomic<const Selection*>& current() {
@@ -203,6 +309,16 @@ bool set_isa(Isa isa, bool emulated) {
   current().store(interned(isa, emulated), std::memory_order_release);
   return true;
 }
+
+void hide_features(Features features) {
+  const Selection* now = current().load(std::memory_order_acquire);
+  hidden.store(features);
+  // The current level again under the new mask; the best available one if it has gone.
+  const Isa isa = isa_available(now->isa, now->emulated) ? now->isa : best_isa();
+  current().store(interned(isa, isa == now->isa && now->emulated), std::memory_order_release);
+}
+
+Features hidden_features() { return hidden.load(); }
 
 std::vector<std::string> kernel_entries() {
   const Registry& r = registry();

@@ -10,9 +10,14 @@
 //
 // Selection: set_isa(level, emulated) gives each family its highest entry at or below `level`
 // that this CPU can run (every needed feature present), native entries only, except that with
-// `emulated` the family's emulated entry of exactly that level comes first. A native entry passes a
-// known-answer test against the portable one before its first use; one that fails is never picked
-// (cpu_info says why).
+// `emulated` the family's emulated entries of exactly that level come first. Between two entries
+// of one level (and both native, or both emulated) the one whose feature set (`needs`, for an
+// emulated entry `models`) has more features wins, then the name first in strcmp order: the
+// choice never depends on the order of the builds (the float8 family's avx512bf16 entry outranks
+// its avx512f one at level avx512_vnni where the CPU has AVX512-BF16). A native int8 GEMM or float8
+// entry passes a known-answer test against the portable one before its first use; one that fails
+// is never picked (cpu_info says why). For tests, hide_features makes selection treat features as
+// absent: native entries needing them and emulated entries modelling them do not run.
 #pragma once
 
 #include <cstdint>
@@ -30,6 +35,10 @@ struct EntryInfo {
   Isa isa;           // its level
   Features needs;    // the CPU features its code uses
   bool emulated;     // AVX-512 / AMX source built over SIMDe or the AMX emulation: for tests
+  // The features the native build of an emulated entry needs (what it models): ranks it among the
+  // family's emulated entries of its level and lets hide_features drop it. 0: it models nothing
+  // more than any other (the only emulated entry of its family and level).
+  Features models;
 };
 
 struct QGemmDispatch {
@@ -57,8 +66,13 @@ struct NBitsDispatch {
 
 struct Float8Dispatch {
   EntryInfo info;
-  int64_t a_group;  // rows of a interleaved by k for sgemm_rows (csrc/qgemm.h); 1: a as given
+  int64_t a_group;  // rows of a interleaved by k for sgemm_rows and pair_rows (csrc/qgemm.h); 1: a as given
   SgemmRows sgemm_rows;
+  // Optional (null: none): the product over bfloat16 pairs (PairRows, csrc/qgemm.h), which the
+  // driver runs instead of sgemm_rows when every value of a and b is pair-exact and 0 < K < 2^29
+  // (docs/quantization.md); pair_order names its order of additions ("odd first": vdpbf16ps's).
+  PairRows pair_rows;
+  const char* pair_order;
 };
 
 // What a kernel file's register function returns: its entries, null for a family it has none for.
@@ -83,6 +97,10 @@ Isa best_isa();
 bool isa_available(Isa isa, bool emulated);
 // Selects the entries (above); false, changing nothing, where isa_available(isa, emulated) is false.
 bool set_isa(Isa isa, bool emulated);
+// For tests: the features selection treats as absent (0: none), and whether it does. Changing them
+// selects the entries of the current level again.
+void hide_features(Features hidden);
+Features hidden_features();
 // Every registered entry, as "family:name" with " (emulated)", " (not supported here)" or
 // " (failed its self-test: ...)" where that applies.
 std::vector<std::string> kernel_entries();

@@ -1,4 +1,4 @@
-// pack.cpp: the packers of the 8-bit GEMM's layouts (csrc/qgemm.h), compiled for the baseline: every table of a layout shares them.
+// pack.cpp: the packers of the 8-bit GEMM's layouts and of the float8 path's bfloat16 pairs (csrc/qgemm.h), compiled for the baseline: every table of a layout shares them.
 #include <algorithm>
 #include <cstring>
 
@@ -267,6 +267,59 @@ void pack_a_tiles(const void* a, bool a_signed, int64_t rows, int64_t K, int64_t
 void pack_b_tiles(const void* b, bool b_signed, int64_t K, int64_t N, int64_t panel0, int64_t panel1, int8_t* out,
                   int32_t* colsum) {
   pack_b_quad_panels(kTilesLayout, b, b_signed, K, N, panel0, panel1, out, colsum);
+}
+
+// --- The float8 path's bfloat16 pairs (PairRows).
+
+namespace {
+
+uint32_t bits_of(float x) {
+  uint32_t u;
+  std::memcpy(&u, &x, sizeof u);
+  return u;
+}
+
+// Nonzero unless x (its bits) is pair-exact: low 16 bits 0 and x = +-0 or 2^-48 <= |x| < 2^48, that
+// is a biased exponent in [79, 174] (docs/quantization.md derives the range).
+uint32_t not_pair_exact(uint32_t bits) {
+  const uint32_t mag = bits & 0x7FFFFFFFu;
+  const uint32_t out_of_range = mag - (79u << 23) >= (175u - 79u) << 23;  // wraps below 2^-48
+  return (bits & 0xFFFFu) | (out_of_range & (mag != 0));
+}
+
+// The word of a pair: the bfloat16 halves of k = 2j (low) and k = 2j + 1 (high).
+uint32_t pair_word(uint32_t even, uint32_t odd) { return (odd & 0xFFFF0000u) | (even >> 16); }
+
+}  // namespace
+
+bool pack_pair_panel(const float* b, int64_t K, int64_t N, int64_t n0, uint32_t* panel) {
+  const int64_t cols = std::min<int64_t>(16, N - n0);
+  uint32_t bad = 0;
+  for (int64_t k = 0; k < K; k += 2) {
+    const float* even = b + k * N + n0;
+    const float* odd = k + 1 < K ? even + N : nullptr;
+    uint32_t* dst = panel + k / 2 * 16;
+    for (int64_t j = 0; j < cols; ++j) {
+      const uint32_t e = bits_of(even[j]), o = odd ? bits_of(odd[j]) : 0u;
+      bad |= not_pair_exact(e) | not_pair_exact(o);
+      dst[j] = pair_word(e, o);
+    }
+    for (int64_t j = cols; j < 16; ++j) dst[j] = 0;
+  }
+  return bad == 0;
+}
+
+bool pack_pair_group(const float* a, int64_t rows, int64_t K, uint32_t* group) {
+  uint32_t bad = 0;
+  for (int64_t r = 0; r < rows; ++r) {
+    const float* row = a + r * K;
+    for (int64_t k = 0; k < K; k += 2) {
+      const uint32_t e = bits_of(row[k]), o = k + 1 < K ? bits_of(row[k + 1]) : 0u;
+      bad |= not_pair_exact(e) | not_pair_exact(o);
+      group[k / 2 * rows + r] = pair_word(e, o);
+    }
+  }
+  return bad == 0;
 }
 
 }  // namespace qmm

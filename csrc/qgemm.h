@@ -100,4 +100,24 @@ using RequantizeRow = void (*)(const int32_t* acc, const float* multiplier, cons
 using SgemmRows = void (*)(const float* a, const float* b, float* y, int64_t ldy, int64_t rows, int64_t cols,
                            int64_t K);
 
+// The float8 path over bfloat16 pairs (Float8Dispatch::pair_rows): a and b as the upper halves of
+// their float32 values (exactly the values where pair_exact holds), two consecutive k in each
+// 32-bit word: word j holds k = 2j in its low half and k = 2j + 1 in its high half (the pairs of
+// vdpbf16ps and tdpbf16ps), the last word's high half 0 when K is odd. KP = ceil(K / 2) words per
+// row of a and per column of b. b: panels of 16 columns, [ceil(cols / 16)][KP][16] words, zero
+// padded past the last column. a: the groups of rows of SgemmRows in words: the group of rows
+// [g, g + G) at a + g * KP, row r's word j at a + g * KP + j * G' + (r - g) (G' the group's rows).
+// y[r * ldy + n] = sum_k a[r, k] * b[k, n] in float32, in the entry's order (pair_order;
+// docs/quantization.md).
+using PairRows = void (*)(const uint32_t* a, const uint32_t* b, float* y, int64_t ldy, int64_t rows, int64_t cols,
+                          int64_t K);
+
+// The pair layout's packers (csrc/pack.cpp, baseline code). Each writes every word of its output
+// (padding included) and returns whether every value it read is pair-exact: +-0, or a normal
+// float32 with 2^-48 <= |x| < 2^48 whose low 16 bits are 0 (so its bfloat16 half is the value).
+// Column panel [n0, n0 + 16) of the row-major [K, N] matrix b into panel (KP * 16 words):
+bool pack_pair_panel(const float* b, int64_t K, int64_t N, int64_t n0, uint32_t* panel);
+// Rows [0, rows) of the row-major [rows, K] matrix a as one group (rows words per k pair):
+bool pack_pair_group(const float* a, int64_t rows, int64_t K, uint32_t* group);
+
 }  // namespace qmm

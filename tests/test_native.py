@@ -124,22 +124,32 @@ def test_float_path_gemm_is_one_fma_per_k_in_order(isa):
                 assert out[0, m, n] == np.float32(acc), (isa, M, K, N, m, n)
 
 
-def test_the_float8_family_runs_its_avx512_entry_at_the_avx512_level():
-    """The float8 family's AVX-512F entry sits at level avx512_vnni: under avx512_vnni-emulated the
-    family runs the emulated build of kernels/float8_avx512.cpp (so the `isa` fixture's
-    avx512_vnni-emulated runs of the float8 tests exercise it), and natively on an AVX-512 CPU."""
+def test_the_float8_family_runs_its_avx512_entries_at_the_avx512_level():
+    """The float8 family's AVX-512F and AVX512-BF16 entries sit at level avx512_vnni: under
+    avx512_vnni-emulated the family runs the emulated build of kernels/float8_avx512bf16.cpp (so the
+    `isa` fixture's avx512_vnni-emulated runs of the float8 tests exercise it: its pair table for
+    pair-exact values, its float32 table, kernels/float8_avx512.inc's, for the rest), with
+    avx512_bf16 hidden the one of kernels/float8_avx512.cpp; natively the BF16 entry where the CPU
+    has AVX512-BF16, else the AVX-512F one (tests/test_float8_pairs.py tests the choice)."""
     before = qm.cpu_info()["isa"]
     try:
         if "avx512_vnni-emulated" in qm.emulated_isas():
             qm.set_isa("avx512_vnni-emulated")
+            assert qm.cpu_info()["kernels"]["float8"] == "avx512bf16-emulated"
+            assert _core.kernel_levels()["float8"] == "avx512_vnni"
+            _core.hide_features(["avx512_bf16"])
             assert qm.cpu_info()["kernels"]["float8"] == "avx512f-emulated"
             assert _core.kernel_levels()["float8"] == "avx512_vnni"
         if "avx512_vnni" in qm.available_isas() and "float8:avx512f" in qm.cpu_info()["entries"]:
             qm.set_isa("avx512_vnni")
-            assert qm.cpu_info()["kernels"]["float8"] == "avx512f"
+            _core.hide_features([])
+            bf16 = qm.cpu_info()["features"]["avx512_bf16"] and "float8:avx512bf16" in qm.cpu_info()["entries"]
+            assert qm.cpu_info()["kernels"]["float8"] == ("avx512bf16" if bf16 else "avx512f")
     finally:
+        _core.hide_features([])
         qm.set_isa(before)
-    assert "float8:avx512f (emulated)" in qm.cpu_info()["entries"] or not qm.emulated_isas()
+    entries = qm.cpu_info()["entries"]
+    assert {"float8:avx512f (emulated)", "float8:avx512bf16 (emulated)"} <= set(entries) or not qm.emulated_isas()
 
 
 def _portable_f32_gemm(*args):
@@ -415,28 +425,6 @@ def test_fast_path_multiplier_is_float32_arithmetic():
     finite = np.isfinite(ours)
     assert np.array_equal(ours[finite].astype(np.float32).view(np.uint32), expected[finite].view(np.uint32))
     assert np.all(~np.isfinite(expected[~finite]) | (np.abs(expected[~finite]) == np.finfo(np.float32).max))
-
-
-def test_float_path_gemm_is_one_fma_per_k_in_order(isa):
-    """The float8 path's float32 GEMM, bit for bit against fma in order of k (oracle, exact rationals),
-    on float32 data whose products are not exact: an unfused multiply-add, another order or a
-    different tiling of the sum would show. Shapes cover the 6 x 16 tiles and their row and column tails."""
-    from quantmatmul import _core
-    from quantmatmul.reference.qlinear_matmul import _fma_f32
-
-    rng = np.random.default_rng(11)
-    for M, K, N in [(7, 41, 19), (13, 9, 33), (1, 64, 5)]:
-        a = rng.standard_normal((1, M, K)).astype(np.float32)
-        b = rng.standard_normal((1, K, N)).astype(np.float32)
-        out = np.empty((1, M, N), np.float32)
-        index = np.zeros(1, np.int64)
-        _core.matmul_f32_sequential(a, index, b, index, out)
-        for m in range(M):
-            for n in range(N):
-                acc = 0.0
-                for k in range(K):
-                    acc = _fma_f32(float(a[0, m, k]), float(b[0, k, n]), acc)
-                assert out[0, m, n] == np.float32(acc), (isa, M, K, N, m, n)
 
 
 # Weak definitions a kernel object may have: the exception personality's data reference, the same

@@ -9,8 +9,10 @@ import numpy as np
 import pytest
 
 import quantmatmul as qm
+from quantmatmul import _core
 from quantmatmul.reference import qlinear_matmul as oracle
 
+from conftest import kernel_levels
 from peer_deviations import deviation
 from quantmatmul.peers import onnxruntime_u8s8_saturates, run_onnx_reference, run_onnxruntime
 
@@ -250,16 +252,18 @@ def test_float8_path_against_oracle(a_t, y_t):
         zero = lambda t: np.zeros((), t)
         args = (a, f32(0.02), zero(a_t), b, f32(0.5), zero(b_t), f32(0.01), zero(y_t))
         maximum = float(ml_dtypes.finfo(y_t).max) if y_t in FLOAT8 else None
-        expected = oracle.float8_path(*args, float8_max=maximum)
+        expected = oracle.float8_path(*args, float8_max=maximum, pair_order=_core.float8_pair_order())
         for numerics in ("onnxruntime", "onnx-reference"):
             assert_identical(qm.qlinear_matmul(*args, numerics=numerics), expected, f"{a_shape} {numerics}")
         assert_identical(qm.qlinear_matmul(*args, numerics="exact"), _float8_exact(args), f"{a_shape} exact")
 
 
-@pytest.mark.parametrize("isa", qm.available_isas())
+@pytest.mark.parametrize("isa", kernel_levels())
 def test_float8_path_per_row_and_column_scales_zero_points_and_every_kernel_path(isa):
     """Scales per row of a and per column of b factor out of the sum; uint8 operands keep their zero
-    points; enough rows and columns for the 6 x 16 tiles and their tails; every kernel path."""
+    points; enough rows and columns for the 6 x 16 and 12 x 32 tiles and their tails; every kernel
+    path, native or emulated, each against the oracle in its table's order (a pair table's where
+    the entry has one: every value here is pair-exact)."""
     before = qm.cpu_info()["isa"]
     qm.set_isa(isa)
     try:
@@ -276,7 +280,7 @@ def test_float8_path_per_row_and_column_scales_zero_points_and_every_kernel_path
             y_scale = f32(0.05)
             maximum = float(ml_dtypes.finfo(y_t).max) if y_t in FLOAT8 else None
             expected = oracle.float8_path(a, a_scale.reshape(M, 1), a_zp.reshape(M, 1), b, b_scale, b_zp, y_scale,
-                                          y_zp, float8_max=maximum)
+                                          y_zp, float8_max=maximum, pair_order=_core.float8_pair_order())
             y = qm.qlinear_matmul(a, a_scale, a_zp, b, b_scale, b_zp, y_scale, y_zp)
             assert_identical(y, expected, f"{isa} {a_t.__name__} x {b_t.__name__} -> {y_t.__name__} {M}x{K}x{N}")
     finally:

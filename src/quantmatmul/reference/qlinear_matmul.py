@@ -86,10 +86,40 @@ def _fma_f32(x: float, y: float, acc: float) -> float:
     return float(np.float32(x * y + acc))  # no rounding question once an infinity or a NaN is involved
 
 
-def float8_path(a, a_scale, a_zp, b, b_scale, b_zp, y_scale, y_zp, float8_max=None):
+def pair_exact(x) -> np.ndarray:
+    """Whether float32 values may enter a bfloat16 pair table (docs/quantization.md): +-0, or
+    2^-48 <= |x| < 2^48 with the low 16 bits of the float32 zero (exact in bfloat16)."""
+    bits = np.ascontiguousarray(x, np.float32).view(np.uint32)
+    magnitude = bits & np.uint32(0x7FFFFFFF)
+    exponent = magnitude >> np.uint32(23)
+    in_range = (magnitude == 0) | ((exponent >= 127 - 48) & (exponent < 127 + 48))
+    return ((bits & np.uint32(0xFFFF)) == 0) & in_range
+
+
+def float8_sum(row, col, pair_order=None) -> float:
+    """sum_k row[k] * col[k] in float32 from +0, exact products, each sum rounded (_fma_f32): in
+    order of k (pair_order None), or by pairs of k (2j, 2j + 1) with the odd one first
+    ("odd first", vdpbf16ps) or the even one first ("even first")."""
+    K = len(row)
+    if pair_order is None:
+        order = range(K)
+    elif pair_order in ("odd first", "even first"):
+        first = 1 if pair_order == "odd first" else 0
+        order = [k for j in range(0, K, 2) for k in (j + first, j + 1 - first) if k < K]
+    else:
+        raise ValueError(f"unknown pair order {pair_order!r}")
+    acc = 0.0
+    for k in order:
+        acc = _fma_f32(float(row[k]), float(col[k]), acc)
+    return acc
+
+
+def float8_path(a, a_scale, a_zp, b, b_scale, b_zp, y_scale, y_zp, float8_max=None, pair_order=None):
     """The float path (docs/quantization.md): c = q - zp in float32 for each operand, d = sum_k fma in
     order of k from +0, x = d * (a_scale * b_scale), x / y_scale (+ zp), convert. Scalar and exact:
-    for small shapes. a_scale broadcasts as rows (a scalar or (M, 1)), b_scale as columns."""
+    for small shapes. a_scale broadcasts as rows (a scalar or (M, 1)), b_scale as columns.
+    pair_order: the order of the float8 entry's pair table (``_core.float8_pair_order()``), which
+    the driver runs instead when every c is pair_exact and 0 < K < 2^29; None: no pair table."""
     f32 = np.float32
     out_shape = np.matmul(np.zeros(a.shape, np.int8), np.zeros(b.shape, np.int8)).shape
     a = a.reshape(1, -1) if a.ndim == 1 else a
@@ -99,13 +129,12 @@ def float8_path(a, a_scale, a_zp, b, b_scale, b_zp, y_scale, y_zp, float8_max=No
     shape = np.broadcast_shapes(ca.shape[:-1] + (1,), cb.shape[:-2] + (1, cb.shape[-1]))
     ca = np.broadcast_to(ca, shape[:-1] + (ca.shape[-1],))
     cb = np.broadcast_to(cb, shape[:-2] + cb.shape[-2:])
+    K = ca.shape[-1]
+    if pair_order is not None and not (0 < K < 2**29 and pair_exact(ca).all() and pair_exact(cb).all()):
+        pair_order = None
     d = np.zeros(shape, f32)
     for idx in np.ndindex(*shape):
-        acc = 0.0
-        row, col = ca[idx[:-1]], cb[idx[:-2] + (slice(None), idx[-1])]
-        for k in range(ca.shape[-1]):
-            acc = _fma_f32(float(row[k]), float(col[k]), acc)
-        d[idx] = acc
+        d[idx] = float8_sum(ca[idx[:-1]], cb[idx[:-2] + (slice(None), idx[-1])], pair_order)
     with np.errstate(over="ignore", invalid="ignore"):
         x = d * (np.asarray(a_scale).astype(f32) * np.asarray(b_scale).astype(f32))
         v = x / np.asarray(y_scale).astype(f32)

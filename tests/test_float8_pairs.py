@@ -1,0 +1,291 @@
+"""test_float8_pairs.py: the float8 path's bfloat16 pair tables (AVX512-BF16 vdpbf16ps), bit for bit against a numpy model of their documented order, and how the driver and selection choose them."""
+
+from __future__ import annotations
+
+import contextlib
+import math
+
+import ml_dtypes
+import numpy as np
+import pytest
+from conftest import kernel_levels
+
+import quantmatmul as qm
+from quantmatmul import _core
+from quantmatmul.reference import qlinear_matmul as oracle
+
+f32, f64 = np.float32, np.float64
+FLOAT8 = [ml_dtypes.float8_e4m3fn, ml_dtypes.float8_e4m3fnuz, ml_dtypes.float8_e5m2, ml_dtypes.float8_e5m2fnuz]
+
+
+@contextlib.contextmanager
+def float8_entry(level, hidden=()):
+    """Runs the body under a level with some CPU features hidden from selection; restores both."""
+    before = qm.cpu_info()["isa"]
+    try:
+        qm.set_isa(level)
+        _core.hide_features(list(hidden))
+        yield qm.cpu_info()["kernels"]["float8"]
+    finally:
+        _core.hide_features([])
+        qm.set_isa(before)
+
+
+def float8_entries():
+    """Every float8 entry this machine runs (natively or emulated), as (entry, level, hidden
+    features): each level of the `isa` fixture, with and without AVX512-BF16."""
+    found = {}
+    for level in kernel_levels():
+        for hidden in ((), ("avx512_bf16",)):
+            with float8_entry(level, hidden) as entry:
+                found.setdefault(entry, (level, hidden))
+    return [(entry, *where) for entry, where in found.items()]
+
+
+PAIR_ENTRIES = []
+for _entry, _level, _hidden in float8_entries():
+    with float8_entry(_level, _hidden):
+        if _core.float8_pair_order() is not None:
+            PAIR_ENTRIES.append((_entry, _level, _hidden))
+
+
+def _add_f32(acc, p):
+    """float32 acc + p, p exact in float64, rounded once to float32 (nearest even), elementwise: the
+    float64 sum s and its error e (TwoSum: s + e is exact); s rounds to the right float32 unless
+    it sits exactly halfway between two of them while e moves the exact sum off the midpoint."""
+    a = acc.astype(f64)
+    s = a + p
+    bv = s - a
+    e = (a - (s - bv)) + (p - bv)
+    r = s.astype(f32)
+    r64 = r.astype(f64)
+    other = np.nextafter(r, np.where(s > r64, np.inf, -np.inf).astype(f32))  # the neighbour on s's side
+    tie = (s != r64) & ((r64 + other.astype(f64)) / 2 == s) & (e != 0)
+    return np.where(tie, np.where(e > 0, np.maximum(r, other), np.minimum(r, other)), r)
+
+
+def pair_model(ca, cb, order):
+    """The pair table's sum, [M, K] x [K, N] float32 (pair-exact values: exact products), vectorized:
+    +0, then per pair of k (2j, 2j + 1) the two products added one at a time, rounded each time."""
+    ca, cb = ca.astype(f64), cb.astype(f64)
+    K = ca.shape[1]
+    acc = np.zeros((ca.shape[0], cb.shape[1]), f32)
+    first = 1 if order == "odd first" else 0
+    for j in range(0, K, 2):
+        for k in (j + first, j + 1 - first):
+            if k < K:
+                acc = _add_f32(acc, ca[:, k, None] * cb[None, k, :])
+    return acc
+
+
+def in_order_model(ca, cb):
+    acc = np.zeros((ca.shape[0], cb.shape[1]), f32)
+    for k in range(ca.shape[1]):
+        acc = _add_f32(acc, ca[:, k, None].astype(f64) * cb[None, k, :].astype(f64))
+    return acc
+
+
+def gemm_bits(ca, cb):
+    """The float8 path's GEMM as the driver runs it, [M, K] x [K, N] float32 -> bits."""
+    index = np.zeros(1, np.int64)
+    out = np.empty((1, ca.shape[0], cb.shape[1]), f32)
+    _core.matmul_f32_sequential(ca[None], index, cb[None], index, out)
+    return out[0].view(np.uint32)
+
+
+def wide_float8(rng, dtype, shape):
+    """float8 values over most of the type's exponent range (both signs, zeros, subnormals): partial
+    sums then need more than 24 bits and round, so that the order of the additions shows."""
+    info = ml_dtypes.finfo(dtype)
+    lo, hi = np.log2(float(info.smallest_subnormal)), np.log2(float(info.max))
+    x = np.exp2(rng.uniform(lo, hi, shape)) * rng.choice([-1.0, 1.0], shape)
+    x[rng.random(shape) < 0.05] = 0.0
+    return x.astype(dtype)
+
+
+def test_the_model_is_the_exact_fma_chain():
+    """The vectorized models against the reference's exact scalar sums (Fractions, one rounding)."""
+    rng = np.random.default_rng(1)
+    ca = wide_float8(rng, FLOAT8[0], (3, 9)).astype(f32)
+    cb = wide_float8(rng, FLOAT8[2], (9, 4)).astype(f32)
+    for order in ("odd first", "even first", None):
+        model = in_order_model(ca, cb) if order is None else pair_model(ca, cb, order)
+        exact = [[oracle.float8_sum(ca[m], cb[:, n], order) for n in range(4)] for m in range(3)]
+        assert np.array_equal(model.view(np.uint32), np.array(exact, f32).view(np.uint32)), order
+
+
+# Shapes: K odd and even, 1 and 2, around the 128-pair k chunks (K = 255 .. 259); rows around the
+# 12-row groups and the 48-row blocks; columns around the 16-column panels and 32-column pairs.
+SHAPES = [(1, 1, 1), (1, 2, 16), (13, 37, 35), (12, 4, 32), (5, 255, 17), (3, 257, 33), (49, 6, 3), (2, 259, 70)]
+
+
+@pytest.mark.parametrize("entry, level, hidden", PAIR_ENTRIES, ids=[e[0] for e in PAIR_ENTRIES])
+@pytest.mark.parametrize("dtype", FLOAT8, ids=lambda t: t.__name__)
+def test_pair_table_is_its_documented_order_bit_for_bit(entry, level, hidden, dtype):
+    """Every float8 type, with integer operands and integer zero points on the other side (the float
+    path's c = q - zp, all pair-exact): the table's bits are the model's, and the in-order table's
+    are not (on these wide-range values some outputs differ: the test can fail)."""
+    rng = np.random.default_rng(FLOAT8.index(dtype))
+    differs = 0
+    with float8_entry(level, hidden) as running:
+        assert running == entry
+        order = _core.float8_pair_order()
+        for i, (M, K, N) in enumerate(SHAPES):
+            ca = wide_float8(rng, dtype, (M, K)).astype(f32)
+            if i % 2:  # uint8 or int8 operand minus its zero point: integers |c| <= 255
+                cb = (rng.integers(0, 256, (K, N)) - rng.integers(0, 256, (1, N))).astype(f32)
+            else:
+                cb = wide_float8(rng, FLOAT8[(FLOAT8.index(dtype) + i) % 4], (K, N)).astype(f32)
+            assert oracle.pair_exact(ca).all() and oracle.pair_exact(cb).all()
+            ours = gemm_bits(ca, cb)
+            assert np.array_equal(ours, pair_model(ca, cb, order).view(np.uint32)), (entry, M, K, N)
+            differs += int(np.sum(ours != in_order_model(ca, cb).view(np.uint32)))
+            within_the_bound(ours.view(f32), ca, cb)
+    assert differs > 0
+
+
+def within_the_bound(d, ca, cb):
+    """docs/quantization.md: |d - sum p| <= gamma(K - 1) * sum |p|, u = 2^-24, for every order of
+    the recursive sum (the exact sum: math.fsum of the exact float64 products, off by 2^-53 at most)."""
+    K = ca.shape[1]
+    u = 2.0**-24
+    gamma = (K - 1) * u / (1 - (K - 1) * u)
+    for m in range(ca.shape[0]):
+        for n in range(cb.shape[1]):
+            p = ca[m].astype(f64) * cb[:, n].astype(f64)
+            exact, size = math.fsum(p), math.fsum(np.abs(p))
+            assert abs(float(d[m, n]) - exact) <= gamma * size * (1 + 2.0**-50), (m, n)
+
+
+@pytest.mark.parametrize("entry, level, hidden", PAIR_ENTRIES, ids=[e[0] for e in PAIR_ENTRIES])
+def test_pair_table_differs_from_the_in_order_sum(entry, level, hidden):
+    """K = 4 products 2^16, 0, 2^-8, 1.5 * 2^-8 (e4m3fn values): in order, 2^16 + 2^-8 ties to 2^16,
+    then + 1.5 * 2^-8 gives 2^16 + 2^-7; odd first, 2^16 + 1.5 * 2^-8 gives 2^16 + 2^-7, then
+    + 2^-8 ties up to 2^16 + 2^-6. Threads and batch do not change a bit."""
+    a = np.array([[256.0, 0.0, 0.0625, 0.09375]], f32)
+    b = np.array([[256.0], [0.0], [0.0625], [0.0625]], f32)
+    with float8_entry(level, hidden):
+        assert _core.float8_pair_order() == "odd first"
+        assert gemm_bits(a, b)[0, 0] == np.array(2.0**16 + 2.0**-6, f32).view(np.uint32)
+        with float8_entry("portable"):
+            assert gemm_bits(a, b)[0, 0] == np.array(2.0**16 + 2.0**-7, f32).view(np.uint32)
+        rng = np.random.default_rng(3)
+        ca = wide_float8(rng, FLOAT8[0], (2, 50, 60)).astype(f32)
+        cb = wide_float8(rng, FLOAT8[2], (3, 60, 40)).astype(f32)
+        a_index, b_index = np.array([0, 1, 1], np.int64), np.array([2, 0, 1], np.int64)
+        runs = []
+        for threads in (1, 2, 3):
+            before = qm.get_num_threads()
+            qm.set_num_threads(threads)
+            try:
+                out = np.empty((3, 50, 40), f32)
+                _core.matmul_f32_sequential(ca, a_index, cb, b_index, out)
+            finally:
+                qm.set_num_threads(before)
+            runs.append(out.view(np.uint32))
+        for t in range(3):
+            expected = pair_model(ca[a_index[t]], cb[b_index[t]], "odd first").view(np.uint32)
+            assert all(np.array_equal(r[t], expected) for r in runs)
+
+
+@pytest.mark.parametrize("entry, level, hidden", PAIR_ENTRIES, ids=[e[0] for e in PAIR_ENTRIES])
+def test_values_that_are_not_pair_exact_take_the_in_order_table(entry, level, hidden):
+    """One value anywhere in a or b that is not pair-exact (a float32 value, a float8 difference
+    with a nonzero zero point, NaN, infinity, a value below 2^-48 or from 2^48) sends the whole
+    call to the entry's float32 table: one FMA per k in order, the portable entry's bits."""
+    rng = np.random.default_rng(4)
+    M, K, N = 13, 41, 35
+    base_a = wide_float8(rng, FLOAT8[0], (M, K)).astype(f32)
+    base_b = wide_float8(rng, FLOAT8[2], (K, N)).astype(f32)
+    e4 = ml_dtypes.float8_e4m3fn
+    nonzero_zp = np.array(448.0, e4).astype(f32) - np.array(2.0**-9, e4).astype(f32)
+    spoilers = [f32(1.0 + 2.0**-10), nonzero_zp, f32(np.nan), f32(np.inf), f32(2.0**-49), f32(2.0**48), f32(2.0**-130)]
+    for value in spoilers:
+        assert not oracle.pair_exact(np.array([value])).all()
+        for side in ("a", "b"):
+            a, b = base_a.copy(), base_b.copy()
+            (a if side == "a" else b).flat[7] = value
+            with float8_entry(level, hidden):
+                ours = gemm_bits(a, b)
+            with float8_entry("portable"):
+                expected = gemm_bits(a, b)
+            assert np.array_equal(ours, expected), (value, side)
+    # The bounds themselves are pair-exact: 2^-48 and the largest bfloat16 below 2^48
+    assert oracle.pair_exact(np.array([2.0**-48, -(2.0**48 - 2.0**40), 0.0, -0.0], f32)).all()
+
+
+@pytest.mark.parametrize("entry, level, hidden", PAIR_ENTRIES, ids=[e[0] for e in PAIR_ENTRIES])
+def test_qlinear_matmul_float8_on_the_pair_table_against_the_oracle(entry, level, hidden):
+    """The whole float path (zero points, per-row and per-column scales, float8 and integer
+    outputs) on the pair table: the oracle with the table's order; "exact" numerics unchanged."""
+    rng = np.random.default_rng(8)
+    e4, e5, u8 = ml_dtypes.float8_e4m3fn, ml_dtypes.float8_e5m2, np.uint8
+    with float8_entry(level, hidden):
+        order = _core.float8_pair_order()
+        for a_t, b_t, y_t, (M, K, N) in [
+            (e4, e4, e4, (13, 37, 35)),
+            (u8, e5, np.int8, (7, 64, 17)),
+            (e5, u8, e5, (6, 20, 16)),
+        ]:
+            a = wide_float8(rng, a_t, (M, K)) if a_t is not u8 else rng.integers(0, 256, (M, K)).astype(u8)
+            b = wide_float8(rng, b_t, (K, N)) if b_t is not u8 else rng.integers(0, 256, (K, N)).astype(u8)
+            a_scale, b_scale = rng.uniform(0.01, 0.05, M).astype(f32), rng.uniform(0.1, 0.9, N).astype(f32)
+            a_zp = np.full(M, 17 if a_t is u8 else 0, a_t)
+            b_zp = np.full(N, 200 if b_t is u8 else 0, b_t)
+            y_scale, y_zp = f32(0.05), np.zeros((), y_t)
+            maximum = float(ml_dtypes.finfo(y_t).max) if y_t in (e4, e5) else None
+            args = (a, a_scale, a_zp, b, b_scale, b_zp, y_scale, y_zp)
+            expected = oracle.float8_path(
+                a,
+                a_scale.reshape(M, 1),
+                a_zp.reshape(M, 1),
+                b,
+                b_scale,
+                b_zp,
+                y_scale,
+                y_zp,
+                float8_max=maximum,
+                pair_order=order,
+            )
+            y = qm.qlinear_matmul(*args)
+            assert np.array_equal(y.view(np.uint8), expected.view(np.uint8)), (a_t, b_t, y_t)
+            exact = qm.qlinear_matmul(*args, numerics="exact")
+        with float8_entry("portable"):
+            assert np.array_equal(qm.qlinear_matmul(*args, numerics="exact").view(np.uint8), exact.view(np.uint8))
+
+
+def test_selection_prefers_the_bf16_entry_where_the_cpu_has_it():
+    """At level avx512_vnni the float8 family has two entries; the one needing AVX512-BF16 too wins
+    where it runs (emulated: where it is asked for and not hidden), whatever order the builds
+    register in; with avx512_bf16 hidden, the avx512f entry runs."""
+    entries = qm.cpu_info()["entries"]
+    if "avx512_vnni-emulated" in qm.emulated_isas() and "float8:avx512bf16 (emulated)" in entries:
+        with float8_entry("avx512_vnni-emulated") as entry:
+            assert entry == "avx512bf16-emulated" and _core.float8_pair_order() == "odd first"
+        with float8_entry("avx512_vnni-emulated", ["avx512_bf16"]) as entry:
+            assert entry == "avx512f-emulated" and _core.float8_pair_order() is None
+    if "avx512_vnni" in qm.available_isas():
+        bf16 = qm.cpu_info()["features"]["avx512_bf16"] and "float8:avx512bf16" in entries
+        with float8_entry("avx512_vnni") as entry:
+            assert entry == ("avx512bf16" if bf16 else "avx512f")
+        with float8_entry("avx512_vnni", ["avx512_bf16"]) as entry:
+            assert entry == "avx512f"
+    with pytest.raises(ValueError, match="unknown feature"):
+        _core.hide_features(["sse9"])
+    assert qm.cpu_info()["self_test"] is None
+
+
+@pytest.mark.parametrize("entry, level, hidden", float8_entries(), ids=[e[0] for e in float8_entries()])
+def test_every_float8_entry_float32_table_is_the_portable_one(entry, level, hidden):
+    """Every float8 entry's float32 table (the avx512f entry's, the avx512bf16 entry's copy of the
+    same tile, ...) on float32 values (never pair-exact): bit for bit the portable entry's FMA
+    chain in order of k, rows and columns around the tiles, K around the 128-step chunks."""
+    rng = np.random.default_rng(12)
+    for M, K, N in [(13, 129, 33), (1, 2, 70), (25, 7, 17)]:
+        ca = rng.standard_normal((M, K)).astype(f32)
+        cb = rng.standard_normal((K, N)).astype(f32)
+        with float8_entry(level, hidden) as running:
+            assert running == entry
+            ours = gemm_bits(ca, cb)
+        with float8_entry("portable"):
+            assert np.array_equal(ours, gemm_bits(ca, cb)), (entry, M, K, N)
