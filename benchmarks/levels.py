@@ -18,7 +18,9 @@ def main(levels: str, threads: str, repeat: str, path: str) -> None:
         for level in levels.split(","):
             qm.set_isa(level)
             print(f"== {level}, {t} threads: {qm.cpu_info()['kernels']}", flush=True)
-            report[f"{level}/{t}"] = bench.run(cases, threads=t, repeat=int(repeat), progress=lambda s: print(s, flush=True))
+            report[f"{level}/{t}"] = bench.run(
+                cases, threads=t, repeat=int(repeat), progress=lambda s: print(s, flush=True)
+            )
     with open(path, "w") as f:
         json.dump(report, f, indent=1)
 

@@ -22,7 +22,8 @@ static inline int32_t requantize_onnxruntime(int32_t acc, float multiplier, int3
 }
 
 // onnx.reference: D = C * multiplier (float64), D += zp (float64), rint, clip, cast.
-static inline int32_t requantize_onnx_reference(int32_t acc, double multiplier, int32_t zp, int32_t qmin, int32_t qmax) {
+static inline int32_t requantize_onnx_reference(int32_t acc, double multiplier, int32_t zp, int32_t qmin,
+                                                int32_t qmax) {
   double d = static_cast<double>(acc) * multiplier;
   d += static_cast<double>(zp);
   d = std::nearbyint(d);

@@ -17,8 +17,17 @@ AMX_ISAS = [isa for isa in ("amx-emulated", "amx") if isa in qm.emulated_isas() 
 # Around the entry's sizes: 32-row groups (AMX for 16 rows or more, of which 16 and 32 are stored
 # straight from the tiles and the rest through a buffer; vpdpbusd below 16, in steps of 8), 32-column
 # panels, k-groups of 64 (k-quads inside), and the driver's 2^15-deep int32 chunks.
-SHAPES = [(1, 1, 1), (1, 5, 3), (15, 64, 32), (16, 64, 32), (17, 65, 33), (32, 128, 32), (33, 130, 70),
-          (64, 200, 100), (2, 70001, 3)]
+SHAPES = [
+    (1, 1, 1),
+    (1, 5, 3),
+    (15, 64, 32),
+    (16, 64, 32),
+    (17, 65, 33),
+    (32, 128, 32),
+    (33, 130, 70),
+    (64, 200, 100),
+    (2, 70001, 3),
+]
 
 
 @pytest.fixture(params=AMX_ISAS or [pytest.param(None, marks=pytest.mark.skip(reason="no AMX entry built"))])
@@ -73,8 +82,12 @@ def test_matches_the_oracles(amx_isa, combo):
         # The deep shape (a slow oracle) once, with random values; the others also with extremes and per-column b.
         for variant in range(1 if K > 10_000 else 2):
             args = random_problem(rng, combo, M, K, N, per_column=variant == 1, extreme=variant == 1)
-            check_all_numerics(args, f"{amx_isa} {M}x{K}x{N} variant {variant}", exact=M * K * N < 100_000,
-                               spread=variant == 0 and K > 1)
+            check_all_numerics(
+                args,
+                f"{amx_isa} {M}x{K}x{N} variant {variant}",
+                exact=M * K * N < 100_000,
+                spread=variant == 0 and K > 1,
+            )
 
 
 def test_deep_k_through_the_tiles(amx_isa):
@@ -118,8 +131,9 @@ def test_constant_weight_packed_for_another_layout(amx_isa, combo):
         assert np.array_equal(w(a, a_s, a_zp, y_s, y_zp), expected)
         assert w._packed.layout == TILES_LAYOUT  # re-packed for the entry in use
         for numerics, reference in (("onnx-reference", oracle.onnx_reference), ("exact", oracle.exact)):
-            assert np.array_equal(w(a, a_s, a_zp, y_s, y_zp, numerics=numerics),
-                                  reference(a, a_s, a_zp, b, b_s, b_zp, y_s, y_zp)), numerics
+            assert np.array_equal(
+                w(a, a_s, a_zp, y_s, y_zp, numerics=numerics), reference(a, a_s, a_zp, b, b_s, b_zp, y_s, y_zp)
+            ), numerics
         w_tiles = qm.QLinearMatMul(b, b_s, b_zp)  # packed for the tiles ...
         qm.set_isa("avx2")
         assert np.array_equal(w_tiles(a, a_s, a_zp, y_s, y_zp), expected)  # ... and re-packed back

@@ -10,8 +10,8 @@ import tracemalloc
 import ml_dtypes
 import numpy as np
 import pytest
-import quantmatmul
 
+import quantmatmul
 from quantmatmul.matmul_nbits import _decode, dequantize_nbits, matmul_nbits
 from quantmatmul.nbits_layout import pack_nbits, packed_size, unpack_nbits
 from quantmatmul.reference import matmul_nbits as oracle
@@ -796,7 +796,7 @@ def test_vnni_level4_equals_avx2_bit_for_bit(vnni, bits):
                 case = Case(rng, bits, block_size, K=K, N=int(rng.integers(1, 41)), batch=(M,), zp=zp,
                             bias=bool(rng.integers(0, 2)))
                 y = case.run(4)
-                expected = _under("avx2", lambda: case.run(4))
+                expected = _under("avx2", lambda case=case: case.run(4))
                 assert np.array_equal(y.view(np.uint32), expected.view(np.uint32)), f"{vnni} {case} vs avx2"
                 y_eff, tol = tight_tolerance(case, 4)
                 assert_within(y, y_eff, tol, f"{vnni} {case} tight")
@@ -824,7 +824,7 @@ def test_vnni_level4_extreme_codes_and_activations(vnni, bits):
                 if zp == "packed":  # zero points 0: nothing offsets the products
                     case = case.replace(zero_points=np.zeros_like(case.zero_points))
                 y = case.run(4)
-                assert np.array_equal(y, _under("avx2", lambda: case.run(4))), (vnni, bits, block_size, M, zp)
+                assert np.array_equal(y, _under("avx2", lambda case=case: case.run(4))), (vnni, bits, block_size, M, zp)
                 y_eff, tol = tight_tolerance(case, 4)
                 assert_within(y, y_eff, tol, f"{vnni} bits {bits} block {block_size} M {M} zp {zp}")
 

@@ -2,7 +2,8 @@
 //
 // Defined in nbits_f32_avx512.cpp, in the namespace of the build that compiles them (QMM_KERNEL_NS:
 // avx512_vnni natively, avx512_vnni_emulated over SIMDe), so that the two builds' copies never meet
-// at link time; the amx table takes the avx512_vnni build's of its kind (native or emulated). They follow NBitsRows and NBitsPrepareF32 (matmul_nbits.h).
+// at link time; the amx table takes the avx512_vnni build's of its kind (native or emulated). They follow NBitsRows and
+// NBitsPrepareF32 (matmul_nbits.h).
 #pragma once
 
 #include <cstdint>

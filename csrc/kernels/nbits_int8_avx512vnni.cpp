@@ -56,22 +56,21 @@ namespace {
 // even codes into one vector, odd into another), shifted so that the code lands in the word's low
 // byte (even) or high byte (odd), blended and masked.
 struct GenericDecode {
-  alignas(64) uint16_t words[32];       // vpermt2w: lane j <- words Bits*j .. Bits*j+7 of the chunk
-  alignas(64) uint8_t even[64];         // vpshufb: word s of a lane <- the bytes holding code 2s
-  alignas(64) uint8_t odd[64];          // ... code 2s + 1
+  alignas(64) uint16_t words[32];  // vpermt2w: lane j <- words Bits*j .. Bits*j+7 of the chunk
+  alignas(64) uint8_t even[64];  // vpshufb: word s of a lane <- the bytes holding code 2s
+  alignas(64) uint8_t odd[64];  // ... code 2s + 1
   alignas(64) uint16_t shift_even[32];  // vpsrlvw: code 2s down to bit 0
-  alignas(64) uint16_t shift_odd[32];   // vpsllvw: code 2s + 1 up to bit 8
+  alignas(64) uint16_t shift_odd[32];  // vpsllvw: code 2s + 1 up to bit 8
 };
 
 constexpr GenericDecode make_generic_decode(int bits) {
   GenericDecode t{};
-  const int per_load = bits == 3 ? 8 : 16;    // words per load (16 or 32 bytes)
-  const int second = 4 * bits - per_load;     // the second load's first word: it ends with the chunk
+  const int per_load = bits == 3 ? 8 : 16;  // words per load (16 or 32 bytes)
+  const int second = 4 * bits - per_load;  // the second load's first word: it ends with the chunk
   for (int j = 0; j < 4; ++j)
     for (int i = 0; i < 8; ++i) {
       const int word = bits * j + i;  // past the chunk only as a code's unused upper neighbour
-      t.words[8 * j + i] =
-          static_cast<uint16_t>(word >= 4 * bits ? 0 : word < per_load ? word : 32 + word - second);
+      t.words[8 * j + i] = static_cast<uint16_t>(word >= 4 * bits ? 0 : word < per_load ? word : 32 + word - second);
     }
   for (int j = 0; j < 4; ++j)
     for (int s = 0; s < 8; ++s) {
@@ -129,8 +128,8 @@ inline __m512i codes64(const uint8_t* p) {
       hi = _mm512_castsi256_si512(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p + 8 * Bits - 32)));
     }
     const __m512i lanes = _mm512_permutex2var_epi16(lo, _mm512_load_si512(t.words), hi);
-    const __m512i even = _mm512_srlv_epi16(_mm512_shuffle_epi8(lanes, _mm512_load_si512(t.even)),
-                                           _mm512_load_si512(t.shift_even));
+    const __m512i even =
+        _mm512_srlv_epi16(_mm512_shuffle_epi8(lanes, _mm512_load_si512(t.even)), _mm512_load_si512(t.shift_even));
     const __m512i odd =
         _mm512_sllv_epi16(_mm512_shuffle_epi8(lanes, _mm512_load_si512(t.odd)), _mm512_load_si512(t.shift_odd));
     return _mm512_and_si512(_mm512_mask_blend_epi8(0xAAAAAAAAAAAAAAAAull, even, odd),
@@ -315,7 +314,7 @@ void decode_rows(const QuantizedA& a, const NBitsWeight& w, int64_t n0, int64_t 
 // (code x qa: per column, the 4 products summed into its int32 lane). Each block's int32 sums then
 // enter float32 exactly as in nbits_int8_gemm (nbits_int8_avx2.cpp).
 constexpr int64_t kGemmMinRows = 8;  // as the AVX2 kernels: below it the per-column kernel
-constexpr int kGroupRows = 8;        // rows interleaved by quads, the tile's height
+constexpr int kGroupRows = 8;  // rows interleaved by quads, the tile's height
 
 // r[c] = quads 0..15 of column c -> r[q] = columns 0..15 of quad q (a 16 x 16 transpose of dwords).
 inline void transpose16(__m512i r[16]) {
@@ -416,9 +415,8 @@ void gemm_rows(const QuantizedA& a, int64_t kb, int64_t bs, const uint8_t* panel
     auto tile = [&](auto rows, auto sets) {
       constexpr int MR = decltype(rows)::value, U = decltype(sets)::value;
       const bool grouped = MR == kGroupRows;  // whole groups come interleaved, the rest in order
-      gemm_tile<MR, U, Signed8>(a.qa + m * padded, grouped ? 4 : padded, grouped ? 4 * kGroupRows : 4,
-                                a.scale + m * kb, a.block_sum + m * kb, kb, panel, sb, szb, start, b0, b1,
-                                quads_per_block, acc + m * 16);
+      gemm_tile<MR, U, Signed8>(a.qa + m * padded, grouped ? 4 : padded, grouped ? 4 * kGroupRows : 4, a.scale + m * kb,
+                                a.block_sum + m * kb, kb, panel, sb, szb, start, b0, b1, quads_per_block, acc + m * 16);
       m += MR;
     };
     using One = std::integral_constant<int, 1>;
@@ -522,8 +520,7 @@ void nbits_prepare_int8(int8_t* qa, int64_t M, const NBitsWeight& w) {
     int8_t* rows = qa + g * padded;
     std::memcpy(group, rows, static_cast<size_t>(kGroupRows * padded));
     for (int64_t q = 0; q < padded / 4; ++q)
-      for (int r = 0; r < kGroupRows; ++r)
-        std::memcpy(rows + (q * kGroupRows + r) * 4, group + r * padded + q * 4, 4);
+      for (int r = 0; r < kGroupRows; ++r) std::memcpy(rows + (q * kGroupRows + r) * 4, group + r * padded + q * 4, 4);
   }
   if (w.bits == 8)
     for (int64_t i = 0; i < M * padded; ++i) qa[i] = static_cast<int8_t>(qa[i] ^ 0x80);
