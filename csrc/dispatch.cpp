@@ -186,8 +186,60 @@ std::string self_test(const Float8Dispatch& f) {
   return {};
 }
 
+// --- The MatMulNBits self-test: levels 0 and 4 through the entry's drivers on values where every
+// float32 operation is exact (integer A with one |a| = 127 per block, so level 4's qa = a and its
+// scale is 1; codes, zero points and bias integers; scales powers of two; every partial sum below
+// 2^24), so that any summation order gives the one exact result.
+std::string self_test(const NBitsDispatch& e) {
+  // Rows around the decode/prefill crossover (12) and the AMX row groups (16, 32); columns around
+  // 16- and 32-column tasks; K with a partial last block; widths 2, 3, 4, 8.
+  static const int64_t shapes[][4] = {
+      {1, 64, 20, 4}, {5, 80, 33, 2}, {13, 64, 40, 8}, {17, 96, 33, 4}, {33, 64, 17, 3}};
+  uint32_t state = 777;
+  for (const auto& s : shapes) {
+    const int64_t M = s[0], K = s[1], N = s[2], bits = s[3], bs = 32, kb = (K + bs - 1) / bs;
+    const int64_t row_bytes = kb * bs * bits / 8;
+    std::vector<uint8_t> codes(static_cast<size_t>(N * row_bytes), 0), zp(static_cast<size_t>(N * kb));
+    std::vector<float> scales(zp.size()), a(static_cast<size_t>(M * K)), bias(static_cast<size_t>(N));
+    std::vector<int64_t> q(static_cast<size_t>(N * K));
+    for (int64_t n = 0; n < N; ++n)
+      for (int64_t k = 0; k < K; ++k) {  // LSB-first bitstream per column
+        const int64_t code = lcg(state) & ((1 << bits) - 1), bit = k * bits;
+        q[n * K + k] = code;
+        for (int64_t i = 0; i < bits; ++i)
+          codes[n * row_bytes + (bit + i) / 8] |= static_cast<uint8_t>(((code >> i) & 1) << ((bit + i) % 8));
+      }
+    for (size_t i = 0; i < zp.size(); ++i) {
+      zp[i] = static_cast<uint8_t>(lcg(state) & ((1 << bits) - 1));
+      scales[i] = std::ldexp(1.0f, -(lcg(state) % 3));  // 1, 1/2, 1/4
+    }
+    for (int64_t m = 0; m < M; ++m)
+      for (int64_t k = 0; k < K; ++k)
+        a[m * K + k] = k % bs == 0 ? (lcg(state) & 1 ? 127.0f : -127.0f) : lcg(state) % 255 - 127;
+    for (auto& x : bias) x = static_cast<float>(lcg(state) - 128);
+    std::vector<float> expected(static_cast<size_t>(M * N)), y(expected.size());
+    for (int64_t m = 0; m < M; ++m)
+      for (int64_t n = 0; n < N; ++n) {
+        double sum = bias[n];
+        for (int64_t k = 0; k < K; ++k)
+          sum += a[m * K + k] * static_cast<double>(q[n * K + k] - zp[n * kb + k / bs]) * scales[n * kb + k / bs];
+        expected[m * N + n] = static_cast<float>(sum);  // exact
+      }
+    const NBitsWeight w{codes.data(), N, K, bits, bs, kb, row_bytes, scales.data(), nullptr, zp.data()};
+    for (int level : {0, 4}) {
+      std::fill(y.begin(), y.end(), 0.0f);
+      if (level == 0) matmul_nbits_f32(e, a.data(), M, w, bias.data(), y.data());
+      else matmul_nbits_int8(e, a.data(), M, w, bias.data(), y.data());
+      if (std::memcmp(y.data(), expected.data(), y.size() * sizeof(float)) != 0)
+        return "level " + std::to_string(level) + " differs from the exact result at " + shape_text(M, K, N) + " " +
+               std::to_string(bits) + "-bit";
+    }
+  }
+  return {};
+}
+
 // Whether `entry` passed its family's self-test (run once per entry, on first selection; native
-// entries of the int8 GEMM and float8 families only).
+// entries of every family).
 template <class Entry>
 bool passes_self_test(const Entry* entry, const char* family, const Entry* portable) {
   static std::mutex mutex;
@@ -229,6 +281,8 @@ const Entry* pick(const std::vector<const Entry*>& entries, Isa isa, bool emulat
       if (!passes_self_test(e, "qgemm", &kPortableQGemm)) continue;
     if constexpr (std::is_same_v<Entry, Float8Dispatch>)
       if (!passes_self_test(e, "float8", &kPortableFloat8)) continue;
+    if constexpr (std::is_same_v<Entry, NBitsDispatch>)
+      if (!passes_self_test(e, "nbits", &kPortableNBits)) continue;
     best = e;
   }
   return best;

@@ -138,7 +138,11 @@ void quantize_a_int8(const float* A, int64_t M, int64_t K, int64_t block_size, i
 }
 
 void matmul_nbits_int8(const float* A, int64_t M, const NBitsWeight& w, const float* bias, float* Y) {
-  const NBitsDispatch& kernels = nbits_kernels();  // one entry for the preparation and the products
+  matmul_nbits_int8(nbits_kernels(), A, M, w, bias, Y);  // one entry for the preparation and the products
+}
+
+void matmul_nbits_int8(const NBitsDispatch& kernels, const float* A, int64_t M, const NBitsWeight& w, const float* bias,
+                       float* Y) {
   const NBitsInt8Tiling& tiling = kernels.int8_tiling;
   const bool tiled = tiling.min_rows > 0 && M >= tiling.min_rows;
   const int64_t padded = w.k_blocks * w.block_size;
@@ -167,7 +171,11 @@ void matmul_nbits_int8(const float* A, int64_t M, const NBitsWeight& w, const fl
 }
 
 void matmul_nbits_f32(const float* A, int64_t M, const NBitsWeight& w, const float* bias, float* Y) {
-  const NBitsDispatch& kernels = nbits_kernels();  // one entry for the preparation and the products
+  matmul_nbits_f32(nbits_kernels(), A, M, w, bias, Y);  // one entry for the preparation and the products
+}
+
+void matmul_nbits_f32(const NBitsDispatch& kernels, const float* A, int64_t M, const NBitsWeight& w, const float* bias,
+                      float* Y) {
   const NBitsRows rows = kernels.rows;
   std::unique_ptr<float[]> prepared;  // uninitialized: the hook writes all of it, or none
   if (kernels.prepare_f32 && M > 1) {

@@ -116,4 +116,11 @@ using NBitsPrepareF32 = bool (*)(const float* A, int64_t M, int64_t K, float* ou
 // exact integer dot products per block, float32 elsewhere (docs/matmul_nbits.md, level 4).
 void matmul_nbits_int8(const float* A, int64_t M, const NBitsWeight& w, const float* bias, float* Y);
 
+// The two drivers on a given entry instead of the selected one (the self-test of csrc/dispatch.cpp).
+struct NBitsDispatch;
+void matmul_nbits_f32(const NBitsDispatch& kernels, const float* A, int64_t M, const NBitsWeight& w, const float* bias,
+                      float* Y);
+void matmul_nbits_int8(const NBitsDispatch& kernels, const float* A, int64_t M, const NBitsWeight& w, const float* bias,
+                       float* Y);
+
 }  // namespace qmm
