@@ -11,12 +11,7 @@
 // lane) for the tests on CPUs without AVX-512. Its entry is at level avx512_vnni, the level AVX-512
 // CPUs run; on a CPU with AVX512-BF16 the BF16 entry of that level, which needs more features,
 // outranks it (csrc/dispatch.h).
-#if defined(QMM_EMULATED)
-#define SIMDE_ENABLE_NATIVE_ALIASES
-#include <simde/x86/avx512.h>
-#else
-#include <immintrin.h>
-#endif
+#include "avx512_intrinsics.h"
 
 #include <cstdint>
 

@@ -26,13 +26,9 @@
 // over SIMDe's AVX-512, vdpbf16ps replaced by kernels/bf16_emulation.h (the hardware's order, DAZ
 // and FTZ; SIMDe's own _mm512_dpbf16_ps is not bit-exact). Level avx512_vnni, as the avx512f
 // entry: it needs AVX512-BF16 besides, so it outranks that entry where the CPU has it.
+#include "avx512_intrinsics.h"
 #if defined(QMM_EMULATED)
-#define SIMDE_ENABLE_NATIVE_ALIASES
-#include <simde/x86/avx512.h>
-
 #include "bf16_emulation.h"  // after SIMDe: it uses its AVX-512 types
-#else
-#include <immintrin.h>
 #endif
 
 #include <cstdint>

@@ -41,12 +41,7 @@
 // over SIMDe's AVX-512 for the tests on AVX2 machines: intrinsics only, none that SIMDe lacks
 // (_mm512_cvtepu8_epi32, _mm512_cvtps_ph: 256-bit AVX2 / F16C ones instead). Uses AVX-512F, BW
 // (vpshufb) and DQ (extractf32x8). Everything is internal except nbits_f32_avx512.h's two functions.
-#if defined(QMM_EMULATED)
-#define SIMDE_ENABLE_NATIVE_ALIASES
-#include <simde/x86/avx512.h>
-#else
-#include <immintrin.h>
-#endif
+#include "avx512_intrinsics.h"
 
 #include <cstdint>
 #include <cstring>

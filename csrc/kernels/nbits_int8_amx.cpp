@@ -40,12 +40,9 @@
 // QMM_EMULATED over SIMDe's AVX-512 and kernels/amx_emulation.h's tiles (its tile state shared
 // with qgemm_amx.cpp, as the hardware's) for the tests on any CPU with AVX2. Everything is internal
 // except the two functions of nbits_amx.h.
+#include "avx512_intrinsics.h"
 #if defined(QMM_EMULATED)
-#define SIMDE_ENABLE_NATIVE_ALIASES
-#include <simde/x86/avx512.h>
 #include "amx_emulation.h"  // after SIMDe: it replaces the AMX intrinsics
-#else
-#include <immintrin.h>
 #endif
 
 #include <cstdint>

@@ -29,12 +29,7 @@
 // (e.g. _mm512_cvtepu8_epi16, masked loads). Everything is internal except the three functions of
 // nbits_avx512vnni.h, in the build's own namespace (the AMX entry, nbits_int8_amx.cpp, runs the
 // two kernels for fewer than 16 rows and decodes its B tiles with the third).
-#if defined(QMM_EMULATED)
-#define SIMDE_ENABLE_NATIVE_ALIASES
-#include <simde/x86/avx512.h>
-#else
-#include <immintrin.h>
-#endif
+#include "avx512_intrinsics.h"
 
 #include <cstdint>
 #include <cstring>

@@ -27,13 +27,10 @@
 // Built twice (CMakeLists.txt): natively with -mamx-tile -mamx-int8 -mavx512*, and with
 // QMM_EMULATED over SIMDe's AVX-512 and kernels/amx_emulation.h's tiles, for the tests on any
 // CPU with AVX2.
+#include "avx512_intrinsics.h"
 #if defined(QMM_EMULATED)
-#define SIMDE_ENABLE_NATIVE_ALIASES
-#include <simde/x86/avx512.h>
 #define QMM_AMX_EMULATION_STATE  // the build's one tile state is defined here (amx_emulation.h)
 #include "amx_emulation.h"  // last: it replaces the AMX intrinsics
-#else
-#include <immintrin.h>
 #endif
 
 #include <cstdint>

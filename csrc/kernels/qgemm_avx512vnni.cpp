@@ -15,12 +15,7 @@
 //
 // Built twice (CMakeLists.txt): natively with -mavx512*, and with QMM_EMULATED over SIMDe's
 // portable AVX-512 intrinsics for the tests on CPUs without AVX-512.
-#if defined(QMM_EMULATED)
-#define SIMDE_ENABLE_NATIVE_ALIASES
-#include <simde/x86/avx512.h>
-#else
-#include <immintrin.h>
-#endif
+#include "avx512_intrinsics.h"
 
 #include <cstdint>
 
