@@ -16,6 +16,7 @@
 #include "cpu_features.h"
 #include "dispatch.h"
 #include "float8.h"
+#include "float8_gemm.h"
 #include "matmul_nbits.h"
 #include "peak.h"
 #include "qlinear_matmul.h"
@@ -32,6 +33,11 @@ using Out = nb::ndarray<nb::device::cpu>;
 template <class T>
 qmm::View3<T> view3(const In& x) {
   return {static_cast<const T*>(x.data()), x.stride(0), x.stride(1), x.stride(2)};
+}
+
+// An entry as cpu_info() names it: "avx2", "amx-emulated", ...
+std::string entry_name(const qmm::EntryInfo& info) {
+  return std::string(info.name) + (info.emulated ? "-emulated" : "");
 }
 
 // b is a PackedB (a constant weight) or a contiguous [Bb, K, N] 8-bit array packed per call.
@@ -159,7 +165,7 @@ void bind_runtime(nb::module_& m) {
     return parse_level(name, &isa, &emulated) && qmm::set_isa(isa, emulated);
   });
   m.def("kernels", [] {  // the entry each family uses now
-    auto label = [](const qmm::EntryInfo& info) { return std::string(info.name) + (info.emulated ? "-emulated" : ""); };
+    const auto label = entry_name;
     nb::dict d;
     d["qgemm"] = label(qmm::qgemm_kernels().info);
     d["qgemm_layout"] = std::string(qmm::qgemm_kernels().layout->name);
@@ -303,14 +309,42 @@ void bind_qlinear_matmul(nb::module_& m) {
     return out.array();
   });
 
-  m.def("matmul_f32_sequential", [](const In& a, const In& a_index, const In& b, const In& b_index, Out out) {
+  nb::class_<qmm::PackedF32>(m, "PackedF32", "float32 [K, N] matrices packed for the float8 path's kernels")
+      .def_ro("count", &qmm::PackedF32::count)
+      .def_ro("K", &qmm::PackedF32::K)
+      .def_ro("N", &qmm::PackedF32::N)
+      .def_prop_ro("entry", [](const qmm::PackedF32& p) { return p.entry ? entry_name(p.entry->info) : std::string(); })
+      .def_prop_ro("nbytes", &qmm::PackedF32::bytes);
+
+  m.def("pack_f32", [](const In& b) {
+    const int64_t count = static_cast<int64_t>(b.shape(0)), K = static_cast<int64_t>(b.shape(1));
+    const int64_t N = static_cast<int64_t>(b.shape(2));
+    const auto* data = static_cast<const float*>(b.data());
+    nb::gil_scoped_release release;
+    return qmm::pack_f32(data, count, K, N);
+  });
+  // The float8 entry in use (its name), for repacking a PackedF32 made under another one.
+  m.def("float8_entry", [] { return entry_name(qmm::float8_kernels().info); });
+
+  // b: a PackedF32 or contiguous float32 [Bb, K, N] (packed for this call).
+  m.def("matmul_f32_sequential", [](const In& a, const In& a_index, nb::handle b, const In& b_index, Out out) {
     const int64_t batch = static_cast<int64_t>(a_index.shape(0));
     const int64_t M = static_cast<int64_t>(a.shape(1)), K = static_cast<int64_t>(a.shape(2));
-    const int64_t N = static_cast<int64_t>(b.shape(2));
+    const auto* a_data = static_cast<const float*>(a.data());
+    const auto* ai = static_cast<const int64_t*>(a_index.data());
+    const auto* bi = static_cast<const int64_t*>(b_index.data());
+    auto* y = static_cast<float*>(out.data());
+    if (nb::isinstance<qmm::PackedF32>(b)) {
+      const qmm::PackedF32* packed = nb::inst_ptr<qmm::PackedF32>(b);
+      nb::gil_scoped_release release;
+      qmm::matmul_f32_sequential(batch, M, K, a_data, ai, *packed, bi, y);
+      return;
+    }
+    const In raw = nb::cast<In>(b);
+    const int64_t N = static_cast<int64_t>(raw.shape(2));
+    const auto* b_data = static_cast<const float*>(raw.data());
     nb::gil_scoped_release release;
-    qmm::matmul_f32_sequential(batch, M, N, K, static_cast<const float*>(a.data()),
-                               static_cast<const int64_t*>(a_index.data()), static_cast<const float*>(b.data()),
-                               static_cast<const int64_t*>(b_index.data()), static_cast<float*>(out.data()));
+    qmm::matmul_f32_sequential(batch, M, N, K, a_data, ai, b_data, bi, y);
   });
 
   m.def("matmul_i64_exact128",

@@ -2,7 +2,6 @@
 #include "qlinear_matmul.h"
 
 #include <algorithm>
-#include <atomic>
 #include <memory>
 #include <new>
 #include <stdexcept>
@@ -33,8 +32,7 @@ PackedB pack_b_matrices(const void* b, bool is_signed, int64_t count, int64_t K,
   packed.is_signed = is_signed;
   packed.layout = &L;
   const size_t bytes = static_cast<size_t>(count * L.packed_b_bytes(K, N));
-  packed.data.reset(static_cast<int8_t*>(std::aligned_alloc(64, (bytes + 63) / 64 * 64 + 64)));
-  if (!packed.data) throw std::bad_alloc();  // nanobind turns it into MemoryError
+  packed.data = alloc_buffer<int8_t>(bytes + 64);  // std::bad_alloc: nanobind's MemoryError
   packed.colsum.resize(static_cast<size_t>(count * N));
   constexpr int64_t kPanelsPerTask = 16;
   const int64_t panels = L.n_panels(N), groups = (panels + kPanelsPerTask - 1) / kPanelsPerTask;
@@ -249,113 +247,6 @@ void qlinear_matmul_exact(const QGemmProblem& p, View3<float> a_scale, View3<flo
   run<int64_t>(p, out, [&](int64_t acc, int64_t b, int64_t m, int64_t n, int32_t zp, int32_t qmin, int32_t qmax) {
     return requantize_exact(acc, a_scale(b, m, n), b_scale(b, m, n), y_scale(b, m, n), zp, qmin, qmax);
   });
-}
-
-namespace {
-
-// The float8 path's tasks: (matrix, block of columns, block of rows), rows fastest: the row blocks
-// of one column block run side by side and share its b panels through the last-level cache. A
-// task takes 48 rows (a multiple of every entry's a_group) and about kTaskPanelBytes of b panels
-// (L2-sized; an even count of at least 2: the AVX-512 tiles take panels in pairs): M = 128,
-// N = K = 4096 makes 3 x 128 tasks with float32 panels. Each output is still computed by one task,
-// one chain of additions over all of k. rows_fn(a_rows, b_panels, y, ldy, rows, cols) computes one
-// task: a_rows the first of its rows in the packed a (a_row elements per row), b_panels its first
-// panel (panel_elems elements per panel).
-template <class T, class RowsFn>
-void float8_tasks(int64_t batch, int64_t M, int64_t N, int64_t group, const T* a, int64_t a_row, const int64_t* a_index,
-                  const T* b, int64_t panel_elems, const int64_t* b_index, float* out, RowsFn&& rows_fn) {
-  constexpr int64_t kRowsPerTask = 48;
-  constexpr int64_t kTaskPanelBytes = 512 << 10;
-  const int64_t panels = (N + 15) / 16, b_elems = panels * panel_elems;
-  const int64_t task_rows = (kRowsPerTask + group - 1) / group * group;
-  const int64_t panel_bytes = panel_elems * static_cast<int64_t>(sizeof(T));
-  const int64_t task_panels = std::max<int64_t>(2, (panel_bytes ? kTaskPanelBytes / panel_bytes : panels) / 2 * 2);
-  const int64_t row_blocks = (M + task_rows - 1) / task_rows, col_blocks = (panels + task_panels - 1) / task_panels;
-  parallel_for(batch * col_blocks * row_blocks, [&](int64_t task) {
-    const int64_t bt = task / (col_blocks * row_blocks), block = task % (col_blocks * row_blocks);
-    const int64_t m0 = block % row_blocks * task_rows, p0 = block / row_blocks * task_panels, n0 = p0 * 16;
-    rows_fn(a + (a_index[bt] * M + m0) * a_row, b + b_index[bt] * b_elems + p0 * panel_elems,
-            out + (bt * M + m0) * N + n0, N, std::min(task_rows, M - m0), std::min(task_panels * 16, N - n0));
-  });
-}
-
-// The float8 path on the entry's pair table, when every value of a and b is pair-exact (csrc/qgemm.h);
-// false, computing nothing, otherwise. a and b packed once per call, as for the float32 table.
-bool matmul_pairs(const Float8Dispatch& entry, int64_t batch, int64_t M, int64_t N, int64_t K, const float* a,
-                  const int64_t* a_index, const float* b, const int64_t* b_index, float* out) {
-  const int64_t KP = (K + 1) / 2, group = entry.a_group, panels = (N + 15) / 16;
-  const int64_t a_count = *std::max_element(a_index, a_index + batch) + 1;
-  const int64_t b_count = *std::max_element(b_index, b_index + batch) + 1;
-  std::atomic<bool> exact{true};
-  // b first: a value that is not pair-exact (a float32 test matrix, a nonzero float8 zero point)
-  // usually shows there, and the tasks after the first one that sees it return at once.
-  std::unique_ptr<uint32_t[]> b_pairs(new uint32_t[static_cast<size_t>(b_count * panels * KP * 16)]);
-  parallel_for(b_count * panels, [&](int64_t task) {
-    if (!exact.load(std::memory_order_relaxed)) return;
-    const int64_t i = task / panels, panel = task % panels;
-    if (!pack_pair_panel(b + i * K * N, K, N, panel * 16, b_pairs.get() + (i * panels + panel) * KP * 16))
-      exact.store(false, std::memory_order_relaxed);
-  });
-  if (!exact.load()) return false;
-  const int64_t groups = (M + group - 1) / group;
-  std::unique_ptr<uint32_t[]> a_pairs(new uint32_t[static_cast<size_t>(a_count * M * KP)]);
-  parallel_for(a_count * groups, [&](int64_t task) {
-    if (!exact.load(std::memory_order_relaxed)) return;
-    const int64_t m0 = task / groups * M + task % groups * group, rows = std::min(group, M - task % groups * group);
-    if (!pack_pair_group(a + m0 * K, rows, K, a_pairs.get() + m0 * KP)) exact.store(false, std::memory_order_relaxed);
-  });
-  if (!exact.load()) return false;
-  const PairRows pair_rows = entry.pair_rows;
-  float8_tasks(batch, M, N, group, a_pairs.get(), KP, a_index, b_pairs.get(), KP * 16, b_index, out,
-               [&](const uint32_t* ar, const uint32_t* bp, float* y, int64_t ldy, int64_t rows, int64_t cols) {
-                 pair_rows(ar, bp, y, ldy, rows, cols, K);
-               });
-  return true;
-}
-
-}  // namespace
-
-void matmul_f32_sequential(int64_t batch, int64_t M, int64_t N, int64_t K, const float* a, const int64_t* a_index,
-                           const float* b, const int64_t* b_index, float* out) {
-  const Float8Dispatch& entry = float8_kernels();
-  // The pair table where the entry has one and the values allow it (docs/quantization.md); else,
-  // and for K = 0 (every output +0 either way), the float32 FMA table.
-  if (entry.pair_rows && batch > 0 && M > 0 && N > 0 && K > 0 && K < (int64_t{1} << 29) &&
-      matmul_pairs(entry, batch, M, N, K, a, a_index, b, b_index, out))
-    return;
-  const SgemmRows sgemm_rows = entry.sgemm_rows;
-  const int64_t group = entry.a_group;
-  // Pack each distinct b into panels of 16 columns: [panel][k][16], zero padded.
-  const int64_t b_count = batch ? *std::max_element(b_index, b_index + batch) + 1 : 0;
-  const int64_t panels = (N + 15) / 16, panel_floats = panels * 16 * K;
-  std::vector<float> packed(static_cast<size_t>(b_count * panel_floats), 0.0f);
-  parallel_for(b_count * panels, [&](int64_t task) {
-    const int64_t i = task / panels, panel = task % panels, n0 = panel * 16, cols = std::min<int64_t>(16, N - n0);
-    float* dst = packed.data() + i * panel_floats + panel * 16 * K;
-    for (int64_t k = 0; k < K; ++k)
-      for (int64_t j = 0; j < cols; ++j) dst[k * 16 + j] = b[(i * K + k) * N + n0 + j];
-  });
-  // Each distinct a, its rows interleaved by k in groups of the entry's a_group (csrc/qgemm.h):
-  // once per call, so that no task copies rows again for each of its column blocks.
-  const float* a_rows = a;
-  std::unique_ptr<float[]> a_packed;
-  if (group > 1) {
-    const int64_t a_count = batch ? *std::max_element(a_index, a_index + batch) + 1 : 0;
-    const int64_t groups = (M + group - 1) / group;
-    a_packed.reset(new float[static_cast<size_t>(a_count * M * K)]);
-    parallel_for(a_count * groups, [&](int64_t task) {
-      const int64_t m0 = task / groups * M + task % groups * group, rows = std::min(group, M - task % groups * group);
-      const float* src = a + m0 * K;
-      float* dst = a_packed.get() + m0 * K;
-      for (int64_t k = 0; k < K; ++k)
-        for (int64_t r = 0; r < rows; ++r) dst[k * rows + r] = src[r * K + k];
-    });
-    a_rows = a_packed.get();
-  }
-  float8_tasks(batch, M, N, group, a_rows, K, a_index, packed.data(), 16 * K, b_index, out,
-               [&](const float* ar, const float* bp, float* y, int64_t ldy, int64_t rows, int64_t cols) {
-                 sgemm_rows(ar, bp, y, ldy, rows, cols, K);
-               });
 }
 
 void matmul_i64_exact128(int64_t batch, int64_t M, int64_t N, int64_t K, const int64_t* a, const int64_t* a_index,

@@ -11,6 +11,8 @@
 #include <memory>
 #include <vector>
 
+#include "buffer.h"
+
 namespace qmm {
 
 // A read-only view of a parameter broadcast over the output [batch, M, N], with element strides that
@@ -29,13 +31,10 @@ struct QGemmLayout;
 // qlinear_matmul packs per call. The layout is recorded: a product run under an entry that reads
 // another layout raises std::runtime_error instead of computing with it.
 struct PackedB {
-  struct Free {
-    void operator()(void* p) const { std::free(p); }
-  };
   int64_t count = 0, K = 0, N = 0;
   bool is_signed = false;
   const QGemmLayout* layout = nullptr;
-  std::unique_ptr<int8_t[], Free> data;  // count * layout->packed_b_bytes(K, N), 64-byte aligned, every byte written
+  Buffer<int8_t> data;           // count * layout->packed_b_bytes(K, N), 64-byte aligned, every byte written
   std::vector<int32_t> colsum;           // count * N: sum_k b[k, n]
   const int8_t* matrix(int64_t i) const;
   size_t bytes() const;
@@ -81,12 +80,6 @@ void qlinear_matmul_onnx_reference(const QGemmProblem& p, View3<double> multipli
 // acc * a_scale * b_scale / y_scale, then + zero point and saturate.
 void qlinear_matmul_exact(const QGemmProblem& p, View3<float> a_scale, View3<float> b_scale, View3<float> y_scale,
                           QOutput out);
-
-// Float path (float8 operands or output): out[i] = a[a_index[i]] @ b[b_index[i]] in float32, one
-// fused multiply-add per k in order k = 0, 1, ..., K-1 starting from +0, so the result is
-// reproducible bit for bit. a is [Ba, M, K], b [Bb, K, N], out [batch, M, N].
-void matmul_f32_sequential(int64_t batch, int64_t M, int64_t N, int64_t K, const float* a, const int64_t* a_index,
-                           const float* b, const int64_t* b_index, float* out);
 
 // Exact integer matmul with a 128-bit accumulator, for the "exact" float8 path: a and b hold
 // integers below 2^35 in magnitude (float8 values scaled to integers), so each product fits 70 bits

@@ -289,3 +289,36 @@ def test_every_float8_entry_float32_table_is_the_portable_one(entry, level, hidd
             ours = gemm_bits(ca, cb)
         with float8_entry("portable"):
             assert np.array_equal(ours, gemm_bits(ca, cb)), (entry, M, K, N)
+
+
+@pytest.mark.parametrize("entry, level, hidden", float8_entries(), ids=[e[0] for e in float8_entries()])
+def test_constant_float8_weight_is_packed_once_and_follows_the_entry(entry, level, hidden):
+    """QLinearMatMul packs a float8 b once (float32 panels, and bfloat16 pairs where the entry has a
+    pair table), packs it again when the float8 entry changes, and gives the bits of the per-call
+    path under every entry, whichever entry it was first packed for; batched and 1-D b too. A
+    PackedF32 handed to the core under another entry than its own is still run in the current
+    entry's order (pairs derived from its panels)."""
+    rng = np.random.default_rng(13)
+    e4, e5 = ml_dtypes.float8_e4m3fn, ml_dtypes.float8_e5m2
+    a = wide_float8(rng, e4, (2, 19, 37))
+    args = (f32(0.03), np.zeros((), e4), f32(0.7), np.zeros((), e5))
+    for b in (wide_float8(rng, e5, (37, 35)), wide_float8(rng, e4, (2, 37, 18)), wide_float8(rng, e4, 37)):
+        with float8_entry("portable"):
+            w = qm.QLinearMatMul(b, f32(0.25), np.zeros((), b.dtype))
+            assert w._packed.entry == "portable"
+        with float8_entry(level, hidden):
+            expected = qm.qlinear_matmul(a, args[0], args[1], b, f32(0.25), np.zeros((), b.dtype), *args[2:])
+            y = w(a, *args)
+            assert w._packed.entry == entry
+            assert np.array_equal(y.view(np.uint8), expected.view(np.uint8)), (entry, b.shape)
+    ca, cb = wide_float8(rng, e4, (7, 33)).astype(f32), wide_float8(rng, e5, (33, 20)).astype(f32)
+    index = np.zeros(1, np.int64)
+    with float8_entry("portable"):
+        stale = _core.pack_f32(cb[None])
+    with float8_entry(level, hidden):
+        out = np.empty((1, 7, 20), f32)
+        _core.matmul_f32_sequential(ca[None], index, stale, index, out)
+        order = _core.float8_pair_order()
+        model = in_order_model(ca, cb) if order is None else pair_model(ca, cb, order)
+        assert np.array_equal(out[0].view(np.uint32), model.view(np.uint32)), entry
+        assert np.array_equal(out[0].view(np.uint32), gemm_bits(ca, cb))

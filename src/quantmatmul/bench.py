@@ -87,6 +87,7 @@ CASES = [
     Case(1024, 1024, 1024, quick=(256, 256, 256)),
     Case(1024, 1024, 1024, a=s8, b=u8, y=s8, baseline="u8s8", quick=(256, 256, 256)),
     Case(1024, 1024, 1024, a=E4M3, b=E4M3, y=E4M3, baseline="u8s8", quick=(256, 256, 256)),
+    Case(128, 4096, 4096, a=E4M3, b=E4M3, y=E4M3, baseline="u8s8", quick=(64, 1024, 1024)),
     Case(1, 16, 16, constant_b=False, note="call"),
 ]
 

@@ -100,23 +100,30 @@ class QLinearMatMul:
         self.b = np.array(b)  # a private copy: the packed form must stay in sync with it
         for x in (self.b, self.b_scale, self.b_zero_point):
             x.flags.writeable = False
-        self._packed = None if is_float8(b.dtype) else self._pack()
+        # float8 b: packed once as float32 for the float path's kernels (a nonzero float8 zero point,
+        # which no DequantizeLinear allows, is subtracted per call instead).
+        self._float8 = is_float8(b.dtype)
+        self._packed = None if self._float8 and np.any(self.b_zero_point) else self._pack()
 
     def _pack(self):
         b2 = self.b[:, None] if self.b.ndim == 1 else self.b
         K, N = b2.shape[-2:]
+        if self._float8:
+            return _core.pack_f32(np.ascontiguousarray(to_float32(b2)).reshape(prod(b2.shape[:-2]), K, N))
         return _core.pack_b(np.ascontiguousarray(b2).reshape(prod(b2.shape[:-2]), K, N), self.b.dtype == np.int8)
 
     def _packed_for_kernels(self):
-        """The packed weight, packed again from the kept b when the int8 kernels in use read another
+        """The packed weight, packed again from the kept b when the kernels in use read another
         layout than the one it was packed in (after set_isa, or on another CPU)."""
-        if self._packed is not None and self._packed.layout != _core.qgemm_layout():
+        if self._packed is not None and (
+            self._packed.entry != _core.float8_entry() if self._float8 else self._packed.layout != _core.qgemm_layout()
+        ):
             self._packed = self._pack()
         return self._packed
 
     @property
     def nbytes(self) -> int:
-        """Bytes held by the packed weight (kernel layout and column sums), or by b for float8 b."""
+        """Bytes held by the packed weight (kernel layout and column sums, or float32 panels for float8 b)."""
         return self._packed.nbytes if self._packed is not None else self.b.nbytes
 
     def __call__(self, a, a_scale, a_zero_point, y_scale, y_zero_point, *, numerics: str = "onnxruntime") -> np.ndarray:
@@ -427,13 +434,18 @@ def _dequantized_product(p: _Problem):
     _, a_zp = p.a_params
     _, b_zp = p.b_params
     f32 = np.float32
-    ca, cb = to_float32(p.a), to_float32(p.b)
+    ca = to_float32(p.a)
     if np.any(a_zp):  # float8 zero points are 0 (DequantizeLinear requires it); integer ones need not be
         ca = ca - a_zp.astype(f32)
-    if np.any(b_zp):
-        cb = cb - b_zp.astype(f32)
+    if isinstance(p.packed_b, _core.PackedF32):  # a constant float8 b (QLinearMatMul), zero point 0
+        cb = p.packed_b
+    else:
+        cb = to_float32(p.b)
+        if np.any(b_zp):
+            cb = cb - b_zp.astype(f32)
+        cb = p.operand3(cb, p.K, p.N)
     d = np.empty((p.B, p.M, p.N), f32)
-    _core.matmul_f32_sequential(p.operand3(ca, p.M, p.K), p.a_index, p.operand3(cb, p.K, p.N), p.b_index, d)
+    _core.matmul_f32_sequential(p.operand3(ca, p.M, p.K), p.a_index, cb, p.b_index, d)
     return d
 
 
