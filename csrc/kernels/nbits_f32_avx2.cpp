@@ -4,7 +4,8 @@
 // products and sums in float32. nbits_rows picks, per task of columns:
 //
 //  - M <= 12, levels 0/1, no g_idx: nbits_rows_factored, the block-factored form (codes widened
-//    to float32 in registers, A's per-block sums for the zero points), in passes of up to 4 rows;
+//    to float32 in registers, A's per-block sums for the zero points), in passes of up to 4 rows
+//    (one row of 4-bit codes: two columns side by side);
 //  - M <= 12, levels 2/3 (W rounded to float16 / bfloat16; A arrives rounded): nbits_rows_rounded,
 //    dequantize, round and FMA fused per 8 codes, in passes of up to 4 rows;
 //  - M <= 12 with a non-trivial g_idx (any level 0-3): nbits_rows_columns, one dequantized (and
@@ -51,12 +52,17 @@ void nbits_rows_factored(const float* A, const NBitsWeight& w, int64_t n0, int64
   float* const block_sums = asum_storage.get<float>(MR * kb);
   uint8_t* const decoded =
       codes_storage.get<uint8_t>(max_i64(K + 32, w.k_blocks * w.block_size));  // bytes, or the 3-bit column as nibbles
-  for (int m = 0; m < MR; ++m)
-    for (int64_t b = 0; b < kb; ++b) {
-      float sum = 0.0f;
-      for (int64_t k = b * bs; k < min_i64(K, (b + 1) * bs); ++k) sum += A[m * K + k];
-      block_sums[m * kb + b] = sum;
-    }
+  // Each block's sum in order of k from +0, the blocks side by side (kb independent chains rather
+  // than one serial chain of K additions per task).
+  for (int m = 0; m < MR; ++m) {
+    float* const sums = block_sums + m * kb;
+    const float* const a = A + m * K;
+    for (int64_t b = 0; b < kb; ++b) sums[b] = 0.0f;
+    const int64_t whole = K / bs;
+    for (int64_t i = 0; i < bs; ++i)
+      for (int64_t b = 0; b < whole; ++b) sums[b] += a[b * bs + i];
+    for (int64_t k = whole * bs; k < K; ++k) sums[whole] += a[k];
+  }
   constexpr bool nibbles = Kind == 4, quarters = Kind == 2;
   const bool bytes = w.bits == 8;
   const int64_t whole_blocks = K / bs;  // blocks with all block_size codes (a multiple of 32)
@@ -81,15 +87,9 @@ void nbits_rows_factored(const float* A, const NBitsWeight& w, int64_t n0, int64
       for (int64_t k = 0; k < whole_blocks * bs; k += 32) quarters_order(A + m * K + k, reordered + m * K + k);
     a_main = reordered;
   }
-  for (int64_t n = n0; n < n1; ++n) {
-    const uint8_t* row = w.codes + n * w.row_bytes;
-    if (nibbles && w.bits == 3) {  // 3-bit codes transcoded to the 4-bit layout first
-      transcode_3bit_to_4bit(row, w.k_blocks * w.block_size, w.row_bytes, decoded);
-      row = decoded;
-    } else if (!nibbles && !quarters && !bytes) {  // 5, 6, 7 bits (2 with blocks of 16): one byte per code first
-      decode_nbits_avx2(row, w.bits, K, w.row_bytes, decoded);
-      row = decoded;
-    }
+  // Column n's output from its whole blocks' sums acc (per row): the zero-point correction, K's
+  // last, partial block, the bias.
+  auto finish = [&](int64_t n, const uint8_t* row, const __m256 acc[MR]) {
     const float* scales = w.scales + n * kb;
     float correction[MR], tail[MR];
     for (int m = 0; m < MR; ++m) {  // sum_b zero_point * scale * asum, 8 blocks per FMA
@@ -103,10 +103,82 @@ void nbits_rows_factored(const float* A, const NBitsWeight& w, int64_t n0, int64
       for (; b < kb; ++b) c += zero_point(w, n * kb + b) * scales[b] * block_sums[m * kb + b];
       correction[m] = c;
     }
-    // Block b's sum per row, in independent chains (FMA latency, not throughput, would bound a
-    // single one: 4 cycles per FMA); even and odd blocks then scale into separate accumulators,
-    // for the same reason.
-    constexpr int Chains = 2;  // 4 measured no faster at blocks of 128, slower at 32
+    if (whole_blocks < kb) {  // K's last, partial block
+      const int64_t k0 = whole_blocks * bs;
+      uint8_t rest_codes[1024];
+      for (int64_t k = k0; k < K; k += 1024) {
+        const int64_t count = min_i64(1024, K - k);
+        decode_nbits_range(row, nibbles ? 4 : quarters ? 2 : 8, k, count, rest_codes);
+        for (int m = 0; m < MR; ++m) {
+          float dot = 0.0f;
+          for (int64_t j = 0; j < count; ++j) dot += A[m * K + k + j] * static_cast<float>(rest_codes[j]);
+          tail[m] += dot * scales[whole_blocks];
+        }
+      }
+    }
+    for (int m = 0; m < MR; ++m) {
+      const float y = horizontal_sum(acc[m]) + tail[m] - correction[m];
+      Y[m * w.N + n] = bias ? y + bias[n] : y;
+    }
+  };
+  // Block b's sum per row, in independent chains (FMA latency, not throughput, would bound a
+  // single one: 4 cycles per FMA); even and odd blocks then scale into separate accumulators,
+  // for the same reason.
+  constexpr int Chains = 2;  // 4 measured no faster at blocks of 128, slower at 32
+  int64_t n = n0;
+  if constexpr (MR == 1 && nibbles) {
+    // One row, 4-bit codes, blocks of 32+: two columns side by side, each in the order of the
+    // general loop below (so the same bits): twice the independent chains, each A vector loaded
+    // once for both columns, one loop's overhead per two blocks.
+    for (; w.bits == 4 && bs >= 32 && n + 2 <= n1; n += 2) {
+      const uint8_t* row0 = w.codes + n * w.row_bytes;
+      const uint8_t* row1 = row0 + w.row_bytes;
+      const float* scales0 = w.scales + n * kb;
+      const float* scales1 = scales0 + kb;
+      // Column c's block b: its sum, scaled into acc[c][b % 2] (even and odd blocks apart, as below).
+      auto block = [&](int64_t b, __m256& acc0, __m256& acc1) {
+        __m256 c00 = _mm256_setzero_ps(), c01 = c00, c10 = c00, c11 = c00;
+        for (int64_t k = b * bs; k < (b + 1) * bs; k += 32) {
+          const float* a = a_main + k;
+          __m256 q[4];
+          widen32_even_odd(row0, k, q);
+          const __m256 a0 = _mm256_loadu_ps(a), a1 = _mm256_loadu_ps(a + 8);
+          c00 = _mm256_fmadd_ps(a0, q[0], c00);
+          c01 = _mm256_fmadd_ps(a1, q[1], c01);
+          const __m256 a2 = _mm256_loadu_ps(a + 16), a3 = _mm256_loadu_ps(a + 24);
+          c00 = _mm256_fmadd_ps(a2, q[2], c00);
+          c01 = _mm256_fmadd_ps(a3, q[3], c01);
+          widen32_even_odd(row1, k, q);
+          c10 = _mm256_fmadd_ps(a0, q[0], c10);
+          c11 = _mm256_fmadd_ps(a1, q[1], c11);
+          c10 = _mm256_fmadd_ps(a2, q[2], c10);
+          c11 = _mm256_fmadd_ps(a3, q[3], c11);
+        }
+        acc0 = _mm256_fmadd_ps(_mm256_add_ps(c00, c01), _mm256_set1_ps(scales0[b]), acc0);
+        acc1 = _mm256_fmadd_ps(_mm256_add_ps(c10, c11), _mm256_set1_ps(scales1[b]), acc1);
+      };
+      __m256 even0 = _mm256_setzero_ps(), odd0 = even0, even1 = even0, odd1 = even0;
+      int64_t b = 0;
+      for (; b + 2 <= whole_blocks; b += 2) {
+        block(b, even0, even1);
+        block(b + 1, odd0, odd1);
+      }
+      if (b < whole_blocks) block(b, even0, even1);
+      const __m256 sum0[1] = {_mm256_add_ps(even0, odd0)}, sum1[1] = {_mm256_add_ps(even1, odd1)};
+      finish(n, row0, sum0);
+      finish(n + 1, row1, sum1);
+    }
+  }
+  for (; n < n1; ++n) {
+    const uint8_t* row = w.codes + n * w.row_bytes;
+    if (nibbles && w.bits == 3) {  // 3-bit codes transcoded to the 4-bit layout first
+      transcode_3bit_to_4bit(row, w.k_blocks * w.block_size, w.row_bytes, decoded);
+      row = decoded;
+    } else if (!nibbles && !quarters && !bytes) {  // 5, 6, 7 bits (2 with blocks of 16): one byte per code first
+      decode_nbits_avx2(row, w.bits, K, w.row_bytes, decoded);
+      row = decoded;
+    }
+    const float* scales = w.scales + n * kb;
     auto block = [&](int64_t b, __m256 acc[MR]) {
       const __m256 scale = _mm256_set1_ps(scales[b]);
       __m256 chain[MR][Chains];
@@ -146,23 +218,7 @@ void nbits_rows_factored(const float* A, const NBitsWeight& w, int64_t n0, int64
     }
     if (b < whole_blocks) block(b, acc);
     for (int m = 0; m < MR; ++m) acc[m] = _mm256_add_ps(acc[m], acc_odd[m]);
-    if (whole_blocks < kb) {  // K's last, partial block
-      const int64_t k0 = whole_blocks * bs;
-      uint8_t rest_codes[1024];
-      for (int64_t k = k0; k < K; k += 1024) {
-        const int64_t count = min_i64(1024, K - k);
-        decode_nbits_range(row, nibbles ? 4 : quarters ? 2 : 8, k, count, rest_codes);
-        for (int m = 0; m < MR; ++m) {
-          float dot = 0.0f;
-          for (int64_t j = 0; j < count; ++j) dot += A[m * K + k + j] * static_cast<float>(rest_codes[j]);
-          tail[m] += dot * scales[whole_blocks];
-        }
-      }
-    }
-    for (int m = 0; m < MR; ++m) {
-      const float y = horizontal_sum(acc[m]) + tail[m] - correction[m];
-      Y[m * w.N + n] = bias ? y + bias[n] : y;
-    }
+    finish(n, row, acc);
   }
 }
 
