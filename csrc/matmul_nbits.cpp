@@ -180,7 +180,7 @@ void matmul_nbits_f32(const NBitsDispatch& kernels, const float* A, int64_t M, c
   std::unique_ptr<float[]> prepared;  // uninitialized: the hook writes all of it, or none
   if (kernels.prepare_f32 && M > 1) {
     prepared.reset(new float[static_cast<size_t>(M * w.K)]);
-    if (kernels.prepare_f32(A, M, w.K, prepared.get())) A = prepared.get();
+    if (kernels.prepare_f32(A, M, w, prepared.get())) A = prepared.get();
   }
   // Few rows: wider tasks, so that per-task preparation of A (a reordering) is amortized; more
   // rows: the entry's panel width.

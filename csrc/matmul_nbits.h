@@ -108,9 +108,10 @@ struct NBitsInt8Tiling {
   int64_t columns;  // per task
   int64_t row_group;  // >= min_rows
 };
-// Levels 0-3: rearranges A [M, K] once per call into out (M * K floats) in the order the same
-// entry's rows reads for M rows; returns false (out unused) where it reads A as it is.
-using NBitsPrepareF32 = bool (*)(const float* A, int64_t M, int64_t K, float* out);
+// Levels 0-3: rearranges A [M, w.K] once per call into out (M * K floats) in the order the same
+// entry's rows reads for M rows of a product with w (its level: w.operands); returns false (out
+// unused) where it reads A as it is.
+using NBitsPrepareF32 = bool (*)(const float* A, int64_t M, const NBitsWeight& w, float* out);
 
 // Y = sum_b scale_a * scale_b * dot_b(qa, q) - sum_b block_sum_a * (scale_b * zero_point_b) (+ bias),
 // exact integer dot products per block, float32 elsewhere (docs/matmul_nbits.md, level 4).

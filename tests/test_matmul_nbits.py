@@ -737,13 +737,24 @@ def _levels(*names):
 
 
 def _select_nbits_entry(isa):
-    """Selects the level `isa` and checks that MatMulNBits runs its own entry there; returns the level before."""
+    """Selects the level `isa` and checks that MatMulNBits runs its own entry there; returns the level before.
+    At level avx512_vnni, AVX512-BF16 is hidden: else the avx512bf16 entry, which differs only in its
+    level-3 prefill (tests/test_nbits_bf16.py), would run instead. _restore undoes both."""
     import quantmatmul
 
     before = quantmatmul.cpu_info()["isa"]
     quantmatmul.set_isa(isa)
+    if isa.startswith("avx512_vnni"):
+        quantmatmul._core.hide_features(["avx512_bf16"])
     assert quantmatmul.cpu_info()["kernels"]["nbits"] == isa
     return before
+
+
+def _restore(before):
+    import quantmatmul
+
+    quantmatmul._core.hide_features([])
+    quantmatmul.set_isa(before)
 
 
 _WIDE = _levels("avx512_vnni-emulated", "avx512_vnni", "amx-emulated", "amx")
@@ -753,21 +764,19 @@ _AMX = _levels("amx-emulated", "amx")
 @pytest.fixture(params=_WIDE or [pytest.param(None, marks=pytest.mark.skip(reason="no AVX-512 VNNI or AMX entry"))])
 def vnni(request):
     """Selects the AVX-512 VNNI or the AMX MatMulNBits entry (emulated, and native where the CPU has it)."""
-    import quantmatmul
 
     before = _select_nbits_entry(request.param)
     yield request.param
-    quantmatmul.set_isa(before)
+    _restore(before)
 
 
 @pytest.fixture(params=_AMX or [pytest.param(None, marks=pytest.mark.skip(reason="no AMX entry"))])
 def amx(request):
     """Selects the AMX MatMulNBits entry (emulated, and native where the CPU has AMX)."""
-    import quantmatmul
 
     before = _select_nbits_entry(request.param)
     yield request.param
-    quantmatmul.set_isa(before)
+    _restore(before)
 
 
 def _under(isa, fn):

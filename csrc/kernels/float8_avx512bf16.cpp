@@ -34,54 +34,14 @@
 #include <cstdint>
 
 #include "dispatch.h"
+#include "nbits_bf16_avx512.h"
 #include "qgemm.h"
 
 namespace qmm {
 #include "float8_avx512.inc"
+#include "pair_tile_avx512bf16.inc"
 
 namespace {
-
-// acc + the products of a's and b's bfloat16 pairs, lane by lane, the odd-indexed pair first.
-inline __m512 dot_pairs(__m512 acc, __m512i a, __m512i b) {
-#if defined(QMM_EMULATED)
-  return qmm_bf16_emulation::dpbf16_ps(acc, a, b);
-#else
-  return _mm512_dpbf16_ps(acc, (__m512bh)a, (__m512bh)b);
-#endif
-}
-
-// partial[r][16p + j] (row stride kPartialCols) continued over k pairs [0, kc) with a's words
-// (interleaved, MR rows per pair) and panel p's words (panel p at b + p * panel_stride).
-template <int MR, int NP>
-void pair_tile(const uint32_t* a, int64_t kc, const uint32_t* b, int64_t panel_stride, float* partial) {
-  __m512 acc[MR][NP];
-#pragma GCC unroll 12
-  for (int r = 0; r < MR; ++r)
-    for (int p = 0; p < NP; ++p) acc[r][p] = _mm512_loadu_ps(partial + r * kPartialCols + p * kPanel);
-  const uint32_t* bp = b;
-  for (int64_t k = 0; k < kc; ++k) {
-    __m512i w[NP];
-    for (int p = 0; p < NP; ++p) w[p] = _mm512_loadu_si512(bp + p * panel_stride);
-#pragma GCC unroll 12
-    for (int r = 0; r < MR; ++r) {
-      const __m512i av = _mm512_set1_epi32(static_cast<int>(a[r]));
-      for (int p = 0; p < NP; ++p) acc[r][p] = dot_pairs(acc[r][p], av, w[p]);
-    }
-    a += MR;
-    bp += kPanel;
-  }
-#pragma GCC unroll 12
-  for (int r = 0; r < MR; ++r)
-    for (int p = 0; p < NP; ++p) _mm512_storeu_ps(partial + r * kPartialCols + p * kPanel, acc[r][p]);
-}
-
-// kPairTiles[NP - 1][MR - 1]
-constexpr TileFn<uint32_t> kPairTiles[2][kAGroup] = {
-    {pair_tile<1, 1>, pair_tile<2, 1>, pair_tile<3, 1>, pair_tile<4, 1>, pair_tile<5, 1>, pair_tile<6, 1>,
-     pair_tile<7, 1>, pair_tile<8, 1>, pair_tile<9, 1>, pair_tile<10, 1>, pair_tile<11, 1>, pair_tile<12, 1>},
-    {pair_tile<1, 2>, pair_tile<2, 2>, pair_tile<3, 2>, pair_tile<4, 2>, pair_tile<5, 2>, pair_tile<6, 2>,
-     pair_tile<7, 2>, pair_tile<8, 2>, pair_tile<9, 2>, pair_tile<10, 2>, pair_tile<11, 2>, pair_tile<12, 2>},
-};
 
 void pair_rows_avx512bf16(const uint32_t* a, const uint32_t* b_panels, float* y, int64_t ldy, int64_t rows,
                           int64_t cols, int64_t K) {
@@ -104,6 +64,7 @@ const Float8Dispatch kFloat8 = {.info = kInfo,
 
 }  // namespace
 
-KernelEntries QMM_KERNELS_FN() { return {nullptr, nullptr, &kFloat8}; }
+// This build's MatMulNBits entry: nbits_bf16_avx512.cpp.
+KernelEntries QMM_KERNELS_FN() { return {nullptr, &QMM_KERNEL_NS::kNBitsEntry, &kFloat8}; }
 
 }  // namespace qmm

@@ -485,8 +485,8 @@ namespace avx2 {
 void nbits_rows(const float* A, int64_t M, const NBitsWeight& w, int64_t n0, int64_t n1, const float* bias, float* Y) {
   nbits_rows_avx2(A, M, w, n0, n1, bias, Y);
 }
-bool nbits_prepare_f32(const float* A, int64_t M, int64_t K, float* out) {
-  return nbits_prepare_f32_avx2(A, M, K, out);
+bool nbits_prepare_f32(const float* A, int64_t M, const NBitsWeight& w, float* out) {
+  return nbits_prepare_f32_avx2(A, M, w.K, out);
 }
 
 }  // namespace avx2

@@ -504,31 +504,40 @@ constexpr Tile kTiles[2][kTileRows] = {
      tile<10, 2>, tile<11, 2>, tile<12, 2>},
 };
 
+// Columns [n, n + cols) (cols <= 32) dequantized as dequantize_nbits does (and rounded at levels
+// 2/3) into panel [16 * ceil(K / 16)][32], k in order, lanes past K zero; with cols <= 16 only the
+// first 16 floats of each panel row are written. columns: 16 rows of 16 * ceil(K / 16) floats.
+template <int Bits>
+void build_panel(const NBitsWeight& w, int64_t n, int64_t cols, float* columns, float* panel, float* zp_buffer) {
+  const int64_t groups = (w.K + 15) / 16, lda = 16 * groups, halves = cols > 16 ? 2 : 1;
+  const int32_t* code = kLanes<Bits>.code;
+  for (int64_t h = 0; h < halves; ++h) {
+    const int64_t count = min_i64(16, cols - 16 * h);
+    for (int64_t c = 0; c < count; ++c) dequantize_column<Bits>(w, n + 16 * h + c, columns + c * lda, zp_buffer);
+    for (int64_t g = 0; g < groups; ++g) {
+      __m512 r[16];
+      for (int64_t c = 0; c < 16; ++c)
+        r[c] = c < count ? _mm512_load_ps(columns + c * lda + 16 * g) : _mm512_setzero_ps();
+      transpose16(r);  // r[j]: the 16 columns at k = 16 g + code[j]
+      for (int j = 0; j < 16; ++j) _mm512_store_ps(panel + (16 * g + code[j]) * kPanelColumns + 16 * h, r[j]);
+    }
+  }
+}
+
 // Columns [n0, n1) in panels of 32: A interleaved by k in groups of 12 rows (nbits_prepare_f32).
 // Every output is one FMA chain over k = 0 .. K-1 in order from +0 (the chain waits in partial
 // between k-chunks: a float store and load are exact), then + bias.
 template <int Bits>
 void prefill(const float* A, int64_t M, const NBitsWeight& w, int64_t n0, int64_t n1, const float* bias, float* Y) {
-  const int64_t K = w.K, groups = (K + 15) / 16, lda = 16 * groups;
+  const int64_t K = w.K, lda = 16 * ((K + 15) / 16);
   thread_local Scratch columns_storage, panel_storage, partial_storage, zp_storage;
   float* const columns = columns_storage.get<float>(16 * lda);
   float* const panel = panel_storage.get<float>(lda * kPanelColumns);
   float* const partial = partial_storage.get<float>(M * kPanelColumns);
   float* const zp_buffer = zp_storage.get<float>(w.k_blocks + 8);
-  const int32_t* code = kLanes<Bits>.code;
   for (int64_t n = n0; n < n1; n += kPanelColumns) {
     const int64_t cols = min_i64(kPanelColumns, n1 - n), halves = cols > 16 ? 2 : 1;
-    for (int64_t h = 0; h < halves; ++h) {
-      const int64_t count = min_i64(16, cols - 16 * h);
-      for (int64_t c = 0; c < count; ++c) dequantize_column<Bits>(w, n + 16 * h + c, columns + c * lda, zp_buffer);
-      for (int64_t g = 0; g < groups; ++g) {
-        __m512 r[16];
-        for (int64_t c = 0; c < 16; ++c)
-          r[c] = c < count ? _mm512_load_ps(columns + c * lda + 16 * g) : _mm512_setzero_ps();
-        transpose16(r);  // r[j]: the 16 columns at k = 16 g + code[j]
-        for (int j = 0; j < 16; ++j) _mm512_store_ps(panel + (16 * g + code[j]) * kPanelColumns + 16 * h, r[j]);
-      }
-    }
+    build_panel<Bits>(w, n, cols, columns, panel, zp_buffer);
     zero_floats(partial, M * kPanelColumns);
     for (int64_t k0 = 0; k0 < K; k0 += kPanelChunk) {
       const int64_t kc = min_i64(kPanelChunk, K - k0);
@@ -569,10 +578,27 @@ void nbits_rows_f32(const float* A, int64_t M, const NBitsWeight& w, int64_t n0,
   }
 }
 
+void nbits_f32_panel32(const NBitsWeight& w, int64_t n, int64_t cols, float* panel) {
+  const int64_t lda = 16 * ((w.K + 15) / 16);
+  thread_local Scratch columns_storage, zp_storage;
+  float* const columns = columns_storage.get<float>(16 * lda);
+  float* const zp_buffer = zp_storage.get<float>(w.k_blocks + 8);
+  switch (w.bits) {
+    case 2: return build_panel<2>(w, n, cols, columns, panel, zp_buffer);
+    case 3: return build_panel<3>(w, n, cols, columns, panel, zp_buffer);
+    case 4: return build_panel<4>(w, n, cols, columns, panel, zp_buffer);
+    case 5: return build_panel<5>(w, n, cols, columns, panel, zp_buffer);
+    case 6: return build_panel<6>(w, n, cols, columns, panel, zp_buffer);
+    case 7: return build_panel<7>(w, n, cols, columns, panel, zp_buffer);
+    default: return build_panel<8>(w, n, cols, columns, panel, zp_buffer);
+  }
+}
+
 // More than 12 rows: every group of 12 rows (the last one M % 12, if any) interleaved by k into
 // out, [k][rows of the group], so that a tile's broadcasts read one run of floats per k.
-bool nbits_prepare_f32(const float* A, int64_t M, int64_t K, float* out) {
+bool nbits_prepare_f32(const float* A, int64_t M, const NBitsWeight& w, float* out) {
   if (M <= kDecodeMaxRows) return false;
+  const int64_t K = w.K;
   for (int64_t m0 = 0; m0 < M; m0 += kTileRows) {
     const int64_t rows = min_i64(kTileRows, M - m0);
     const float* src = A + m0 * K;

@@ -79,7 +79,8 @@ def matmul_nbits(A, B, scales, zero_points=None, g_idx=None, bias=None, *, K, N,
 
     * level 0, 1: ``E = g(2K + 16) * T``;
     * level 2, 3: ``E = (2.01 u_c + 1.01 g(2K + 16)) * T + 1.01 eta_c * (sum_k |A_k| + sum_k |W*_kn|)``
-      with ``u_c = 2**-11, eta_c = 2**-25`` (float16) or ``u_c = 2**-8, eta_c = 2**-134`` (bfloat16);
+      with ``u_c = 2**-11, eta_c = 2**-25`` (float16) or ``u_c = 2**-8, eta_c = 2**-126`` (bfloat16,
+      plus ``(2K + 16) * 2**-126``: kernels that flush denormals, as AVX512-BF16's vdpbf16ps does);
     * level 4: ``E = (1/254 + g(2K + 24)) * R`` with
       ``R = sum_b max(max|A_b|, 2**-100) * sum_{k in b} |scale_kn| * (|q_kn| + |zp_kn|) + |bias_n|``.
 

@@ -195,9 +195,13 @@ def error_bound(A, B, scales, zp=None, g_idx=None, bias=None, *, K, N, bits, blo
         T = a @ magnitude.T + b
         E = gamma(2 * K + 16) * T
         if level in (2, 3):
-            u_c, eta_c = (2.0**-11, 2.0**-25) if level == 2 else (2.0**-8, 2.0**-134)
+            # bfloat16: the smallest normal, not half the smallest subnormal, for hardware that reads
+            # denormal operands as zero and flushes denormal sums (vdpbf16ps), one flush per step
+            u_c, eta_c = (2.0**-11, 2.0**-25) if level == 2 else (2.0**-8, 2.0**-126)
             E = (2.01 * u_c + 1.01 * gamma(2 * K + 16)) * T + 1.01 * eta_c * (
                 a.sum(axis=1)[:, None] + np.abs(decoded.W).sum(axis=1)[None, :])
+            if level == 3:
+                E = E + (2 * K + 16) * 2.0**-126
     name = np.dtype(out_dtype).name
     u_out, eta_out = UNIT_ROUNDOFF[name], HALF_SUBNORMAL[name]
     bound = u_out * exact + (1 + u_out) * E + eta_out

@@ -1,0 +1,129 @@
+// nbits_bf16_avx512.cpp: MatMulNBits accuracy level 3 (bfloat16 operands) on AVX512-BF16 for more than 12 rows: 12 x 32 vdpbf16ps tiles over bfloat16 pairs in k.
+//
+// Level 3 multiplies A rounded to bfloat16 (the front end rounds it) by W rounded to bfloat16
+// (round(float32(q - zero_point) * scale), as dequantize_nbits computes it), in float32. Every
+// such product is exact in float32, so vdpbf16ps, which adds two of them per lane and step, loses
+// nothing but the order and the denormals: per output, from +0, for each pair j of k:
+//   y = f32(y + a[2j+1] * w[2j+1]);  y = f32(y + a[2j] * w[2j])
+// with bfloat16 inputs below 2^-126 read as zero and sums below 2^-126 flushed to zero (DAZ and
+// FTZ: docs/matmul_nbits.md's level-3 bound has a term for them). Twice the products per
+// instruction of the AVX-512F FMA tile the avx512_vnni entry runs at level 3.
+//
+// Per task of 32 columns: the weights dequantized and rounded into a float32 panel by the
+// avx512_vnni build's prefill code (nbits_f32_panel32), made into two pair panels [ceil(K/2)][16]
+// words, then float8_avx512.inc's blocking with pair_tile_avx512bf16.inc's tile; A arrives as pair
+// words in groups of 12 rows (this entry's prepare_f32, once per call). Other levels, 12 rows or
+// fewer, and level 4 are the avx512_vnni build's kernels: the entry differs from that build's only
+// here. Built twice, as float8_avx512bf16.cpp (CMakeLists.txt, avx512bf16).
+#include "avx512_intrinsics.h"
+#if defined(QMM_EMULATED)
+#include "bf16_emulation.h"  // after SIMDe: it uses its AVX-512 types
+#endif
+
+#include <cstdint>
+#include <cstring>
+
+#include "dispatch.h"
+#include "matmul_nbits.h"
+#include "nbits_avx2_common.h"
+#include "nbits_avx512vnni.h"
+#include "nbits_bf16_avx512.h"
+#include "nbits_f32_avx512.h"
+
+namespace qmm {
+#include "float8_avx512.inc"
+#include "pair_tile_avx512bf16.inc"
+
+namespace {
+
+#if defined(QMM_EMULATED)
+namespace vnni = avx512_vnni_emulated;
+#else
+namespace vnni = avx512_vnni;
+#endif
+
+constexpr int64_t kDecodeMaxRows = 12;  // the avx512_vnni build's decode / prefill crossover
+constexpr int64_t kPanelColumns = 32;
+
+bool on_pairs(const NBitsWeight& w, int64_t M) {
+  return w.operands == NBitsOperands::kBFloat16 && M > kDecodeMaxRows && w.K < (int64_t{1} << 29);
+}
+
+// The word of two bfloat16 values (floats whose low 16 bits are zero): k = 2j low, k = 2j + 1 high.
+inline __m512i pair_words(__m512 even, __m512 odd) {
+  return _mm512_or_si512(_mm512_srli_epi32(_mm512_castps_si512(even), 16),
+                         _mm512_and_si512(_mm512_castps_si512(odd), _mm512_set1_epi32(static_cast<int>(0xFFFF0000u))));
+}
+
+void prefill_pairs(const uint32_t* a_words, int64_t M, const NBitsWeight& w, int64_t n0, int64_t n1, const float* bias,
+                   float* Y) {
+  const int64_t K = w.K, KP = (K + 1) / 2, lda = 16 * ((K + 15) / 16);
+  thread_local Scratch panel_storage, pairs_storage;
+  float* const panel = panel_storage.get<float>(lda * kPanelColumns);
+  uint32_t* const pairs = pairs_storage.get<uint32_t>(2 * KP * kPanel);
+  for (int64_t n = n0; n < n1; n += kPanelColumns) {
+    const int64_t cols = min_i64(kPanelColumns, n1 - n), panels = cols > 16 ? 2 : 1;
+    vnni::nbits_f32_panel32(w, n, cols, panel);  // rows past K are zero: row 2j + 1 = K exists
+    for (int64_t p = 0; p < panels; ++p)
+      for (int64_t j = 0; j < KP; ++j) {
+        const __m512 even = _mm512_load_ps(panel + 2 * j * kPanelColumns + 16 * p);
+        const __m512 odd = _mm512_load_ps(panel + (2 * j + 1) * kPanelColumns + 16 * p);
+        _mm512_storeu_si512(pairs + (p * KP + j) * kPanel, pair_words(even, odd));
+      }
+    blocked_rows(a_words, pairs, Y + n, w.N, M, cols, KP, kPairTiles);
+    if (bias)
+      for (int64_t m = 0; m < M; ++m)
+        for (int64_t j = 0; j < cols; ++j) Y[m * w.N + n + j] += bias[n + j];
+  }
+}
+
+void rows_bf16(const float* A, int64_t M, const NBitsWeight& w, int64_t n0, int64_t n1, const float* bias, float* Y) {
+  if (!on_pairs(w, M)) return vnni::nbits_rows_f32(A, M, w, n0, n1, bias, Y);
+  prefill_pairs(reinterpret_cast<const uint32_t*>(A), M, w, n0, n1, bias, Y);  // A as prepare_bf16 wrote it
+}
+
+// Level 3 with more than 12 rows: each group of 12 rows (the last M % 12) as pair words, [ceil(K/2)][rows],
+// at the group's first row times ceil(K / 2) words (out holds M * K floats: enough). Else the
+// avx512_vnni build's preparation.
+bool prepare_bf16(const float* A, int64_t M, const NBitsWeight& w, float* out) {
+  if (!on_pairs(w, M)) return vnni::nbits_prepare_f32(A, M, w, out);
+  const int64_t K = w.K, KP = (K + 1) / 2;
+  uint32_t* const words = reinterpret_cast<uint32_t*>(out);
+  for (int64_t m0 = 0; m0 < M; m0 += kAGroup) {
+    const int64_t rows = min_i64(kAGroup, M - m0);
+    for (int64_t r = 0; r < rows; ++r) {
+      const float* row = A + (m0 + r) * K;
+      for (int64_t j = 0; j < KP; ++j) {
+        uint32_t even, odd = 0;
+        std::memcpy(&even, row + 2 * j, 4);
+        if (2 * j + 1 < K) std::memcpy(&odd, row + 2 * j + 1, 4);
+        words[m0 * KP + j * rows + r] = (even >> 16) | (odd & 0xFFFF0000u);
+      }
+    }
+  }
+  return true;
+}
+
+constexpr Features kNBitsFeatures = kAvx512Features | kFeatAvx512vnni | kFeatAvx512bf16;
+#if defined(QMM_EMULATED)
+constexpr EntryInfo kInfo = {
+    .name = "avx512bf16", .isa = Isa::kAvx512Vnni, .needs = kAvx2Features, .emulated = true, .models = kNBitsFeatures};
+#else
+constexpr EntryInfo kInfo = {.name = "avx512bf16", .isa = Isa::kAvx512Vnni, .needs = kNBitsFeatures, .emulated = false};
+#endif
+
+}  // namespace
+
+namespace QMM_KERNEL_NS {
+
+const NBitsDispatch kNBitsEntry = {
+    .info = kInfo,
+    .rows = rows_bf16,
+    .rows_prefill_columns = kPanelColumns,
+    .rows_int8 = vnni::nbits_rows_int8,
+    .prepare_int8 = vnni::nbits_prepare_int8,
+    .prepare_f32 = prepare_bf16,
+};
+
+}  // namespace QMM_KERNEL_NS
+}  // namespace qmm

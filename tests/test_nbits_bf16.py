@@ -1,0 +1,136 @@
+"""test_nbits_bf16.py: MatMulNBits level 3 on the avx512bf16 entry (vdpbf16ps over bfloat16 pairs, more than 12 rows): bit for bit against a numpy model of its documented order, within the level-3 bound, and the entry's choice."""
+
+from __future__ import annotations
+
+import contextlib
+
+import ml_dtypes
+import numpy as np
+import pytest
+from conftest import kernel_levels
+from test_float8_pairs import pair_model
+from test_matmul_nbits import BF16, F32, Case, assert_within, tight_tolerance
+
+import quantmatmul as qm
+from quantmatmul import _core
+from quantmatmul.matmul_nbits import matmul_nbits
+from quantmatmul.quantize_nbits import quantize_nbits
+
+
+@contextlib.contextmanager
+def nbits_entry(level, hidden=()):
+    """Runs the body under a level with some CPU features hidden from selection; restores both."""
+    before = qm.cpu_info()["isa"]
+    try:
+        qm.set_isa(level)
+        _core.hide_features(list(hidden))
+        yield qm.cpu_info()["kernels"]["nbits"]
+    finally:
+        _core.hide_features([])
+        qm.set_isa(before)
+
+
+def _entries():
+    """(entry, level, hidden): the avx512bf16 MatMulNBits entry where this machine runs it (natively
+    or emulated), and the entry the same level runs with avx512_bf16 hidden."""
+    found = {}
+    for level in kernel_levels():
+        if not level.startswith("avx512_vnni"):
+            continue
+        for hidden in ((), ("avx512_bf16",)):
+            with nbits_entry(level, hidden) as entry:
+                found.setdefault(entry, (level, hidden))
+    return [(entry, *where) for entry, where in found.items()]
+
+
+ENTRIES = _entries()
+BF16_ENTRIES = [e for e in ENTRIES if e[0].startswith("avx512bf16")]
+pytestmark = pytest.mark.skipif(not BF16_ENTRIES, reason="no avx512bf16 MatMulNBits entry (native or emulated)")
+
+
+def _bf16(x):
+    return np.asarray(x, np.float32).astype(ml_dtypes.bfloat16).astype(np.float32)
+
+
+# Rows around the 12-row groups and 48-row blocks (13 is the first on the pair path); K odd and
+# even, around the 128-pair chunks; columns around the 16-column panels and 32-column tasks.
+SHAPES = [(13, 64, 16), (25, 255, 33), (48, 257, 70), (61, 512, 17), (14, 33, 40)]
+
+
+@pytest.mark.parametrize("entry, level, hidden", BF16_ENTRIES, ids=[e[0] for e in BF16_ENTRIES])
+@pytest.mark.parametrize("bits", [2, 3, 4, 5, 8])
+def test_level3_prefill_is_the_pair_order_bit_for_bit(entry, level, hidden, bits):
+    """Level 3, more than 12 rows: A and W rounded to bfloat16 (W as dequantize_nbits computes it),
+    each output from +0 over k pairs, the odd-indexed product first (vdpbf16ps), then + bias."""
+    rng = np.random.default_rng(bits)
+    for i, (M, K, N) in enumerate(SHAPES):
+        block_size = [16, 32, 64, 128, 256][i % 5]
+        W = rng.standard_normal((K, N)).astype(np.float32)
+        q = quantize_nbits(W, bits=bits, block_size=block_size, symmetric=i % 2 == 1, method="hqq" if i == 2 else "rtn")
+        A = (rng.standard_normal((M, K)) * np.exp2(rng.integers(-8, 8, (M, K)))).astype(np.float32)
+        bias = rng.standard_normal(N).astype(np.float32) if i % 2 == 0 else None
+        with nbits_entry(level, hidden) as running:
+            assert running == entry
+            Y = matmul_nbits(A, *q.tensors(), **q.attributes(), bias=bias, accuracy_level=3)
+        model = pair_model(_bf16(A), _bf16(q.dequantize()), "odd first")
+        if bias is not None:
+            model = model + bias
+        assert np.array_equal(Y.view(np.uint32), model.view(np.uint32)), (bits, M, K, N, block_size)
+
+
+@pytest.mark.parametrize("entry, level, hidden", BF16_ENTRIES, ids=[e[0] for e in BF16_ENTRIES])
+def test_level3_within_the_bound_and_other_paths_are_the_avx512_entry(entry, level, hidden):
+    """Every width, zero-point form, g_idx form, bias and A dtype at level 3 with more than 12 rows
+    stays within the documented bound and the tight tolerance; denormal inputs (which vdpbf16ps
+    reads as zero) stay within the bound. The paths the entry does not replace (levels 0-2 and 4,
+    12 rows or fewer) give the avx512_vnni entry's bits."""
+    rng = np.random.default_rng(30)
+    plain = [e for e in ENTRIES if not e[0].startswith("avx512bf16") and e[1] == level]
+    for i, bits in enumerate([2, 3, 4, 5, 6, 7, 8]):
+        case = Case(
+            rng,
+            bits,
+            [16, 32, 64, 128][i % 4],
+            K=[100, 257, 64, 512][i % 4],
+            N=37,
+            batch=(20,),
+            zp=["none", "packed", "float"][i % 3],
+            g=[None, "random", None, "trivial"][i % 4],
+            bias=i % 2 == 0,
+            dtype=[F32, BF16][i % 2],
+        )
+        if i == 2:  # denormal and tiny A: read as zero by the hardware
+            case.A[:5] = (case.A[:5].astype(np.float64) * 2.0**-130).astype(case.dtype)
+        with nbits_entry(level, hidden):
+            Y = case.run(3)
+            small = case.run(3, A=case.A[:12])
+            others = [case.run(lv) for lv in (0, 2, 4)]
+        assert_within(Y, case.exact(), case.bound(3), f"{entry} {case}")
+        if i != 2:
+            y, tol = tight_tolerance(case, 3)
+            assert_within(Y, y, tol, f"{entry} tight {case}")
+        for plain_entry, plain_level, plain_hidden in plain:
+            with nbits_entry(plain_level, plain_hidden):
+                assert np.array_equal(
+                    small.view(np.uint16 if case.dtype == BF16 else np.uint32),
+                    case.run(3, A=case.A[:12]).view(np.uint16 if case.dtype == BF16 else np.uint32),
+                )
+                for lv, theirs in zip((0, 2, 4), others):
+                    mine = case.run(lv)
+                    view = np.uint16 if case.dtype == BF16 else np.uint32
+                    assert np.array_equal(theirs.view(view), mine.view(view)), (plain_entry, lv, case)
+
+
+def test_the_entry_is_chosen_where_the_cpu_has_avx512_bf16():
+    """At level avx512_vnni the MatMulNBits family has two entries; the one needing AVX512-BF16 (and
+    VNNI) wins where it runs, else the avx512_vnni one."""
+    for level in kernel_levels():
+        if not level.startswith("avx512_vnni"):
+            continue
+        emulated = level.endswith("-emulated")
+        with nbits_entry(level) as entry:
+            bf16 = emulated or qm.cpu_info()["features"]["avx512_bf16"]
+            assert entry == ("avx512bf16" if bf16 else "avx512_vnni") + ("-emulated" if emulated else "")
+        with nbits_entry(level, ["avx512_bf16"]) as entry:
+            assert entry == "avx512_vnni" + ("-emulated" if emulated else "")
+    assert qm.cpu_info()["self_test"] is None
