@@ -99,7 +99,7 @@ QuantizeStatus quantize_nbits(const QuantizeNBitsProblem& p, const QuantizeNBits
     const int64_t kb = task / column_tasks, n0 = (task % column_tasks) * columns;
     const int64_t n1 = std::min(p.N, n0 + columns);
     thread_local std::vector<float> scratch;
-    const size_t need = static_cast<size_t>((n1 - n0) * bs + 4 * bs);
+    const size_t need = static_cast<size_t>((n1 - n0) * (bs + 2) + 25 * bs);
     if (scratch.size() < need) scratch.resize(need);
     const QuantizeStatus s = panel(p, out, zp_codes.data(), kb, n0, n1, scratch.data());
     if (s != QuantizeStatus::kOk) status.store(static_cast<int>(s));
