@@ -82,10 +82,13 @@ class _Blocks:
         """Squared error of each block dequantized as MatMulNBits does, float64 [blocks]."""
         if self.x64 is None:
             self.x64 = self.x.astype(_F64)
-        d = ((q - zp[:, None]) * scale32[:, None]).astype(_F64) - self.x64
-        d *= d
-        if self.valid is not None:
-            d *= self.valid
+        # huge blocks: a candidate's dequantized values may overflow (inf, and inf * 0 in the padding,
+        # which repeats the last real element: that block's error is inf or NaN either way)
+        with np.errstate(over="ignore", invalid="ignore"):
+            d = ((q - zp[:, None]) * scale32[:, None]).astype(_F64) - self.x64
+            d *= d
+            if self.valid is not None:
+                d *= self.valid
         return d.sum(axis=1)
 
 
