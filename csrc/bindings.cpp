@@ -10,6 +10,7 @@
 #include <nanobind/stl/vector.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cstdlib>
 #include <vector>
 
@@ -411,6 +412,15 @@ void bind_quantize_nbits(nb::module_& m) {
     return nb::make_tuple(static_cast<int>(status), B.array(), scales, zero_points);
   });
   m.def("quantize_nbits_path", [] { return std::string(qmm::quantize_nbits_path()); });
+  // For the numpy reference's HQQ: powf(x, y) of a contiguous float32 array, the C library's function
+  // that the core calls (numpy's float32 power may be another: SVML on AVX-512 machines).
+  m.def("powf", [](const In& x, float y) {
+    const int64_t count = static_cast<int64_t>(x.size());
+    NewArray<float> out({count});
+    const auto* v = static_cast<const float*>(x.data());
+    for (int64_t i = 0; i < count; ++i) out.data()[i] = std::pow(v[i], y);
+    return out.array();
+  });
   // For tests: float32 [n] to float16 (kind 1) or bfloat16 (kind 2) bits, round to nearest even.
   m.def("round_float32_bits", [](const In& x, int kind) {
     const int64_t count = static_cast<int64_t>(x.size());

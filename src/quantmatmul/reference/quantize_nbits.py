@@ -3,12 +3,15 @@
 This was quantize_nbits itself before the block loops moved into the C++ core
 (csrc/quantize_nbits.cpp); the tests hold the core to it byte for byte (docs/quantizer.md says
 where the two may differ). Validation and the method parameters are shared with the public module.
+One change: HQQ's float32 power is the C library's powf (through _core.powf), the function the core
+calls, where numpy's np.power may be another one (SVML on AVX-512 machines).
 """
 
 from __future__ import annotations
 
 import numpy as np
 
+from .. import _core
 from ..nbits_layout import pack_nbits, packed_size
 from ..quantize_nbits import (
     _BF16,
@@ -274,7 +277,9 @@ def _hqq(blocks, bits, scale_dtype):
             if not active.any():
                 break
             a = np.abs(r)
-            shrink = np.float32(1 / beta) * np.power(a + np.float32(1e-8), np.float32(_HQQ_LP_NORM - 1))
+            base = np.ascontiguousarray(a + np.float32(1e-8))  # the C library's powf, as the core calls it
+            power = _core.powf(base.ravel(), np.float32(_HQQ_LP_NORM - 1)).reshape(base.shape)
+            shrink = np.float32(1 / beta) * power
             e = np.sign(r) * np.maximum(a - shrink, 0)  # the generalized soft threshold of the Lp (p < 1) prox
             update = q - (x - e) * inv[:, None]
             update = (update.sum(axis=1) if valid is None else (update * valid).sum(axis=1)) / count
