@@ -164,3 +164,15 @@ def test_float32_to_16_bit_rounding():
     with np.errstate(over="ignore"):
         np.testing.assert_array_equal(_core.round_float32_bits(x, 1), x.astype(np.float16).view(np.uint16))
         np.testing.assert_array_equal(_core.round_float32_bits(x, 2), x.astype(BF16).view(np.uint16))
+
+
+def test_round_half_away_as_the_core_computes_it():
+    """The core's roundf of a code clamped to [0, 255] is trunc(v + (0.5 - 2^-25)) (checked offline for every
+    float in [0, 256)); here for the floats within 4096 ulps of each half-integer and of 0.5 - 2^-25."""
+    centers = np.concatenate([np.arange(256) + 0.5, [0.5 - 2.0**-25]]).astype(np.float32)
+    bits = centers.view(np.uint32)[:, None].astype(np.int64) + np.arange(-4096, 4097)
+    v = bits.astype(np.uint32).view(np.float32).ravel()
+    v = v[(v >= 0) & (v < 256)]
+    expected = np.floor(v.astype(np.float64) + 0.5)  # C roundf for v >= 0, exact in float64
+    np.testing.assert_array_equal(np.trunc(v + np.float32(0.5 - 2.0**-25)), expected)
+    assert np.trunc(np.float32(0.5 - 2.0**-25) + np.float32(0.5)) == 1  # why not 0.5 itself
