@@ -366,21 +366,21 @@ void bind_quantize_nbits(nb::module_& m) {
                              const In& sym_shrink, int64_t refits) {
     const int64_t K = static_cast<int64_t>(W.shape(0)), N = static_cast<int64_t>(W.shape(1));
     const int64_t k_blocks = (K + block_size - 1) / block_size;
-    qmm::QuantizeNBitsProblem p{W.data(),
-                                static_cast<qmm::QuantizeType>(w_type),
-                                K,
-                                N,
-                                W.stride(0),
-                                W.stride(1),
-                                bits,
-                                block_size,
-                                symmetric,
-                                static_cast<qmm::QuantizeMethod>(method),
-                                static_cast<qmm::QuantizeType>(scale_type),
-                                {static_cast<const float*>(shrink.data()), static_cast<int64_t>(shrink.size()),
-                                 static_cast<const float*>(local.data()), static_cast<int64_t>(local.size()),
-                                 local_rounds, static_cast<const float*>(sym_shrink.data()),
-                                 static_cast<int64_t>(sym_shrink.size()), refits}};
+    qmm::QuantizeNBitsProblem p{
+        W.data(),
+        static_cast<qmm::QuantizeType>(w_type),
+        K,
+        N,
+        W.stride(0),
+        W.stride(1),
+        bits,
+        block_size,
+        symmetric,
+        static_cast<qmm::QuantizeMethod>(method),
+        static_cast<qmm::QuantizeType>(scale_type),
+        {static_cast<const float*>(shrink.data()), static_cast<int64_t>(shrink.size()),
+         static_cast<const float*>(local.data()), static_cast<int64_t>(local.size()), local_rounds,
+         static_cast<const float*>(sym_shrink.data()), static_cast<int64_t>(sym_shrink.size()), refits}};
     const bool wide = p.scale_type == qmm::QuantizeType::kFloat32;
     const bool float_zp = p.method == qmm::QuantizeMethod::kHqq;
     NewArray<uint8_t> B({N, k_blocks, block_size * bits / 8});

@@ -21,7 +21,7 @@ struct MseGrid {
   int64_t shrink_count;
   const float* local;  // then each end moved alone by each step (0 excluded) ...
   int64_t local_count;
-  int64_t local_rounds;     // ... this many times
+  int64_t local_rounds;  // ... this many times
   const float* sym_shrink;  // symmetric: the scale's factors, each in both orientations
   int64_t sym_shrink_count;
   int64_t refits;  // least-squares rescalings of the best codes
@@ -31,9 +31,9 @@ struct QuantizeNBitsProblem {
   const void* w;  // W [K, N], any strides (in elements), finite or not (checked here)
   QuantizeType w_type;
   int64_t K, N, stride_k, stride_n;
-  int bits;            // 2..8
+  int bits;  // 2..8
   int64_t block_size;  // a power of two >= 16
-  bool symmetric;      // not with kHqq
+  bool symmetric;  // not with kHqq
   QuantizeMethod method;
   QuantizeType scale_type;  // kFloat32, kFloat16 or kBFloat16
   MseGrid mse;

@@ -111,8 +111,10 @@ def test_chart_legend_without_onednn(tmp_path):
 def test_bench_only_quantize(tmp_path):
     out = tmp_path / "report.json"
     with contextlib.redirect_stdout(io.StringIO()) as printed:
-        assert cli.main(["bench", "--quick", "--repeat", "1", "--threads", "1", "--only", "quantize", "--json",
-                         str(out)]) == 0
+        assert (
+            cli.main(["bench", "--quick", "--repeat", "1", "--threads", "1", "--only", "quantize", "--json", str(out)])
+            == 0
+        )
     report = json.loads(out.read_text())
     assert "results" not in report and "matmul_nbits" not in report
     assert [r["case"] for r in report["quantize"]] == [c.name for c in bench.QUANTIZE_QUICK]

@@ -5,12 +5,12 @@ from __future__ import annotations
 import ml_dtypes
 import numpy as np
 import pytest
+from test_quantize_nbits import _random_weight, adversarial_blocks, ort_quantize
 
 import quantmatmul
 from quantmatmul import _core
 from quantmatmul.quantize_nbits import quantize_nbits
 from quantmatmul.reference.quantize_nbits import quantize_nbits_reference
-from test_quantize_nbits import _random_weight, adversarial_blocks, ort_quantize
 
 F32, F16, F64 = np.dtype(np.float32), np.dtype(np.float16), np.dtype(np.float64)
 BF16 = np.dtype(ml_dtypes.bfloat16)
@@ -30,8 +30,14 @@ def assert_same(w, r, where=""):
     if w.zero_points is not None:
         assert w.zero_points.dtype == r.zero_points.dtype, where
         np.testing.assert_array_equal(w.zero_points.view(np.uint8), r.zero_points.view(np.uint8), err_msg=where)
-    assert (w.K, w.N, w.bits, w.block_size, w.method, w.symmetric) == (r.K, r.N, r.bits, r.block_size, r.method,
-                                                                        r.symmetric)
+    assert (w.K, w.N, w.bits, w.block_size, w.method, w.symmetric) == (
+        r.K,
+        r.N,
+        r.bits,
+        r.block_size,
+        r.method,
+        r.symmetric,
+    )
 
 
 def without_mixed_zeros(W, bs):
@@ -40,10 +46,10 @@ def without_mixed_zeros(W, bs):
     returns (test_mixed_signed_zero_blocks_follow_onnxruntime)."""
     W = np.array(W)
     for k0 in range(0, W.shape[0], bs):
-        block = W[k0:k0 + bs].astype(np.float32)
+        block = W[k0 : k0 + bs].astype(np.float32)
         negative = (block == 0) & np.signbit(block)
         mixed = negative.any(axis=0) & ((block == 0) & ~np.signbit(block)).any(axis=0)
-        W[k0:k0 + bs][negative & mixed] = 0
+        W[k0 : k0 + bs][negative & mixed] = 0
     return W
 
 
@@ -81,7 +87,7 @@ def test_core_matches_reference_adversarial(method, symmetric, bits):
             if not symmetric:  # ranges that overflow float32 are refused (tests/test_quantize_nbits.py)
                 x = W.astype(np.float32)
                 with np.errstate(over="ignore"):
-                    span = (np.maximum(x, 0).max(axis=0).astype(np.float32) - np.minimum(x, 0).min(axis=0))
+                    span = np.maximum(x, 0).max(axis=0).astype(np.float32) - np.minimum(x, 0).min(axis=0)
                 W = W[:, np.isfinite(span)]
             check(W, bits, bs, symmetric, method)
 
@@ -156,9 +162,27 @@ def test_float32_to_16_bit_rounding():
     bits = rng.integers(0, 2**32, 400_000, dtype=np.uint64).astype(np.uint32)
     x = bits.view(np.float32)
     x = x[np.isfinite(x)]
-    specials = np.array([0.0, -0.0, 65504, 65519.996, 65520, 65536, 2.0**-24, 2.0**-25, 2.0**-25 * 1.0000001,
-                         2.0**-14, 2.0**-14 * (1 - 2**-11), 1.5 * 2.0**-24, np.finfo(np.float32).max,
-                         np.finfo(np.float32).tiny, np.inf, -np.inf], np.float32)
+    specials = np.array(
+        [
+            0.0,
+            -0.0,
+            65504,
+            65519.996,
+            65520,
+            65536,
+            2.0**-24,
+            2.0**-25,
+            2.0**-25 * 1.0000001,
+            2.0**-14,
+            2.0**-14 * (1 - 2**-11),
+            1.5 * 2.0**-24,
+            np.finfo(np.float32).max,
+            np.finfo(np.float32).tiny,
+            np.inf,
+            -np.inf,
+        ],
+        np.float32,
+    )
     ladder = (2.0 ** np.arange(-30, 20)).astype(np.float32)
     x = np.concatenate([x, specials, -specials, ladder * 1.00048828125, ladder * 1.000977, ladder * 0.99951171875])
     with np.errstate(over="ignore"):

@@ -407,8 +407,11 @@ def run_quantize(cases=None, *, threads=None, repeat=5, quick=False, seed=0, pro
     for case in cases or (QUANTIZE_QUICK if quick else QUANTIZE_CASES):
         W = rng.standard_normal((case.K, case.N)).astype(np.float32)
         runners = {
-            method: (lambda method=method: quantize_nbits(W, bits=case.bits, block_size=case.block_size,
-                                                          method=method))
+            method: (
+                lambda method=method, W=W, case=case: quantize_nbits(
+                    W, bits=case.bits, block_size=case.block_size, method=method
+                )
+            )
             for method in QUANTIZE_METHODS
         }
         ort = _ort_block_quantizer(W, case.bits, case.block_size)
@@ -420,13 +423,22 @@ def run_quantize(cases=None, *, threads=None, repeat=5, quick=False, seed=0, pro
             for name, fn in runners.items():
                 times[name].append(_time(fn))
         medians = {name: statistics.median(t) * 1e3 for name, t in times.items()}
-        row = dict(case=case.name, K=case.K, N=case.N, bits=case.bits, block_size=case.block_size, threads=threads,
-                   median_ms=medians)
+        row = dict(
+            case=case.name,
+            K=case.K,
+            N=case.N,
+            bits=case.bits,
+            block_size=case.block_size,
+            threads=threads,
+            median_ms=medians,
+        )
         if ort is not None:
             w, (packed, scales, zero_points) = outputs["rtn"], outputs["onnxruntime"]
             row["rtn_identical_to_onnxruntime"] = bool(
-                np.array_equal(w.B, packed) and np.array_equal(w.scales.view(np.uint8), scales.view(np.uint8))
-                and np.array_equal(w.zero_points, zero_points))
+                np.array_equal(w.B, packed)
+                and np.array_equal(w.scales.view(np.uint8), scales.view(np.uint8))
+                and np.array_equal(w.zero_points, zero_points)
+            )
             row["time_over_onnxruntime"] = {m: medians[m] / medians["onnxruntime"] for m in QUANTIZE_METHODS}
         rows.append(row)
         parts = [f"{case.name:<34}"] + [f"{m} {medians[m]:8.1f} ms" for m in QUANTIZE_METHODS]
@@ -560,8 +572,9 @@ def main(args) -> int:
     if only in (None, "nbits"):
         if progress is print:
             print("MatMulNBits (constant weights; ratios are ORT time / quantmatmul time)")
-        report["matmul_nbits"] = run_nbits(threads=args.threads, repeat=args.repeat, quick=args.quick,
-                                           progress=progress)
+        report["matmul_nbits"] = run_nbits(
+            threads=args.threads, repeat=args.repeat, quick=args.quick, progress=progress
+        )
         report["matmul_nbits_cold"] = run_cold_nbits(
             threads=args.threads,
             count=2 if args.quick else 8,
@@ -573,8 +586,9 @@ def main(args) -> int:
     if only in (None, "quantize"):
         if progress is print:
             print("quantize_nbits (asymmetric) against ONNX Runtime's quantizer (its C++ quantize_matmul_<bits>bits)")
-        report["quantize"] = run_quantize(threads=args.threads, repeat=min(args.repeat, 7), quick=args.quick,
-                                          progress=progress)
+        report["quantize"] = run_quantize(
+            threads=args.threads, repeat=min(args.repeat, 7), quick=args.quick, progress=progress
+        )
     report.setdefault("cpu", cpu_info()["features"]["brand"])
     report.setdefault("threads", args.threads or get_num_threads())
     if args.json == "-":
