@@ -200,3 +200,21 @@ def test_round_half_away_as_the_core_computes_it():
     expected = np.floor(v.astype(np.float64) + 0.5)  # C roundf for v >= 0, exact in float64
     np.testing.assert_array_equal(np.trunc(v + np.float32(0.5 - 2.0**-25)), expected)
     assert np.trunc(np.float32(0.5 - 2.0**-25) + np.float32(0.5)) == 1  # why not 0.5 itself
+
+
+@pytest.mark.parametrize(("method", "symmetric"), MODES, ids=MODE_IDS)
+def test_core_reads_any_strides(method, symmetric):
+    """Reversed, strided and broadcast (zero-stride, read-only) views: the core reads W in place."""
+    rng = np.random.default_rng(9)
+    base = rng.standard_normal((80, 30)).astype(np.float32)
+    views = (
+        base[::-1],
+        base[:, ::-2],
+        base[::-3, 1::2],
+        np.broadcast_to(base[:1], (40, 30)),
+        base.astype(F16)[::-1, ::-1],
+        base.astype(BF16).T.copy().T[5:, 3:],
+        base.astype(F64)[::2],
+    )
+    for W in views:
+        check(W, 4, 16, symmetric, method)
