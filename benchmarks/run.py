@@ -27,6 +27,8 @@ def main() -> int:
         print("MatMulNBits (constant weights; ratios are ORT time / quantmatmul time)")
         report["matmul_nbits"] = bench.run_nbits(threads=threads, repeat=args.repeat)
         report["matmul_nbits_cold"] = bench.run_cold_nbits(threads=threads)
+        print("quantize_nbits against ONNX Runtime's quantizer")
+        report["quantize"] = bench.run_quantize(threads=threads, repeat=min(args.repeat, 7))
         report["machine"] = {
             "platform": platform.platform(),
             "python": platform.python_version(),

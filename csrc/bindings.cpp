@@ -10,6 +10,7 @@
 #include <nanobind/stl/vector.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cstdlib>
 #include <vector>
 
@@ -20,6 +21,7 @@
 #include "matmul_nbits.h"
 #include "peak.h"
 #include "qlinear_matmul.h"
+#include "quantize_nbits.h"
 #include "thread_pool.h"
 
 namespace nb = nanobind;
@@ -387,6 +389,83 @@ void bind_matmul_nbits(nb::module_& m) {
   });
 }
 
+// quantize_nbits: the block loops of quantize_nbits.py (which validates everything first).
+void bind_quantize_nbits(nb::module_& m) {
+  // W [K, N] (any strides; float16 and bfloat16 as their uint16 bits), its type and the options as
+  // qmm::QuantizeNBitsProblem has them, the mse grids (float32). Returns (status, B, scales,
+  // zero_points): scales (and hqq's float zero points) as raw uint32 (float32) or uint16 bits,
+  // zero_points None when symmetric; B and the rest are incomplete unless status is 0.
+  m.def("quantize_nbits", [](const In& W, int w_type, int bits, int64_t block_size, bool symmetric, int method,
+                             int scale_type, const In& shrink, const In& local, int64_t local_rounds,
+                             const In& sym_shrink, int64_t refits) {
+    const int64_t K = static_cast<int64_t>(W.shape(0)), N = static_cast<int64_t>(W.shape(1));
+    const int64_t k_blocks = (K + block_size - 1) / block_size;
+    qmm::QuantizeNBitsProblem p{
+        W.data(),
+        static_cast<qmm::QuantizeType>(w_type),
+        K,
+        N,
+        W.stride(0),
+        W.stride(1),
+        bits,
+        block_size,
+        symmetric,
+        static_cast<qmm::QuantizeMethod>(method),
+        static_cast<qmm::QuantizeType>(scale_type),
+        {static_cast<const float*>(shrink.data()), static_cast<int64_t>(shrink.size()),
+         static_cast<const float*>(local.data()), static_cast<int64_t>(local.size()), local_rounds,
+         static_cast<const float*>(sym_shrink.data()), static_cast<int64_t>(sym_shrink.size()), refits}};
+    const bool wide = p.scale_type == qmm::QuantizeType::kFloat32;
+    const bool float_zp = p.method == qmm::QuantizeMethod::kHqq;
+    NewArray<uint8_t> B({N, k_blocks, block_size * bits / 8});
+    std::optional<NewArray<uint32_t>> scales32, zp32;
+    std::optional<NewArray<uint16_t>> scales16, zp16;
+    std::optional<NewArray<uint8_t>> zp8;
+    qmm::QuantizeNBitsOutput out{B.data(), nullptr, nullptr};
+    if (wide) {
+      out.scales = scales32.emplace(std::initializer_list<int64_t>{N, k_blocks}).data();
+    } else {
+      out.scales = scales16.emplace(std::initializer_list<int64_t>{N, k_blocks}).data();
+    }
+    if (float_zp) {
+      out.zero_points = wide ? static_cast<void*>(zp32.emplace(std::initializer_list<int64_t>{N, k_blocks}).data())
+                             : static_cast<void*>(zp16.emplace(std::initializer_list<int64_t>{N, k_blocks}).data());
+    } else if (!symmetric) {
+      out.zero_points = zp8.emplace(std::initializer_list<int64_t>{N, (k_blocks * bits + 7) / 8}).data();
+    }
+    qmm::QuantizeStatus status;
+    {
+      nb::gil_scoped_release release;
+      status = qmm::quantize_nbits(p, out);
+    }
+    nb::object scales = wide ? nb::object(nb::cast(scales32->array())) : nb::object(nb::cast(scales16->array()));
+    nb::object zero_points = nb::none();
+    if (zp32) zero_points = nb::cast(zp32->array());
+    if (zp16) zero_points = nb::cast(zp16->array());
+    if (zp8) zero_points = nb::cast(zp8->array());
+    return nb::make_tuple(static_cast<int>(status), B.array(), scales, zero_points);
+  });
+  m.def("quantize_nbits_path", [] { return std::string(qmm::quantize_nbits_path()); });
+  // For the numpy reference's HQQ: powf(x, y) of a contiguous float32 array, the C library's function
+  // that the core calls (numpy's float32 power may be another: SVML on AVX-512 machines).
+  m.def("powf", [](const In& x, float y) {
+    const int64_t count = static_cast<int64_t>(x.size());
+    NewArray<float> out({count});
+    const auto* v = static_cast<const float*>(x.data());
+    for (int64_t i = 0; i < count; ++i) out.data()[i] = std::pow(v[i], y);
+    return out.array();
+  });
+  // For tests: float32 [n] to float16 (kind 1) or bfloat16 (kind 2) bits, round to nearest even.
+  m.def("round_float32_bits", [](const In& x, int kind) {
+    const int64_t count = static_cast<int64_t>(x.size());
+    NewArray<uint16_t> out({count});
+    const auto* v = static_cast<const float*>(x.data());
+    for (int64_t i = 0; i < count; ++i)
+      out.data()[i] = kind == 1 ? qmm::float_to_half_bits(v[i]) : qmm::float_to_bfloat16_bits(v[i]);
+    return out.array();
+  });
+}
+
 }  // namespace
 
 NB_MODULE(_core, m) {
@@ -394,4 +473,5 @@ NB_MODULE(_core, m) {
   bind_runtime(m);
   bind_qlinear_matmul(m);
   bind_matmul_nbits(m);
+  bind_quantize_nbits(m);
 }

@@ -47,6 +47,11 @@ def test_bench_quick_report(quick_run):
     assert set(nbits) == {c.name for c in bench.NBITS_QUICK}
     assert "onnxruntime level 4" in nbits["4-bit b32 level 0 M=1 K=1024 N=1024"]["median_ms"]
     assert "onnxruntime level 4" not in nbits["3-bit b32 level 0 M=16 K=512 N=512"]["median_ms"]  # ORT: no 3-bit
+    quantize = {r["case"]: r for r in report["quantize"]}
+    assert set(quantize) == {c.name for c in bench.QUANTIZE_QUICK}
+    for row in quantize.values():
+        assert all(row["median_ms"][m] > 0 for m in bench.QUANTIZE_METHODS)
+        assert row.get("rtn_identical_to_onnxruntime", True) is True  # absent without onnxruntime
     cold = report["matmul_nbits_cold"]
     assert cold["memory_bandwidth_gbps"] > 0 and cold["gbps"]["quantmatmul"] > 0
     assert "u8s8 M=64 K=1024 N=1024" in printed and "GOP/s" in printed
@@ -101,3 +106,17 @@ def test_chart_legend_without_onednn(tmp_path):
     legend = [t.get_text() for t in fig.axes[0].get_legend().get_texts()]
     assert sorted(legend) == ["measured kernel peak", "onnxruntime", "quantmatmul"]
     assert path.stat().st_size > 0
+
+
+def test_bench_only_quantize(tmp_path):
+    out = tmp_path / "report.json"
+    with contextlib.redirect_stdout(io.StringIO()) as printed:
+        assert (
+            cli.main(["bench", "--quick", "--repeat", "1", "--threads", "1", "--only", "quantize", "--json", str(out)])
+            == 0
+        )
+    report = json.loads(out.read_text())
+    assert "results" not in report and "matmul_nbits" not in report
+    assert [r["case"] for r in report["quantize"]] == [c.name for c in bench.QUANTIZE_QUICK]
+    assert report["threads"] == 1 and report["cpu"]
+    assert "quantize 4-bit b32 K=256 N=512" in printed.getvalue()

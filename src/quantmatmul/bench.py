@@ -351,6 +351,106 @@ def run_nbits(cases=None, *, threads=None, repeat=15, quick=False, seed=0, progr
     return rows
 
 
+@dataclass
+class QuantizeCase:
+    K: int
+    N: int
+    bits: int = 4
+    block_size: int = 32
+
+    @property
+    def name(self) -> str:
+        return f"quantize {self.bits}-bit b{self.block_size} K={self.K} N={self.N}"
+
+
+QUANTIZE_CASES = [QuantizeCase(4096, 11008, 4, 32)]  # one LLaMA-7B MLP weight (issue 15's figure)
+QUANTIZE_QUICK = [QuantizeCase(256, 512, 4, 32)]
+QUANTIZE_METHODS = ("rtn", "mse", "hqq")
+
+
+def _ort_block_quantizer(W, bits, block_size):
+    """ONNX Runtime's weight quantizer as MatMulNBitsQuantizer's default algorithm runs it on a float32
+    weight (DefaultWeightOnlyQuantizer.qbits_block_quant, QOperator format): K padded to whole blocks,
+    the output buffers allocated, then the C++ quantize_matmul_{bits}bits (MLAS's MlasQuantizeBlockwise,
+    on ONNX Runtime's own thread pool). None where ONNX Runtime is missing or lacks the width."""
+    try:
+        from onnxruntime.capi import _pybind_state as pybind
+    except ImportError:
+        return None
+    fn = getattr(pybind, f"quantize_matmul_{bits}bits", None)
+    if fn is None:
+        return None
+    K, N = W.shape
+    k_blocks = -(-K // block_size)
+    per_byte = 8 // bits
+
+    def quantize():
+        x = np.pad(W, ((0, k_blocks * block_size - K), (0, 0))) if k_blocks * block_size > K else W
+        packed = np.zeros((N, k_blocks, block_size // per_byte), np.uint8)
+        zero_points = np.zeros((N, -(-k_blocks // per_byte)), np.uint8)
+        scales = np.zeros((N, k_blocks), W.dtype)
+        fn(packed, np.ascontiguousarray(x), scales, zero_points, block_size, N, K, False)
+        return packed, scales, zero_points
+
+    return quantize
+
+
+def run_quantize(cases=None, *, threads=None, repeat=5, quick=False, seed=0, progress=print) -> list:
+    """quantize_nbits ("rtn", "mse", "hqq", asymmetric) against ONNX Runtime's quantizer
+    (_ort_block_quantizer) on the same float32 weight, interleaved round by round; medians in ms,
+    and whether "rtn" wrote ORT's bytes."""
+    from .quantize_nbits import quantize_nbits
+
+    threads = threads or get_num_threads()
+    set_num_threads(threads)
+    rng = np.random.default_rng(seed)
+    rows = []
+    for case in cases or (QUANTIZE_QUICK if quick else QUANTIZE_CASES):
+        W = rng.standard_normal((case.K, case.N)).astype(np.float32)
+        runners = {
+            method: (
+                lambda method=method, W=W, case=case: quantize_nbits(
+                    W, bits=case.bits, block_size=case.block_size, method=method
+                )
+            )
+            for method in QUANTIZE_METHODS
+        }
+        ort = _ort_block_quantizer(W, case.bits, case.block_size)
+        if ort is not None:
+            runners["onnxruntime"] = ort
+        outputs = {name: fn() for name, fn in runners.items()}  # warm-up, and the bytes compared below
+        times = {name: [] for name in runners}
+        for _ in range(repeat):
+            for name, fn in runners.items():
+                times[name].append(_time(fn))
+        medians = {name: statistics.median(t) * 1e3 for name, t in times.items()}
+        row = dict(
+            case=case.name,
+            K=case.K,
+            N=case.N,
+            bits=case.bits,
+            block_size=case.block_size,
+            threads=threads,
+            median_ms=medians,
+        )
+        if ort is not None:
+            w, (packed, scales, zero_points) = outputs["rtn"], outputs["onnxruntime"]
+            row["rtn_identical_to_onnxruntime"] = bool(
+                np.array_equal(w.B, packed)
+                and np.array_equal(w.scales.view(np.uint8), scales.view(np.uint8))
+                and np.array_equal(w.zero_points, zero_points)
+            )
+            row["time_over_onnxruntime"] = {m: medians[m] / medians["onnxruntime"] for m in QUANTIZE_METHODS}
+        rows.append(row)
+        parts = [f"{case.name:<34}"] + [f"{m} {medians[m]:8.1f} ms" for m in QUANTIZE_METHODS]
+        if ort is not None:
+            parts.append(f"onnxruntime {medians['onnxruntime']:8.1f} ms")
+            parts.append("time / ORT's: " + ", ".join(f"{m} {r:.2f}x" for m, r in row["time_over_onnxruntime"].items()))
+            parts.append("rtn " + ("bit-identical" if row["rtn_identical_to_onnxruntime"] else "DIFFERS FROM ORT"))
+        progress("  ".join(parts))
+    return rows
+
+
 def memory_bandwidth_gbps(megabytes: int = 256, repeat: int = 5) -> float:
     """This machine's measured memory bandwidth: bytes read + written per second by a large copy (numpy)."""
     source = np.ones(megabytes * (1 << 20) // 4, np.float32)
@@ -466,23 +566,37 @@ def main(args) -> int:
             "threads; ratios are peer time / quantmatmul time (above 1: quantmatmul is faster); peak: the int8 "
             "kernel in use on cache-resident data"
         )
-    report = run(threads=args.threads, repeat=args.repeat, quick=args.quick, progress=progress)
-    if progress is print:
-        print("MatMulNBits (constant weights; ratios are ORT time / quantmatmul time)")
-    report["matmul_nbits"] = run_nbits(threads=args.threads, repeat=args.repeat, quick=args.quick, progress=progress)
-    report["matmul_nbits_cold"] = run_cold_nbits(
-        threads=args.threads,
-        count=2 if args.quick else 8,
-        K=1024 if args.quick else 4096,
-        N=1024 if args.quick else 4096,
-        rounds=2 if args.quick else 5,
-        progress=progress,
-    )
+    only = getattr(args, "only", None)
+    report = {}
+    if only in (None, "qlinear"):
+        report = run(threads=args.threads, repeat=args.repeat, quick=args.quick, progress=progress)
+    if only in (None, "nbits"):
+        if progress is print:
+            print("MatMulNBits (constant weights; ratios are ORT time / quantmatmul time)")
+        report["matmul_nbits"] = run_nbits(
+            threads=args.threads, repeat=args.repeat, quick=args.quick, progress=progress
+        )
+        report["matmul_nbits_cold"] = run_cold_nbits(
+            threads=args.threads,
+            count=2 if args.quick else 8,
+            K=1024 if args.quick else 4096,
+            N=1024 if args.quick else 4096,
+            rounds=2 if args.quick else 5,
+            progress=progress,
+        )
+    if only in (None, "quantize"):
+        if progress is print:
+            print("quantize_nbits (asymmetric) against ONNX Runtime's quantizer (its C++ quantize_matmul_<bits>bits)")
+        report["quantize"] = run_quantize(
+            threads=args.threads, repeat=min(args.repeat, 7), quick=args.quick, progress=progress
+        )
+    report.setdefault("cpu", cpu_info()["features"]["brand"])
+    report.setdefault("threads", args.threads or get_num_threads())
     if args.json == "-":
         print(json.dumps(report, indent=1))
     elif args.json:
         with open(args.json, "w") as f:
             json.dump(report, f, indent=1)
-    if args.plot:
+    if args.plot and "results" in report:
         plot(report, args.plot)
     return 0

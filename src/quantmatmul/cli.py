@@ -125,6 +125,12 @@ def main(argv=None) -> int:
     bench.add_argument("--quick", action="store_true", help="smaller shapes, for a smoke run")
     bench.add_argument("--json", metavar="PATH", help="write the report as JSON ('-': to standard output)")
     bench.add_argument("--plot", metavar="PNG", help="write a bar chart (needs matplotlib)")
+    bench.add_argument(
+        "--only",
+        choices=("qlinear", "nbits", "quantize"),
+        default=None,
+        help="one part only: QLinearMatMul, MatMulNBits, or the MatMulNBits weight quantizer",
+    )
     _add_model_commands(sub)
     args = parser.parse_args(argv)
     if args.command == "demo":
