@@ -8,8 +8,11 @@ quantized through the upper Cholesky factor U of the inverse Hessian (``H^-1 = U
 
 from __future__ import annotations
 
+from concurrent.futures import ThreadPoolExecutor
+
 import numpy as np
 
+from ._runtime import get_num_threads
 from .quantize_nbits import _Blocks, _check_ranges, _codes, _mse, _rtn
 
 _F32, _F64 = np.dtype(np.float32), np.dtype(np.float64)
@@ -17,6 +20,7 @@ _FN = "quantize_nbits"
 DEFAULT_DAMP = 0.01
 LAZY_ROWS = 128  # rows quantized before their errors reach the rest of W (one GEMM); at least block_size
 _SUB_ROWS = 16  # within a lazy batch: rows whose errors reach the batch's later rows together (one GEMM)
+_SEARCH_CHUNK = 1 << 18  # elements of W per call of the "mse" search
 _INVERSE_LEAF = 256  # the recursive triangular inverse hands blocks this small to LAPACK
 _SYMMETRY_TOLERANCE = 1e-4  # |H - H^T| allowed, relative to max |H| (X^T X in float32 is symmetric to ~K ulps)
 
@@ -32,8 +36,9 @@ def check_options(damp, act_order, desc_act):
     if isinstance(damp, (bool, np.bool_)) or not isinstance(damp, (int, float, np.integer, np.floating)):
         raise TypeError(f"{_FN}: damp must be a real number, got {type(damp).__name__}")
     if not np.isfinite(damp) or damp < 0:
-        raise ValueError(f"{_FN}: damp must be a finite number >= 0 (a fraction of the mean of diag(hessian)), "
-                         f"got {damp}")
+        raise ValueError(
+            f"{_FN}: damp must be a finite number >= 0 (a fraction of the mean of diag(hessian)), got {damp}"
+        )
     flags = []
     for name, value, default in (("act_order", act_order, True), ("desc_act", desc_act, False)):
         if value is None:
@@ -57,8 +62,10 @@ def check_hessian(hessian, K):
     if H.dtype not in (_F32, _F64):
         raise TypeError(f"{_FN}: hessian dtype {H.dtype} is not supported, expected float32 or float64")
     if H.shape != (K, K):
-        raise ValueError(f"{_FN}: hessian must be the [K, K] = [{K}, {K}] matrix X^T X / n of the layer's inputs "
-                         f"X [n, K], got shape {H.shape}")
+        raise ValueError(
+            f"{_FN}: hessian must be the [K, K] = [{K}, {K}] matrix X^T X / n of the layer's inputs "
+            f"X [n, K], got shape {H.shape}"
+        )
     H = H.astype(_F64)  # a copy: the caller's array is never modified
     bad = ~np.isfinite(H)
     if bad.any():
@@ -67,8 +74,9 @@ def check_hessian(hessian, K):
     asym = np.abs(H - H.T)
     if asym.max() > _SYMMETRY_TOLERANCE * np.abs(H).max():
         i, j = np.unravel_index(np.argmax(asym), asym.shape)
-        raise ValueError(f"{_FN}: hessian is not symmetric: hessian[{i}, {j}] = {H[i, j]}, "
-                         f"hessian[{j}, {i}] = {H[j, i]}")
+        raise ValueError(
+            f"{_FN}: hessian is not symmetric: hessian[{i}, {j}] = {H[i, j]}, hessian[{j}, {i}] = {H[j, i]}"
+        )
     diag = np.diagonal(H)
     if (diag < 0).any():
         i = int(np.argmax(diag < 0))
@@ -104,8 +112,10 @@ def inverse_cholesky_upper(H):
     try:
         L = np.linalg.cholesky(H[::-1, ::-1])
     except np.linalg.LinAlgError:
-        raise ValueError(f"{_FN}: hessian plus damping is not positive definite (its Cholesky factorization "
-                         "failed); X^T X / n is positive semidefinite: check the hessian or raise damp") from None
+        raise ValueError(
+            f"{_FN}: hessian plus damping is not positive definite (its Cholesky factorization "
+            "failed); X^T X / n is positive semidefinite: check the hessian or raise damp"
+        ) from None
     return np.ascontiguousarray(_lower_inverse(L)[::-1, ::-1])
 
 
@@ -115,12 +125,34 @@ def inverse_cholesky_upper(H):
 
 def _search(rows, bits, block_size, symmetric, scale_dtype):
     """The "mse" clipping search on W rows [k, N] cut into blocks of block_size consecutive rows:
-    stored scales [N, k_blocks] in scale_dtype and integer zero points as float32 [N, k_blocks]."""
-    blocks = _Blocks(np.ascontiguousarray(rows, dtype=_F32), block_size)
-    stored, zp, q = _rtn(blocks, bits, symmetric, scale_dtype)
-    stored, zp, _ = _mse(blocks, bits, symmetric, scale_dtype, stored, zp, q)
-    kb = blocks.k_blocks
-    return np.asarray(stored).reshape(-1, kb), np.asarray(zp, _F32).reshape(-1, kb)
+    stored scales [N, k_blocks] in scale_dtype and integer zero points as float32 [N, k_blocks].
+
+    Run on column chunks of about _SEARCH_CHUNK elements (the search's passes then stay in cache:
+    1.7x faster than one pass over a 4096 x 1024 W) on get_num_threads() threads (numpy releases
+    the GIL); the search is per block, so chunking changes nothing in the result."""
+    k, N = rows.shape
+    kb = -(-k // block_size)
+    width = max(1, _SEARCH_CHUNK // (kb * block_size))
+    chunks = [(n0, min(n0 + width, N)) for n0 in range(0, N, width)]
+    scales = np.empty((N, kb), scale_dtype)
+    zps = np.empty((N, kb), _F32)
+
+    def run(chunk):
+        n0, n1 = chunk
+        blocks = _Blocks(np.ascontiguousarray(rows[:, n0:n1], dtype=_F32), block_size)
+        stored, zp, q = _rtn(blocks, bits, symmetric, scale_dtype)
+        stored, zp, _ = _mse(blocks, bits, symmetric, scale_dtype, stored, zp, q)
+        scales[n0:n1] = np.asarray(stored).reshape(n1 - n0, kb)
+        zps[n0:n1] = np.asarray(zp, _F32).reshape(n1 - n0, kb)
+
+    threads = min(get_num_threads(), len(chunks))
+    if threads <= 1:
+        for chunk in chunks:
+            run(chunk)
+    else:
+        with ThreadPoolExecutor(threads) as pool:
+            list(pool.map(run, chunks))
+    return scales, zps
 
 
 def _finite_ranges(rows, block_size):
@@ -172,8 +204,7 @@ def gptq(x, H, *, bits, block_size, symmetric, scale_dtype, damp, act_order, des
 
     Q = _sweep(W, U, group_of, scales32, zpsT, scales, zps, qmax, bits, block_size, symmetric, scale_dtype, dynamic)
     if not np.isfinite(scales32).all():
-        raise ValueError(f"{_FN}: gptq's updated weights left the float32 range (a scale is not finite); "
-                         "raise damp")
+        raise ValueError(f"{_FN}: gptq's updated weights left the float32 range (a scale is not finite); raise damp")
 
     codes = np.zeros((N, kb * block_size), np.uint8)
     codes[:, perm] = Q.T
@@ -188,11 +219,13 @@ def _sweep(W, U, group_of, scales32, zpsT, scales, zps, qmax, bits, block_size, 
     """The error-feedback sweep over the rows of W (permuted, float32, updated in place).
 
     Row r is quantized with its group's scale and zero point, ``E[r] = (W[r] - dq(r)) / U[r, r]``,
-    and every later row t gets ``W[t] -= U[r, t] E[r]``, applied lazily: inside a batch of 16 rows a
-    row first receives the batch's earlier errors (a vector-matrix product), after each 16 rows the
-    rest of the lazy batch gets their errors (one GEMM), after each lazy batch all later rows (one
-    GEMM). Dynamic groups are searched when the sweep reaches their first row, whose group rows
-    then hold every earlier update (groups never straddle a lazy batch)."""
+    and every later row t gets ``W[t] -= U[r, t] E[r]``, applied lazily. A lazy batch of 128 rows
+    first receives the errors of every earlier row in one GEMM (``W[b0:b1] -= U[:b0, b0:b1]^T E[:b0]``,
+    left-looking: the product's output is the batch, not the rest of W); inside it, a row receives
+    the errors of the earlier rows of its 16 (a vector-matrix product), and after each 16 rows the
+    rest of the batch gets theirs (one GEMM). Dynamic groups are searched when the sweep reaches
+    their first row, whose group rows then hold every earlier update (a group never straddles a
+    lazy batch)."""
     K, N = W.shape
     U32 = U.astype(_F32)
     Q = np.empty((K, N), np.uint8)
@@ -201,14 +234,18 @@ def _sweep(W, U, group_of, scales32, zpsT, scales, zps, qmax, bits, block_size, 
     with np.errstate(all="ignore"):
         for b0 in range(0, K, lazy):
             b1 = min(b0 + lazy, K)
+            if b0:
+                W[b0:b1] -= U32[:b0, b0:b1].T @ E[:b0]
             for s0 in range(b0, b1, _SUB_ROWS):
                 s1 = min(s0 + _SUB_ROWS, b1)
                 if dynamic and s0 % block_size == 0:
                     g = s0 // block_size
-                    rows = W[s0:min(s0 + block_size, K)]
+                    rows = W[s0 : min(s0 + block_size, K)]
                     if not symmetric and not _finite_ranges(rows, block_size):
-                        raise ValueError(f"{_FN}: gptq's updated weights of group {g} span a range that overflows "
-                                         "float32; raise damp")
+                        raise ValueError(
+                            f"{_FN}: gptq's updated weights of group {g} span a range that overflows "
+                            "float32; raise damp"
+                        )
                     s, z = _search(rows, bits, block_size, symmetric, scale_dtype)
                     scales[:, g], zps[:, g] = s[:, 0], z[:, 0]
                     scales32[g], zpsT[g] = s[:, 0].astype(_F32), z[:, 0]
@@ -221,6 +258,4 @@ def _sweep(W, U, group_of, scales32, zpsT, scales, zps, qmax, bits, block_size, 
                     E[r] = (w - (q - z) * s32) / U32[r, r]
                 if s1 < b1:
                     W[s1:b1] -= U32[s0:s1, s1:b1].T @ E[s0:s1]
-            if b1 < K:
-                W[b1:] -= U32[b0:b1, b1:].T @ E[b0:b1]
     return Q
