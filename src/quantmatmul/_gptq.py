@@ -13,7 +13,7 @@ from concurrent.futures import ThreadPoolExecutor
 import numpy as np
 
 from ._runtime import get_num_threads
-from .quantize_nbits import _Blocks, _check_ranges, _codes, _mse, _rtn
+from .quantize_nbits import _Blocks, _codes, _mse, _rtn
 
 _F32, _F64 = np.dtype(np.float32), np.dtype(np.float64)
 _FN = "quantize_nbits"
@@ -132,7 +132,9 @@ def _search(rows, bits, block_size, symmetric, scale_dtype):
     the GIL); the search is per block, so chunking changes nothing in the result."""
     k, N = rows.shape
     kb = -(-k // block_size)
-    width = max(1, _SEARCH_CHUNK // (kb * block_size))
+    threads = get_num_threads()
+    count = min(N, max(threads, -(-N * kb * block_size // _SEARCH_CHUNK)))  # equal chunks, one per thread at least
+    width = -(-N // count)
     chunks = [(n0, min(n0 + width, N)) for n0 in range(0, N, width)]
     scales = np.empty((N, kb), scale_dtype)
     zps = np.empty((N, kb), _F32)
@@ -145,23 +147,13 @@ def _search(rows, bits, block_size, symmetric, scale_dtype):
         scales[n0:n1] = np.asarray(stored).reshape(n1 - n0, kb)
         zps[n0:n1] = np.asarray(zp, _F32).reshape(n1 - n0, kb)
 
-    threads = min(get_num_threads(), len(chunks))
-    if threads <= 1:
+    if min(threads, len(chunks)) <= 1:
         for chunk in chunks:
             run(chunk)
     else:
-        with ThreadPoolExecutor(threads) as pool:
+        with ThreadPoolExecutor(min(threads, len(chunks))) as pool:
             list(pool.map(run, chunks))
     return scales, zps
-
-
-def _finite_ranges(rows, block_size):
-    """Whether every block of rows has an asymmetric range max(x, 0) - min(x, 0) finite in float32."""
-    try:
-        _check_ranges(_Blocks(np.ascontiguousarray(rows, dtype=_F32), block_size))
-    except ValueError:
-        return False
-    return True
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -241,11 +233,6 @@ def _sweep(W, U, group_of, scales32, zpsT, scales, zps, qmax, bits, block_size, 
                 if dynamic and s0 % block_size == 0:
                     g = s0 // block_size
                     rows = W[s0 : min(s0 + block_size, K)]
-                    if not symmetric and not _finite_ranges(rows, block_size):
-                        raise ValueError(
-                            f"{_FN}: gptq's updated weights of group {g} span a range that overflows "
-                            "float32; raise damp"
-                        )
                     s, z = _search(rows, bits, block_size, symmetric, scale_dtype)
                     scales[:, g], zps[:, g] = s[:, 0], z[:, 0]
                     scales32[g], zpsT[g] = s[:, 0].astype(_F32), z[:, 0]
