@@ -90,6 +90,19 @@ def test_matches_the_float64_reference(mode, bits):
             assert_matches_reference(w, ref, f"{mode} bits={bits} symmetric={symmetric} K={K} bs={block_size}")
 
 
+@pytest.mark.parametrize("mode", MODES)
+def test_blocks_larger_than_the_lazy_batch(mode):
+    """block_size 256 > the 128-row lazy batch (dynamic groups widen the batch to a group), K = 600 (a tail of 88)."""
+    rng = np.random.default_rng(8)
+    act_order, desc_act = MODES[mode]
+    _, H = calibration(rng, 600)
+    W = rng.standard_normal((600, 8)).astype(F32)
+    for symmetric in (False, True):
+        w = gptq(W, H, 3, 256, symmetric, mode)
+        ref = gptq_reference(W, H, bits=3, block_size=256, symmetric=symmetric, act_order=act_order, desc_act=desc_act)
+        assert_matches_reference(w, ref, f"{mode} bits=3 symmetric={symmetric} K=600 bs=256")
+
+
 def test_static_scales_are_the_mse_search_on_w():
     """Static groups: the block scales and zero points are quantize_nbits(W, method="mse")'s."""
     rng = np.random.default_rng(1)
