@@ -175,6 +175,7 @@ def quantize_nbits(W, *, bits: int = 4, block_size: int = 32, symmetric: bool = 
         sweep reaches it, on the updated W; the result has a ``g_idx`` (MatMulNBits input 4).
         ONNX Runtime's CPU kernel runs g_idx only at 4 bits and then ignores uint8 zero points
         (docs/quantizer.md); needs act_order=True.
+
     Returns
     -------
     NBitsWeight
