@@ -629,7 +629,7 @@ def test_float64_is_rounded_to_float32_first():
     ({"block_size": 0}, ValueError, "block_size must be a power of two >= 16, got"),
     ({"block_size": -32}, ValueError, "block_size must be a power of two >= 16, got"),
     ({"block_size": "32"}, TypeError, "block_size must be an integer"),
-    ({"method": "gptq"}, ValueError, "method must be one of 'rtn', 'mse', 'hqq', got 'gptq'"),
+    ({"method": "awq"}, ValueError, "method must be one of 'rtn', 'mse', 'hqq', 'gptq', got 'awq'"),
     ({"method": "hqq", "symmetric": True}, ValueError,
      "method 'hqq' fits a float zero point per block and cannot be symmetric"),
     ({"method": None}, ValueError, "method must be one of"),

@@ -1,4 +1,4 @@
-"""quantize_nbits.py: block-wise 2..8-bit weight quantization for MatMulNBits: ONNX Runtime's own quantizer bit for bit ("rtn"), an error-minimizing search ("mse") and HQQ ("hqq")."""
+"""quantize_nbits.py: block-wise 2..8-bit weight quantization for MatMulNBits: ONNX Runtime's own quantizer bit for bit ("rtn"), an error-minimizing search ("mse"), HQQ ("hqq") and GPTQ ("gptq", in _gptq.py)."""
 
 from __future__ import annotations
 
@@ -8,11 +8,12 @@ import ml_dtypes
 import numpy as np
 
 from . import _core
-from .nbits_layout import unpack_nbits
+from .nbits_layout import pack_nbits, packed_size, unpack_nbits
 
-__all__ = ["quantize_nbits", "NBitsWeight", "METHODS"]
+__all__ = ["quantize_nbits", "NBitsWeight", "METHODS", "CALIBRATED_METHODS"]
 
-METHODS = ("rtn", "mse", "hqq")
+METHODS = ("rtn", "mse", "hqq")  # from W alone
+CALIBRATED_METHODS = ("gptq",)  # also need the layer's input statistics (hessian=)
 _FLOAT_ZERO_POINT_METHODS = ("hqq",)  # asymmetric only
 _FN = "quantize_nbits"
 _F32, _F16, _F64 = np.dtype(np.float32), np.dtype(np.float16), np.dtype(np.float64)
@@ -51,12 +52,14 @@ class NBitsWeight:
         uint8: packed like B along the block axis, each row padded on its own. Float (method
         "hqq"): one fractional zero point per block, in ``scale_dtype``. None when symmetric: the
         operator's default zero point 2**(bits-1) applies.
-    g_idx : None
-        Always None (no act-order); present so that ``tensors()`` lines up with the operator.
+    g_idx : int32 [K] or None
+        The block (group) of each K row: set by ``method="gptq"`` with ``desc_act=True`` (groups
+        formed in activation order, GPTQ's g_idx), else None (row k is in block ``k // block_size``).
+        Codes are not permuted: g_idx only picks the scale and zero point of each row.
     K, N, bits, block_size : int
         The operator's attributes.
     method : str
-        The method that produced it, "rtn", "mse" or "hqq".
+        The method that produced it, "rtn", "mse", "hqq" or "gptq".
     symmetric : bool
 
     The arrays are read-only. ``matmul_nbits(A, *w.tensors(), **w.attributes())`` runs the
@@ -66,7 +69,7 @@ class NBitsWeight:
     B: np.ndarray
     scales: np.ndarray
     zero_points: np.ndarray | None
-    g_idx: None
+    g_idx: np.ndarray | None
     K: int
     N: int
     bits: int
@@ -116,16 +119,18 @@ class NBitsWeight:
 
     def dequantize(self) -> np.ndarray:
         """The weight MatMulNBits multiplies by, float32 [K, N]:
-        ``(float32(q) - float32(zp)) * float32(scale)`` (for integer zero points the difference is exact)."""
+        ``(float32(q) - float32(zp)) * float32(scale)`` (for integer zero points the difference is exact),
+        the scale and zero point of row k those of block ``g_idx[k]`` (``k // block_size`` without g_idx)."""
         q = unpack_nbits(self.B.reshape(self.N, -1), self.bits, self.K).astype(_F32)
-        block = np.arange(self.K) // self.block_size
+        block = np.arange(self.K) // self.block_size if self.g_idx is None else self.g_idx.astype(np.intp)
         zp = self.zero_point_values().astype(_F32)[:, block]
         scale = self.scales.astype(_F32)[:, block]
         return ((q - zp) * scale).T.copy()
 
 
-def quantize_nbits(W, *, bits: int = 4, block_size: int = 32, symmetric: bool = False,
-                   method: str = "rtn") -> NBitsWeight:
+def quantize_nbits(W, *, bits: int = 4, block_size: int = 32, symmetric: bool = False, method: str = "rtn",
+                   hessian=None, damp: float | None = None, act_order: bool | None = None,
+                   desc_act: bool | None = None) -> NBitsWeight:
     """Quantize a MatMul weight block-wise to ``bits``-wide codes for MatMulNBits.
 
     Every column of W is cut into blocks of ``block_size`` consecutive K rows (the last one may be
@@ -153,7 +158,29 @@ def quantize_nbits(W, *, bits: int = 4, block_size: int = 32, symmetric: bool = 
         squared error of the dequantized block (a grid over shrink factors of the range, then
         least-squares rescaling); never worse than "rtn" on any block. ``"hqq"``: Half-Quadratic
         Quantization as ONNX Runtime's ``HQQWeightOnlyQuantizer`` runs it (no torch needed),
-        with float zero points; asymmetric only. See docs/quantizer.md.
+        with float zero points; asymmetric only. ``"gptq"``: GPTQ (Frantar et al. 2022), which
+        needs ``hessian``: each K row is quantized in turn and its error, weighted by the inverse
+        Hessian, is compensated on the rows not yet quantized; block scales and zero points from
+        the "mse" search. See docs/quantizer.md.
+    hessian : array [K, K] of float32 or float64, method "gptq" only (and required there)
+        ``X^T X / n`` for the layer's calibration inputs ``X [n, K]`` (symmetric positive
+        semidefinite; any positive multiple gives the same result). Not modified. An input whose
+        diagonal entry is 0 (never nonzero in the calibration data) is dead: its W row is set to
+        0 first, so its codes are the zero points (dequantized: exact zeros).
+    damp : float >= 0, "gptq" only, default 0.01
+        ``damp * mean(diag(hessian))`` is added to the diagonal before inverting it.
+    act_order : bool, "gptq" only, default True
+        Quantize the K rows in order of decreasing ``diag(hessian)`` (the inputs with the most
+        energy first). The blocks stay W's own consecutive rows, so the result has the plain
+        MatMulNBits layout (no g_idx): their scales and zero points are fixed before the sweep, from
+        W (dead rows zeroed) ("static groups"). With act_order=False the rows go in order and
+        each block's scale and zero point are searched when the sweep reaches it, on the updated W.
+    desc_act : bool, "gptq" only, default False
+        Groups in activation order, as GPTQ checkpoints with desc_act make them: group g is rows
+        g*block_size .. of the act-order sequence, its scales and zero points searched when the
+        sweep reaches it, on the updated W; the result has a ``g_idx`` (MatMulNBits input 4).
+        ONNX Runtime's CPU kernel runs g_idx only at 4 bits and then ignores uint8 zero points
+        (docs/quantizer.md); needs act_order=True.
 
     Returns
     -------
@@ -171,7 +198,24 @@ def quantize_nbits(W, *, bits: int = 4, block_size: int = 32, symmetric: bool = 
     True
     """
     bits, block_size, symmetric, method = _options(bits, block_size, symmetric, method)
+    gptq_options = _gptq_options(method, hessian, damp, act_order, desc_act)
+    if method == "gptq":
+        from . import _gptq
+
+        x, scale_dtype = _weights(W)
+        if not symmetric:
+            check_block_ranges(x, block_size)
+        K, N = x.shape
+        H = _gptq.check_hessian(hessian, K)
+        scales, zp, q, g_idx = _gptq.gptq(x, H, bits=bits, block_size=block_size, symmetric=symmetric,
+                                          scale_dtype=scale_dtype, **gptq_options)
+        return _assemble(q, zp, scales, K, N, bits, block_size, method, symmetric, g_idx)
     W, scale_dtype = _weight_array(W)
+    return _quantize_in_core(W, bits, block_size, symmetric, method, scale_dtype)
+
+
+def _quantize_in_core(W, bits, block_size, symmetric, method, scale_dtype):
+    """rtn, mse or hqq on a checked W [K, N] (any supported dtype) in the C++ core, scales stored in scale_dtype."""
     K, N = W.shape
     raw = W.view(np.uint16) if W.dtype in (_F16, _BF16) else W  # the core reads 16-bit floats as bits
     status, B, scales, zero_points = _core.quantize_nbits(
@@ -204,11 +248,30 @@ def _options(bits, block_size, symmetric, method):
         raise ValueError(f"{_FN}: block_size must be a power of two >= 16, got {block_size}")
     if not isinstance(symmetric, (bool, np.bool_)):
         raise TypeError(f"{_FN}: symmetric must be a bool, got {type(symmetric).__name__}")
-    if not isinstance(method, str) or method not in METHODS:
-        raise ValueError(f"{_FN}: method must be one of {', '.join(map(repr, METHODS))}, got {method!r}")
+    if not isinstance(method, str) or method not in METHODS + CALIBRATED_METHODS:
+        raise ValueError(f"{_FN}: method must be one of {', '.join(map(repr, METHODS + CALIBRATED_METHODS))}, "
+                         f"got {method!r}")
     if symmetric and method in _FLOAT_ZERO_POINT_METHODS:
         raise ValueError(f"{_FN}: method {method!r} fits a float zero point per block and cannot be symmetric")
     return bits, block_size, bool(symmetric), method
+
+
+def _gptq_options(method, hessian, damp, act_order, desc_act):
+    """The GPTQ keyword arguments: required / checked with "gptq", refused with any other method."""
+    if method != "gptq":
+        given = [n for n, v in (("hessian", hessian), ("damp", damp), ("act_order", act_order),
+                                ("desc_act", desc_act)) if v is not None]
+        if given:
+            raise ValueError(f"{_FN}: {', '.join(given)} {'is' if len(given) == 1 else 'are'} only used by "
+                             f"method 'gptq', got method {method!r}")
+        return None
+    if hessian is None:
+        raise ValueError(f"{_FN}: method 'gptq' needs hessian=, the [K, K] matrix X^T X / n of the layer's "
+                         "calibration inputs X [n, K]")
+    from ._gptq import check_options
+
+    damp, act_order, desc_act = check_options(damp, act_order, desc_act)
+    return {"damp": damp, "act_order": act_order, "desc_act": desc_act}
 
 
 def _weight_array(W):
@@ -265,3 +328,53 @@ def _raise_for_values(W, block_size, symmetric):
     raise AssertionError(f"{_FN}: the core rejected W but no non-finite value or overflowing range was found")
 
 
+# ---------------------------------------------------------------------------------------------------
+# GPTQ's result as MatMulNBits tensors (the other methods' are assembled in the core)
+
+
+def _assemble(q, zp, scales, K, N, bits, block_size, method, symmetric, g_idx=None):
+    kb = -(-K // block_size)
+    codes = q.astype(np.uint8).reshape(N, kb * block_size)
+    float_zp = method in _FLOAT_ZERO_POINT_METHODS
+    zps = zp.reshape(N, kb) if float_zp else zp.astype(np.uint8).reshape(N, kb)
+    if bits in _ORT_BITS:
+        codes, zp_row = _ort_padding(codes, zps, K, bits, block_size)
+    else:
+        codes[:, K:] = 0  # unused tail bits zero (the contiguous-bitstream proposal)
+        zp_row = zps
+    B = pack_nbits(codes, bits).reshape(N, kb, block_size * bits // 8)
+    if symmetric:
+        zero_points = None
+    elif float_zp:
+        zero_points = np.ascontiguousarray(zps)
+    else:
+        zero_points = pack_nbits(zp_row, bits)
+        assert zero_points.shape == (N, packed_size(kb, bits))
+    for a in (B, scales, zero_points, g_idx):
+        if a is not None:
+            a.setflags(write=False)
+    return NBitsWeight(B=B, scales=np.ascontiguousarray(scales).reshape(N, kb), zero_points=zero_points, g_idx=g_idx,
+                       K=K, N=N, bits=bits, block_size=block_size, method=method, symmetric=symmetric)
+
+
+def _ort_padding(codes, zps, K, bits, block_size):
+    """The padding ONNX Runtime's quantizer leaves, so that the bytes match (docs/quantizer.md).
+
+    MLAS packs 8/bits codes per byte from a scratch vi[] that is reused across the bytes of one
+    thread block (block_size * 8/bits rows of one column): in the byte that straddles K the slots
+    past K keep the codes of the previous byte (0 at a thread block's first byte); bytes wholly
+    past K are never written (0). Zero points are packed 8/bits per byte from a scratch
+    initialised to 2**(bits-1), so the unused slots of a row's last zero-point byte hold that.
+    """
+    per_byte = 8 // bits
+    codes[:, K:] = 0
+    tail = K % per_byte
+    if tail:
+        start = K - tail
+        if start % (block_size * per_byte):
+            codes[:, K:start + per_byte] = codes[:, start - per_byte + tail:start]
+    kb = zps.shape[1]
+    slots = -(-kb // per_byte) * per_byte
+    if slots != kb and zps.dtype == np.uint8:
+        zps = np.concatenate([zps, np.full((zps.shape[0], slots - kb), 1 << (bits - 1), np.uint8)], axis=1)
+    return codes, zps
