@@ -13,7 +13,17 @@ from ..quantize_nbits import quantize_nbits
 from ._common import check_feed, graph_inputs, to_array
 from ._quantize import _subgraphs, quantize_weight
 
-__all__ = ["read_feeds", "calibrate", "row_mask", "choose_bits", "Prepared", "Stats", "HIGH_BITS", "ATTENTION_MASK"]
+__all__ = [
+    "read_feeds",
+    "calibrate",
+    "statistics",
+    "row_mask",
+    "choose_bits",
+    "Prepared",
+    "Stats",
+    "HIGH_BITS",
+    "ATTENTION_MASK",
+]
 
 ATTENTION_MASK = "attention_mask"  # a model input of this name, [batch, seq]: rows where it is 0 are left out
 HIGH_BITS = 8  # what bits_budget raises a sensitive weight to
@@ -176,7 +186,7 @@ class _Runner:
             taken.update(node.input)
             taken.update(node.output)
         self.weight_inputs = {}
-        for k, t in enumerate(targets):
+        for t in targets:
             name, n = f"{t.key[0]}/calibration", 0
             while name in taken:
                 n += 1
@@ -434,3 +444,18 @@ def calibrate(model, found, feeds, s, progress) -> tuple[dict, dict]:
         )
     _log.info("calibration: %d feeds in %s", len(feeds), runner.runtime)
     return prepared, {"average_bits": average, "runtime": runner.runtime}
+
+
+def statistics(model, calibration, *, weights=None, exclude=()) -> dict:
+    """{(weight name, transB, alpha): Stats} of every main-graph weight quantize() would replace, over the
+    calibration feeds, the model fed its float weights (or weights: {key: [K, N] array} in their place)."""
+    from ._common import load_model
+    from ._quantize import plan
+
+    model = load_model("quantize", model, copy=False)
+    feeds = read_feeds("quantize", model, calibration)
+    targets, _ = _targets(plan(model, frozenset(exclude)))
+    runner = _Runner("quantize", model, targets, feeds)
+    fed = {t.key: t.W for t in targets}
+    fed.update(weights or {})
+    return collect(runner, targets, fed, lambda *_: None, "")

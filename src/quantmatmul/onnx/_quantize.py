@@ -263,8 +263,12 @@ def _calibration_settings(s: _Settings, calibration, sequential, bits_budget, de
         if not isinstance(value, (bool, np.bool_)):
             raise TypeError(f"{_FN}: {name} must be a bool, got {value!r}")
     if bits_budget is not None:
-        if isinstance(bits_budget, (bool, np.bool_)) or not isinstance(bits_budget, (int, float, np.integer, np.floating)):
-            raise TypeError(f"{_FN}: bits_budget must be None or a number (average bits per weight), got {bits_budget!r}")
+        if isinstance(bits_budget, (bool, np.bool_)) or not isinstance(
+            bits_budget, (int, float, np.integer, np.floating)
+        ):
+            raise TypeError(
+                f"{_FN}: bits_budget must be None or a number (average bits per weight), got {bits_budget!r}"
+            )
         bits_budget = float(bits_budget)
         if not np.isfinite(bits_budget):
             raise ValueError(f"{_FN}: bits_budget must be a finite number, got {bits_budget}")
