@@ -27,6 +27,9 @@ __all__ = [
 
 ATTENTION_MASK = "attention_mask"  # a model input of this name, [batch, seq]: rows where it is 0 are left out
 HIGH_BITS = 8  # what bits_budget raises a sensitive weight to
+# bits_budget runs the model once per weight: on the first feeds holding this many samples (the leading axis of
+# the first input), which ranks the weights as well as all of them at a fraction of the cost (docs/onnx.md)
+SENSITIVITY_SAMPLES = 64
 _log = logging.getLogger("quantmatmul.onnx")
 
 
@@ -337,13 +340,21 @@ def collect(runner: _Runner, targets, weights, report, phase) -> dict:
 
 
 def sensitivity(runner: _Runner, targets, float_weights, low, report) -> dict:
-    """{key: sum ||y - y_float||^2 / sum ||y_float||^2} over the model's float outputs and every feed, with
-    that weight alone quantized (its `low` version, dequantized) and every other weight float."""
+    """{key: sum ||y - y_float||^2 / sum ||y_float||^2} over the model's float outputs and the first feeds
+    (SENSITIVITY_SAMPLES samples), with that weight alone quantized (its `low` version, dequantized) and every
+    other weight float."""
     if not runner.float_outputs:
         raise ValueError("quantize: bits_budget measures the model's float outputs, and this model has none")
     outs = runner.float_outputs
-    reference = []
+    feeds, samples = [], 0
     for feed in runner.feeds:
+        feeds.append(feed)
+        first = next(iter(feed.values()))
+        samples += first.shape[0] if first.ndim else 1
+        if samples >= SENSITIVITY_SAMPLES:
+            break
+    reference = []
+    for feed in feeds:
         values = runner.run(feed, float_weights, outs)
         reference.append([np.asarray(values[o], np.float64) for o in outs])
     den = sum(float(np.sum(r * r)) for ref in reference for r in ref)
@@ -353,7 +364,7 @@ def sensitivity(runner: _Runner, targets, float_weights, low, report) -> dict:
         weights = dict(float_weights)
         weights[t.key] = low[t.key]
         num = 0.0
-        for feed, ref in zip(runner.feeds, reference):
+        for feed, ref in zip(feeds, reference):
             values = runner.run(feed, weights, outs)
             for o, r in zip(outs, ref):
                 d = np.asarray(values[o], np.float64) - r
