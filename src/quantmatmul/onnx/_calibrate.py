@@ -29,7 +29,7 @@ ATTENTION_MASK = "attention_mask"  # a model input of this name, [batch, seq]: r
 HIGH_BITS = 8  # what bits_budget raises a sensitive weight to
 # bits_budget runs the model once per weight: on the first feeds holding this many samples (the leading axis of
 # the first input), which ranks the weights as well as all of them at a fraction of the cost (docs/onnx.md)
-SENSITIVITY_SAMPLES = 64
+SENSITIVITY_SAMPLES = 32
 _log = logging.getLogger("quantmatmul.onnx")
 
 
