@@ -409,7 +409,9 @@ def quantize_weight(s: _Settings, W, *, bits=None, hessian=None):
     if s.method == "gptq":
         if hessian is None:  # a weight the calibration does not reach (a subgraph's): the best method without data
             return quantize_nbits(W, method="mse", **options)
-        return quantize_nbits(W, method="gptq", hessian=hessian, desc_act=s.desc_act, **options)
+        # ONNX Runtime refuses 8-bit weights with a g_idx: those keep static groups
+        desc_act = s.desc_act and options["bits"] != 8
+        return quantize_nbits(W, method="gptq", hessian=hessian, desc_act=desc_act, **options)
     return quantize_nbits(W, method=s.method, **options)
 
 
@@ -551,8 +553,12 @@ class _Job:
         ]
         zp_name = g_idx_name = None
         if q.zero_points is not None:
+            zp = q.zero_points
+            if getattr(q, "g_idx", None) is not None and zp.dtype == np.uint8:
+                # ONNX Runtime ignores uint8 zero points beside a g_idx; float ones (the same values) it applies
+                zp = q.zero_point_values().astype(q.scales.dtype)
             zp_name = self.unique(f"{name}_zero_points")
-            tensors.append(numpy_helper.from_array(np.ascontiguousarray(q.zero_points), zp_name))
+            tensors.append(numpy_helper.from_array(np.ascontiguousarray(zp), zp_name))
         if getattr(q, "g_idx", None) is not None:
             g_idx_name = self.unique(f"{name}_g_idx")
             tensors.append(numpy_helper.from_array(np.ascontiguousarray(q.g_idx), g_idx_name))
