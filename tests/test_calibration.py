@@ -13,8 +13,8 @@ from onnx import TensorProto, helper, numpy_helper  # noqa: E402
 import quantmatmul.cli as cli  # noqa: E402
 import quantmatmul.onnx as qo  # noqa: E402
 from quantmatmul.onnx import _calibrate  # noqa: E402
-from quantmatmul.onnx._quantize import BITS_KEY, QuantizedNode, quantize_model  # noqa: E402
-from quantmatmul.quantize_nbits import METHODS, quantize_nbits  # noqa: E402
+from quantmatmul.onnx._quantize import BITS_KEY, METHODS, QuantizedNode, quantize_model  # noqa: E402
+from quantmatmul.quantize_nbits import quantize_nbits  # noqa: E402
 
 HAS_GPTQ = "gptq" in METHODS
 needs_gptq = pytest.mark.skipif(not HAS_GPTQ, reason="quantize_nbits has no method 'gptq' in this build")
@@ -424,6 +424,9 @@ def test_model_without_float_outputs_cannot_take_a_budget():
 
 @needs_gptq
 def test_minilm_gptq_beats_mse():
+    """Layers 0 and 1 of all-MiniLM-L6-v2 (12 MatMuls; the rest left float, to keep it fast) at 3 bits, block 32,
+    calibrated on 160 sentences of the demo's text (about 2,800 tokens; with 32 sentences, fewer rows than the
+    1536 inputs of the MLP's second MatMul, gptq came out below mse): gptq keeps the embeddings closer."""
     from quantmatmul import _demo_minilm
     from quantmatmul.models import minilm
     from quantmatmul.models.sentences import SENTENCES
@@ -433,14 +436,20 @@ def test_minilm_gptq_beats_mse():
         feeds = minilm.tokenize(SENTENCES)
     except minilm.MiniLMUnavailable as error:
         pytest.skip(str(error))
-    calibration = _demo_minilm.calibration_feeds(limit=64)
+    calibration = _demo_minilm.calibration_feeds(limit=160)
+    exclude = [
+        n.name
+        for n in model.graph.node
+        if n.op_type == "MatMul" and not n.name.startswith(("encoder.layer.0.", "encoder.layer.1."))
+    ]
     session = lambda m: ort.InferenceSession(m.SerializeToString(), providers=["CPUExecutionProvider"])  # noqa: E731
-    reference = session(model).run(None, feeds)[0]
+    reference = session(model).run(None, feeds)[0].astype(np.float64)
 
     def cos(m):
-        e = session(m).run(None, feeds)[0].astype(np.float64)
+        e = qo.InferenceSession(m).run(None, feeds)[0].astype(np.float64)  # 3 bits: ORT has no kernel
         return float(((e * reference).sum(1) / np.linalg.norm(e, axis=1) / np.linalg.norm(reference, axis=1)).mean())
 
-    gptq = cos(qo.quantize(model, bits=4, block_size=32, method="gptq", calibration=calibration))
-    mse = cos(qo.quantize(model, bits=4, block_size=32, method="mse"))
+    options = dict(bits=3, block_size=32, exclude=exclude)
+    gptq = cos(qo.quantize(model, method="gptq", calibration=calibration, **options))
+    mse = cos(qo.quantize(model, method="mse", **options))
     assert gptq > mse

@@ -11,13 +11,21 @@ import onnx
 from onnx import helper, numpy_helper
 
 from ..matmul_nbits import ACCURACY_LEVELS
-from ..quantize_nbits import METHODS, quantize_nbits
+from ..quantize_nbits import METHODS as _W_METHODS
+from ..quantize_nbits import quantize_nbits
+
+try:
+    from ..quantize_nbits import CALIBRATED_METHODS as _H_METHODS
+except ImportError:  # quantize_nbits without gptq
+    _H_METHODS = ()
 from ._common import MS_DOMAIN, load_model, to_array
 
 __all__ = ["quantize", "quantize_model", "QuantizedNode", "SkippedNode"]
 
 _FN = "quantize"
 _log = logging.getLogger("quantmatmul.onnx")
+# "rtn", "mse", "hqq" from W alone; "gptq" also needs the layer's input statistics (calibration)
+METHODS = tuple(_W_METHODS) + tuple(_H_METHODS)
 _WEIGHT_TYPES = (np.dtype(np.float32), np.dtype(np.float16), np.dtype(ml_dtypes.bfloat16))
 
 
