@@ -4,7 +4,8 @@
     python -m quantmatmul._demo_minilm --full   # every width and block size (the table of docs/models.md)
 
 Every quantizer gets the float graph of quantmatmul.models.minilm and quantizes its 36 weight
-MatMuls: quantmatmul.onnx.quantize (rtn, mse, hqq; MatMulNBits), ONNX Runtime's
+MatMuls: quantmatmul.onnx.quantize (rtn, mse, hqq; gptq and mixed 4/8-bit precision calibrated on
+models/calibration.txt; MatMulNBits), ONNX Runtime's
 MatMulNBitsQuantizer (its rtn; 2 and 4 bits), quantize_dynamic (int8 weights, MatMulInteger) and
 quantize_static (QOperator QLinearMatMul, uint8 activations calibrated on six sentences, int8
 weights). All sentences of quantmatmul.models.sentences run as one batch; for each model: the
@@ -113,7 +114,7 @@ FULL_GRID = (
         + tuple(_ours(m, bits, block_size, ours=(m == "mse")) for m in ("rtn", "mse", "hqq", "gptq"))
     )
     + (
-        _ours("gptq", 4, 32, desc_act=True),
+        _ours("gptq", 4, 32, ours=True, desc_act=True),
         _ours("gptq", 4, 128, desc_act=True),
         _ours("mse", 4, 32, bits_budget=4.5),
         _ours("gptq", 4, 32, bits_budget=4.5),
