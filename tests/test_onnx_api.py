@@ -262,7 +262,7 @@ def test_quantize_bad_input(tmp_path):
         (dict(model=mlp(), bits=9), ValueError, "bits must be in 2..8"),
         (dict(model=mlp(), bits=4.0), TypeError, "bits must be an integer"),
         (dict(model=mlp(), block_size=48), ValueError, "block_size must be a power of two"),
-        (dict(model=mlp(), method="gptq"), ValueError, "method must be one of"),
+        (dict(model=mlp(), method="gptq"), ValueError, "method .gptq. needs calibration data"),
         (dict(model=mlp(), method="hqq", symmetric=True), ValueError, "cannot be symmetric"),
         (dict(model=mlp(), accuracy_level=5), ValueError, "accuracy_level"),
         (dict(model=mlp(), exclude=["mm9"]), ValueError, "exclude names nodes the model does not have: 'mm9'"),

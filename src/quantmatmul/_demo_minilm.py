@@ -4,7 +4,8 @@
     python -m quantmatmul._demo_minilm --full   # every width and block size (the table of docs/models.md)
 
 Every quantizer gets the float graph of quantmatmul.models.minilm and quantizes its 36 weight
-MatMuls: quantmatmul.onnx.quantize (rtn, mse, hqq; MatMulNBits), ONNX Runtime's
+MatMuls: quantmatmul.onnx.quantize (rtn, mse, hqq; gptq and mixed 4/8-bit precision calibrated on
+models/calibration.txt; MatMulNBits), ONNX Runtime's
 MatMulNBitsQuantizer (its rtn; 2 and 4 bits), quantize_dynamic (int8 weights, MatMulInteger) and
 quantize_static (QOperator QLinearMatMul, uint8 activations calibrated on six sentences, int8
 weights). All sentences of quantmatmul.models.sentences run as one batch; for each model: the
@@ -32,6 +33,25 @@ from .models.sentences import SENTENCES, TOPICS
 
 CALIBRATION = [sentences[-1] for sentences in TOPICS.values()]  # one sentence per topic
 ORT_REPEATS = 3  # ONNX Runtime runs per model (after one warm-up); the median is shown
+CALIBRATION_BATCH = 32  # sentences per calibration run of the gptq and mixed-precision rows
+
+
+def calibration_text() -> list[str]:
+    """The sentences of models/calibration.txt (5,586 MiniLM tokens of ordinary English, none of them one of
+    sentences.py's held-out sentences), shuffled with a fixed seed so that any first batches span its topics."""
+    from importlib import resources
+
+    text = resources.files("quantmatmul.models").joinpath("calibration.txt").read_text(encoding="utf-8")
+    lines = [line for line in text.splitlines() if line.strip() and not line.startswith("#")]
+    order = np.random.default_rng(0).permutation(len(lines))
+    return [lines[i] for i in order]
+
+
+def calibration_feeds(limit=None, batch=CALIBRATION_BATCH) -> list[dict]:
+    """calibration_text() (its first `limit` sentences) tokenized in batches of `batch`, each padded to its
+    longest sentence: the feeds quantmatmul.onnx.quantize(calibration=...) takes."""
+    lines = calibration_text()[:limit]
+    return [minilm.tokenize(lines[i : i + batch]) for i in range(0, len(lines), batch)]
 
 
 @dataclass(frozen=True)
@@ -44,14 +64,23 @@ class Config:
     bits: int | None = None
     block_size: int | None = None
     ours: bool = False
+    bits_budget: float | None = None  # quantmatmul: automatic mixed precision on the calibration text
+    desc_act: bool = False  # quantmatmul gptq: act-order
 
     @property
     def label(self) -> str:
-        return self.quantizer if self.method == "-" else f"{self.quantizer} {self.method}"
+        if self.method == "-":
+            return self.quantizer
+        extra = (" act-order" if self.desc_act else "") + (f" mixed {self.bits_budget:g}" if self.bits_budget else "")
+        return f"{self.quantizer} {self.method}{extra}"
+
+    @property
+    def calibrated(self) -> bool:
+        return self.method == "gptq" or self.bits_budget is not None
 
 
-def _ours(method, bits, block_size, ours=False):
-    return Config("quantmatmul", method, bits, block_size, ours or bits == 3)  # ORT runs no 3-bit model
+def _ours(method, bits, block_size, ours=False, **options):
+    return Config("quantmatmul", method, bits, block_size, ours or bits == 3, **options)  # ORT runs no 3-bit model
 
 
 # The demo's grid, cut to fit `quantmatmul demo` in about a minute and a half on 2 cores (mse takes
@@ -64,6 +93,8 @@ DEMO_GRID = (
     _ours("rtn", 4, 32),
     _ours("mse", 4, 32, ours=True),
     _ours("hqq", 4, 32),
+    _ours("gptq", 4, 32),
+    _ours("gptq", 4, 32, bits_budget=4.5),
     Config("ORT nbits", "rtn", 4, 128),
     _ours("mse", 4, 128),
     _ours("rtn", 3, 128),
@@ -80,7 +111,14 @@ FULL_GRID = (
         for bits in (4, 3, 2)
         for block_size in (32, 128)
         for config in ((Config("ORT nbits", "rtn", bits, block_size),) if bits != 3 else ())
-        + tuple(_ours(m, bits, block_size, ours=(m == "mse")) for m in ("rtn", "mse", "hqq"))
+        + tuple(_ours(m, bits, block_size, ours=(m == "mse")) for m in ("rtn", "mse", "hqq", "gptq"))
+    )
+    + (
+        _ours("gptq", 4, 32, ours=True, desc_act=True),
+        _ours("gptq", 4, 128, desc_act=True),
+        _ours("mse", 4, 32, bits_budget=4.5),
+        _ours("gptq", 4, 32, bits_budget=4.5),
+        _ours("gptq", 4, 128, bits_budget=4.5),
     )
     + (Config("ORT dynamic", "int8", 8, ours=True), Config("ORT static", "int8", 8, ours=True))
 )
@@ -97,6 +135,7 @@ class Row:
     ours_ms: float | None = None
     compare: str = "-"
     compare_ok: bool | None = None
+    average_bits: float | None = None  # mixed-precision rows: codes per weight, from the model's metadata
     notes: list = field(default_factory=list)
 
 
@@ -141,7 +180,10 @@ def quantize(config: Config, model, workdir: str):
     if config.quantizer == "quantmatmul":
         from .onnx import quantize as qm_quantize
 
-        return qm_quantize(model, bits=config.bits, block_size=config.block_size, method=config.method)
+        options = {}
+        if config.calibrated:
+            options = dict(calibration=calibration_feeds(), bits_budget=config.bits_budget, desc_act=config.desc_act)
+        return qm_quantize(model, bits=config.bits, block_size=config.block_size, method=config.method, **options)
     weights = [n.name for n in model.graph.node if n.op_type == "MatMul" and n.input[1].endswith(".weight_T")]
     with _quiet():
         if config.quantizer == "ORT nbits":
@@ -235,6 +277,23 @@ def measure(config: Config, model, feeds, reference, workdir, quantized=None) ->
     quantized, seconds = quantized.result() if quantized else _timed(lambda: quantize(config, model, workdir))
     if config.quantizer != "float":
         row.quantize_s = seconds
+    if config.bits_budget is not None:
+        import json
+
+        from .onnx._quantize import BITS_KEY
+
+        meta = json.loads(next(p.value for p in quantized.metadata_props if p.key == BITS_KEY))
+        row.average_bits = meta["average_bits"]
+        raised = sum(b > config.bits for b in meta["nodes"].values())
+        row.notes.append(
+            f"{config.label}: {raised} of {len(meta['nodes'])} MatMuls raised to 8 bits by sensitivity, "
+            f"{meta['average_bits']:.3f} bits per weight on average (codes only)"
+        )
+    if config.calibrated:
+        row.notes.append(
+            f"calibrated rows: {len(calibration_text())} sentences of quantmatmul/models/calibration.txt "
+            f"(5,586 tokens, none of the evaluation sentences) in batches of {CALIBRATION_BATCH}"
+        )
     embeddings = None
     if _ort_runs(config):
         session = _ort_session(quantized)
@@ -271,7 +330,7 @@ def _cell(value, spec):
 
 
 _COLUMNS = (
-    ("quantizer", 18),
+    ("quantizer", 26),
     ("bits", 4),
     ("block", 5),
     ("quantize s", 10),
@@ -296,7 +355,7 @@ def table_row(r: Row, n_sentences: int) -> str:
     return _line(
         [
             r.config.label,
-            _cell(r.config.bits, "d"),
+            _cell(r.config.bits, "d") if r.average_bits is None else f"{r.average_bits:.2f}",
             _cell(r.config.block_size, "d"),
             _cell(r.quantize_s, ".1f"),
             _cell(r.cos_mean, ".4f"),
@@ -322,6 +381,27 @@ def mse_against_ort(rows) -> list[str]:
                 f"  {key[0]} bits, block {key[1]}: mse {r.cos_mean:.4f} vs ORT rtn {theirs.cos_mean:.4f}: "
                 f"{verdict} (1 - cos {1 - r.cos_mean:.2e} vs {1 - theirs.cos_mean:.2e})"
             )
+    return lines
+
+
+def gptq_against_others(rows) -> list[str]:
+    """One line per (bits, block_size) with a gptq row: its mean cosine against mse's and rtn's (and act-order's)."""
+    cells: dict = {}
+    for r in rows:
+        if r.config.quantizer == "quantmatmul" and r.cos_mean is not None and r.config.bits_budget is None:
+            key = (r.config.bits, r.config.block_size)
+            cells.setdefault(key, {})[r.config.method + (" act-order" if r.config.desc_act else "")] = r.cos_mean
+    lines = []
+    for (bits, block), c in cells.items():
+        if "gptq" not in c:
+            continue
+        others = ", ".join(f"{m} {c[m]:.4f}" for m in ("gptq act-order", "mse", "hqq", "rtn") if m in c)
+        order = [m for m in ("gptq", "mse", "rtn") if m in c]
+        ranked = all(c[a] > c[b] for a, b in zip(order, order[1:]))
+        lines.append(
+            f"  {bits} bits, block {block}: gptq {c['gptq']:.4f}; {others}"
+            + (f" ({' > '.join(order)}: {'yes' if ranked else 'NO'})" if len(order) > 1 else "")
+        )
     return lines
 
 
@@ -389,6 +469,10 @@ def run(grid=None, out=None) -> bool:
     lines = mse_against_ort(rows)
     if lines:
         print("  mse against ONNX Runtime's quantizer (mean cosine to float):", file=out)
+        print("\n".join(lines), file=out)
+    lines = gptq_against_others(rows)
+    if lines:
+        print("  gptq against the methods without calibration (mean cosine to float):", file=out)
         print("\n".join(lines), file=out)
     print(f"  ({time.perf_counter() - start:.0f} s)", file=out)
     return ok

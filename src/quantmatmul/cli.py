@@ -157,10 +157,25 @@ def _add_model_commands(sub):
     q.add_argument("output", metavar="OUT.onnx")
     q.add_argument("--bits", type=int, default=4, help="2..8 (ONNX Runtime runs 2, 4, 8; default 4)")
     q.add_argument("--block-size", type=int, default=128, help="a power of two >= 16 (default 128)")
-    q.add_argument("--method", default="mse", help="rtn (ONNX Runtime's bytes), mse (default) or hqq")
+    q.add_argument(
+        "--method", default="mse", help="rtn (ONNX Runtime's bytes), mse (default), hqq or gptq (needs --calibration)"
+    )
     q.add_argument("--symmetric", action="store_true", help="no zero points")
     q.add_argument("--accuracy-level", type=int, default=None, metavar="N", help="MatMulNBits accuracy_level 0..4")
     q.add_argument("--exclude", nargs="+", default=[], metavar="NODE", help="node names to leave as they are")
+    q.add_argument(
+        "--calibration",
+        metavar="FEEDS.npz",
+        help="calibration inputs: one array per model input, a leading sample axis (needed by gptq, --bits-budget)",
+    )
+    q.add_argument(
+        "--calibration-batch", type=int, default=8, metavar="B", help="samples per calibration run (default 8)"
+    )
+    q.add_argument(
+        "--bits-budget", type=float, default=None, metavar="BITS", help="average bits per weight: raise nodes to 8"
+    )
+    q.add_argument("--sequential", action="store_true", help="calibrate group by group on quantized upstream nodes")
+    q.add_argument("--desc-act", action="store_true", help="gptq: quantize rows by decreasing Hessian diagonal")
     c = sub.add_parser("compare", help="run a quantized model in ONNX Runtime and check each quantized node here")
     c.add_argument("model", metavar="MODEL.onnx")
     c.add_argument("--input", action="append", default=[], metavar="NAME=FILE.npy", help="an input (others: random)")
@@ -186,8 +201,8 @@ def _model_command(args) -> int:
 
 
 def _progress(what):
-    def report(done, total, name):
-        print(f"[{done + 1}/{total}] {what} {name or '(unnamed node)'}", file=sys.stderr, flush=True)
+    def report(done, total, name, phase=None):
+        print(f"[{done + 1}/{total}] {phase or what} {name or '(unnamed node)'}", file=sys.stderr, flush=True)
 
     return report
 
@@ -220,16 +235,61 @@ def _size(name, value):
         raise ValueError(f"compare: --dim {name} expects an integer size, got {value!r}") from None
 
 
+def _calibration_feeds(path, batch, model_path):
+    """(FEEDS.npz as a list of feeds, samples): each array's leading axis is cut into batches of `batch` samples (an
+    array with one more dimension than its input declares: one sample per feed, its leading axis dropped)."""
+    import onnx
+
+    from .onnx._common import graph_inputs
+
+    if isinstance(batch, bool) or batch < 1:
+        raise ValueError(f"quantize: --calibration-batch must be a positive integer, got {batch}")
+    try:
+        with np.load(path, allow_pickle=False) as npz:
+            arrays = {name: npz[name] for name in npz.files}
+    except (OSError, ValueError) as error:
+        raise ValueError(f"quantize: cannot read --calibration {path!r}: {error}") from None
+    if not arrays:
+        raise ValueError(f"quantize: --calibration {path!r} holds no arrays")
+    ranks = {}
+    if os.path.isfile(model_path):
+        try:
+            for vi in graph_inputs(onnx.load(model_path, load_external_data=False)):
+                if vi.type.tensor_type.HasField("shape"):
+                    ranks[vi.name] = len(vi.type.tensor_type.shape.dim)
+        except Exception:  # the model is checked (and refused with its own message) by quantize itself
+            pass
+    if any(a.ndim == 0 for a in arrays.values()):
+        bad = next(n for n, a in arrays.items() if a.ndim == 0)
+        raise ValueError(f"quantize: --calibration array {bad!r} is a scalar; it needs a leading sample axis")
+    counts = {name: a.shape[0] for name, a in arrays.items()}
+    if len(set(counts.values())) != 1:
+        listed = ", ".join(f"{n}: {c}" for n, c in counts.items())
+        raise ValueError(f"quantize: --calibration arrays must hold the same number of samples, got {listed}")
+    n = next(iter(counts.values()))
+    if n == 0:
+        raise ValueError(f"quantize: --calibration {path!r} holds no samples")
+    per_sample = {name: ranks.get(name) is not None and a.ndim == ranks[name] + 1 for name, a in arrays.items()}
+    if any(per_sample.values()):
+        return [{name: a[i] if per_sample[name] else a[i : i + 1] for name, a in arrays.items()} for i in range(n)], n
+    return [{name: a[i : i + batch] for name, a in arrays.items()} for i in range(0, n, batch)], n
+
+
 def _quantize(args, qonnx) -> int:
     from .onnx._common import format_table
-    from .onnx._quantize import QuantizedNode, quantize_model
+    from .onnx._quantize import BITS_KEY, QuantizedNode, quantize_model
 
     if os.path.exists(args.output) and os.path.exists(args.model) and os.path.samefile(args.output, args.model):
         raise ValueError("quantize: OUT.onnx is the input file; write the quantized model to another path")
+    calibration, samples = None, 0
+    if args.calibration is not None:
+        calibration, samples = _calibration_feeds(args.calibration, args.calibration_batch, args.model)
     start = time.perf_counter()
     model, rows = quantize_model(
         args.model, bits=args.bits, block_size=args.block_size, method=args.method, symmetric=args.symmetric,
-        accuracy_level=args.accuracy_level, exclude=args.exclude, progress=_progress("quantizing"),
+        accuracy_level=args.accuracy_level, exclude=args.exclude, calibration=calibration,
+        sequential=args.sequential, bits_budget=args.bits_budget, desc_act=args.desc_act,
+        progress=_progress("quantizing"),
     )  # fmt: skip
     import onnx
 
@@ -238,19 +298,44 @@ def _quantize(args, qonnx) -> int:
     else:
         onnx.save(model, args.output)
     table = []
+    calibrated = calibration is not None
+    err = lambda v: "-" if v is None else f"{v:.3g}"  # noqa: E731
     for r in rows:
         if isinstance(r, QuantizedNode):
             note = "weight shared with an earlier node" if r.shared else ""
-            table.append([r.node, r.op_type, f"{r.K}x{r.N}", r.bits, r.block_size, f"{r.error:.3g}", note])
+            if r.method and r.method != args.method:
+                note = "; ".join(filter(None, [note, f"{r.method}: no calibration data reaches it"]))
+            cells = [r.node, r.op_type, f"{r.K}x{r.N}", r.bits, r.block_size, f"{r.error:.3g}"]
+            if calibrated:
+                cells += [err(r.output_error_rtn), err(r.output_error)]
         else:
-            table.append([r.node, r.op_type, "-", "-", "-", "-", "not quantized: " + r.reason])
-    print(format_table(["node", "op_type", "KxN", "bits", "block", "weight error", "note"], table, "llrrrrl"))
-    done = sum(isinstance(r, QuantizedNode) for r in rows)
+            cells = [r.node, r.op_type, "-", "-", "-", "-"] + (["-", "-"] if calibrated else [])
+            note = "not quantized: " + r.reason
+        table.append(cells + [note])
+    headers = ["node", "op_type", "KxN", "bits", "block", "weight error"]
+    if calibrated:
+        headers += ["out error rtn", f"out error {args.method}"]
+    print(format_table(headers + ["note"], table, "llrrrr" + ("rr" if calibrated else "") + "l"))
+    done = [r for r in rows if isinstance(r, QuantizedNode)]
     print(
-        f"\n{done} of {len(rows)} MatMul/Gemm nodes quantized (method={args.method}; weight error: "
+        f"\n{len(done)} of {len(rows)} MatMul/Gemm nodes quantized (method={args.method}; weight error: "
         f"||W_q - W||^2 / ||W||^2) in {time.perf_counter() - start:.1f} s; wrote {args.output} "
         f"({os.path.getsize(args.output) / 1e6:.2f} MB, from {os.path.getsize(args.model) / 1e6:.2f} MB)"
     )
+    if calibrated:
+        print(
+            f"calibration: {len(calibration)} runs ({samples} samples); out error: ||X W_q - X W||^2 / ||X W||^2 "
+            f"over the node's calibration inputs X, for rtn and for {args.method} at the node's bits"
+        )
+    if args.bits_budget is not None:
+        import json
+
+        meta = json.loads(next(p.value for p in model.metadata_props if p.key == BITS_KEY))
+        high = sum(r.bits > args.bits for r in done)
+        print(
+            f"bits budget {args.bits_budget:g}: {high} node(s) raised to 8 bits, {meta['average_bits']:.3f} bits per "
+            f"weight on average (codes only, by element count); the bits per node are in metadata_props[{BITS_KEY!r}]"
+        )
     return 0
 
 
