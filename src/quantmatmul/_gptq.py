@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from .quantize_nbits import _codes
+
 _F32, _F64 = np.dtype(np.float32), np.dtype(np.float64)
 _FN = "quantize_nbits"
 DEFAULT_DAMP = 0.01
@@ -125,25 +127,6 @@ def _search(rows, bits, block_size, symmetric, scale_dtype):
 
     w = _quantize_in_core(np.ascontiguousarray(rows, _F32), bits, block_size, symmetric, "mse", scale_dtype)
     return np.asarray(w.scales), w.zero_point_values().astype(_F32)
-
-
-def _roundf(v):
-    """C roundf: to nearest, ties away from zero (NaN stays NaN)."""
-    a = np.abs(v)
-    f = np.floor(a)
-    f += (a - f) >= 0.5
-    return np.copysign(f, v)
-
-
-def _codes(x, scale32, zp, qmax):
-    """MLAS's ``clamp(roundf(x * (1 / scale) + zp), 0, qmax)`` in float32 (reciprocal 0 for scale 0);
-    a NaN (x == 0 with an overflowing reciprocal) gives code 0, as the C++ conversion does on x86-64."""
-    with np.errstate(all="ignore"):
-        rec = np.where(scale32 != 0, np.float32(1) / scale32, np.float32(0)).astype(_F32)
-        v = x * rec[:, None] + zp[:, None]
-        q = np.clip(_roundf(v), 0, qmax)
-    q[np.isnan(q)] = 0
-    return q
 
 
 # ---------------------------------------------------------------------------------------------------

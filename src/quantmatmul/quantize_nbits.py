@@ -332,6 +332,25 @@ def _raise_for_values(W, block_size, symmetric):
 # GPTQ's result as MatMulNBits tensors (the other methods' are assembled in the core)
 
 
+def _roundf(v):
+    """C roundf: to nearest, ties away from zero (NaN stays NaN)."""
+    a = np.abs(v)
+    f = np.floor(a)
+    f += (a - f) >= 0.5
+    return np.copysign(f, v)
+
+
+def _codes(x, scale32, zp, qmax):
+    """MLAS's ``clamp(roundf(x * (1 / scale) + zp), 0, qmax)`` in float32 (reciprocal 0 for scale 0);
+    a NaN (x == 0 with an overflowing reciprocal) gives code 0, as the C++ conversion does on x86-64."""
+    with np.errstate(all="ignore"):
+        rec = np.where(scale32 != 0, np.float32(1) / scale32, np.float32(0)).astype(_F32)
+        v = x * rec[:, None] + zp[:, None]
+        q = np.clip(_roundf(v), 0, qmax)
+    q[np.isnan(q)] = 0
+    return q
+
+
 def _assemble(q, zp, scales, K, N, bits, block_size, method, symmetric, g_idx=None):
     kb = -(-K // block_size)
     codes = q.astype(np.uint8).reshape(N, kb * block_size)

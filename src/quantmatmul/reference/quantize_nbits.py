@@ -12,12 +12,10 @@ from __future__ import annotations
 import numpy as np
 
 from .. import _core
-from ..nbits_layout import pack_nbits, packed_size
 from ..quantize_nbits import (
     _BF16,
     _F32,
     _F64,
-    _FLOAT_ZERO_POINT_METHODS,
     _FN,
     _HQQ_BETA,
     _HQQ_ITERS,
@@ -28,9 +26,11 @@ from ..quantize_nbits import (
     _MSE_REFITS,
     _MSE_SHRINK,
     _MSE_SYM_SHRINK,
-    _ORT_BITS,
     NBitsWeight,
+    _assemble,
+    _codes,
     _options,
+    _roundf,
     _weights,
 )
 
@@ -107,30 +107,10 @@ def _check_ranges(blocks):
                          f"float32; no finite asymmetric scale exists (symmetric=True has one)")
 
 
-def _roundf(v):
-    """C roundf: to nearest, ties away from zero (NaN stays NaN)."""
-    a = np.abs(v)
-    f = np.floor(a)
-    f += (a - f) >= 0.5
-    return np.copysign(f, v)
-
-
 def _stored(scale32, scale_dtype):
     """The scale as stored, and as float32 again."""
     stored = scale32.astype(scale_dtype)
     return stored, (stored if scale_dtype == _F32 else stored.astype(_F32))
-
-
-def _codes(x, scale32, zp, qmax):
-    """MLAS's ``clamp(roundf(x * (1 / scale) + zp), 0, qmax)`` in float32 (reciprocal 0 for scale 0).
-    A scale so small that 1/scale overflows gives +-inf (saturating codes) and, for x == 0, NaN,
-    which the C++ float -> uint8 conversion turns into 0 on x86-64 and arm64; reproduced."""
-    with np.errstate(all="ignore"):
-        rec = np.where(scale32 != 0, np.float32(1) / scale32, np.float32(0)).astype(_F32)
-        v = x * rec[:, None] + zp[:, None]
-        q = np.clip(_roundf(v), 0, qmax)
-    q[np.isnan(q)] = 0
-    return q
 
 
 def _rtn(blocks, bits, symmetric, scale_dtype):
@@ -294,49 +274,3 @@ def _hqq(blocks, bits, scale_dtype):
 # Layout
 
 
-def _assemble(q, zp, scales, K, N, bits, block_size, method, symmetric):
-    kb = -(-K // block_size)
-    codes = q.astype(np.uint8).reshape(N, kb * block_size)
-    float_zp = method in _FLOAT_ZERO_POINT_METHODS
-    zps = zp.reshape(N, kb) if float_zp else zp.astype(np.uint8).reshape(N, kb)
-    if bits in _ORT_BITS:
-        codes, zp_row = _ort_padding(codes, zps, K, bits, block_size)
-    else:
-        codes[:, K:] = 0  # unused tail bits zero (the contiguous-bitstream proposal)
-        zp_row = zps
-    B = pack_nbits(codes, bits).reshape(N, kb, block_size * bits // 8)
-    if symmetric:
-        zero_points = None
-    elif float_zp:
-        zero_points = np.ascontiguousarray(zps)
-    else:
-        zero_points = pack_nbits(zp_row, bits)
-        assert zero_points.shape == (N, packed_size(kb, bits))
-    for a in (B, scales, zero_points):
-        if a is not None:
-            a.setflags(write=False)
-    return NBitsWeight(B=B, scales=np.ascontiguousarray(scales).reshape(N, kb), zero_points=zero_points, g_idx=None,
-                       K=K, N=N, bits=bits, block_size=block_size, method=method, symmetric=symmetric)
-
-
-def _ort_padding(codes, zps, K, bits, block_size):
-    """The padding ONNX Runtime's quantizer leaves, so that the bytes match (docs/quantizer.md).
-
-    MLAS packs 8/bits codes per byte from a scratch vi[] that is reused across the bytes of one
-    thread block (block_size * 8/bits rows of one column): in the byte that straddles K the slots
-    past K keep the codes of the previous byte (0 at a thread block's first byte); bytes wholly
-    past K are never written (0). Zero points are packed 8/bits per byte from a scratch
-    initialised to 2**(bits-1), so the unused slots of a row's last zero-point byte hold that.
-    """
-    per_byte = 8 // bits
-    codes[:, K:] = 0
-    tail = K % per_byte
-    if tail:
-        start = K - tail
-        if start % (block_size * per_byte):
-            codes[:, K:start + per_byte] = codes[:, start - per_byte + tail:start]
-    kb = zps.shape[1]
-    slots = -(-kb // per_byte) * per_byte
-    if slots != kb and zps.dtype == np.uint8:
-        zps = np.concatenate([zps, np.full((zps.shape[0], slots - kb), 1 << (bits - 1), np.uint8)], axis=1)
-    return codes, zps
