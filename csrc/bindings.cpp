@@ -6,6 +6,7 @@
 #include <nanobind/ndarray.h>
 
 #include <nanobind/stl/optional.h>
+#include <nanobind/stl/pair.h>
 #include <nanobind/stl/string.h>
 #include <nanobind/stl/vector.h>
 
@@ -215,6 +216,7 @@ void bind_runtime(nb::module_& m) {
   m.def("qgemm_layout", [] { return static_cast<int>(qmm::qgemm_kernels().layout->id); });
   m.def("kernel_entries", &qmm::kernel_entries);
   m.def("self_test_report", &qmm::self_test_report);
+  m.def("run_self_tests", &qmm::run_self_tests);  // tests only: every entry through its self-test now
   m.def("cpu_features", [] {
     const qmm::CpuFeatures& f = qmm::cpu_features();
     nb::dict d;

@@ -114,18 +114,31 @@ std::string self_test(const QGemmDispatch& q) {
 // values (every product exact, sums rounded: the order shows), and the float32 table against the
 // portable one on float32 values (inexact products: an unfused or reordered sum shows).
 
-// y[m, n] = the pair table's documented sum over k (docs/quantization.md): per pair of k
-// (2j, 2j + 1), the two products added to the float32 sum one at a time, in `order`.
+// y[m, n] = the pair table's documented sum over k (docs/quantization.md), every product exact:
+// "odd first" / "even first": per pair of k (2j, 2j + 1), the two products added to the float32
+// sum one at a time, in that order; "tiles of 32 k": per 32 k from k = 0, the even-k products
+// summed from +0 in order of k, the odd-k ones likewise, and their sum added to the output's.
 bool pair_model(const char* order, const float* a, const float* b, int64_t M, int64_t K, int64_t N, float* y) {
-  const bool odd_first = std::strcmp(order, "odd first") == 0;
-  if (!odd_first && std::strcmp(order, "even first") != 0) return false;
+  const bool odd_first = std::strcmp(order, "odd first") == 0, tiles = std::strcmp(order, "tiles of 32 k") == 0;
+  if (!odd_first && !tiles && std::strcmp(order, "even first") != 0) return false;
+  auto product = [&](int64_t m, int64_t k, int64_t n) { return k < K ? a[m * K + k] * b[k * N + n] : 0.0f; };
   for (int64_t m = 0; m < M; ++m)
     for (int64_t n = 0; n < N; ++n) {
       float acc = 0.0f;
-      for (int64_t k = 0; k < K; k += 2) {
-        const float e = a[m * K + k] * b[k * N + n];  // exact: products of pair-exact values
-        const float o = k + 1 < K ? a[m * K + k + 1] * b[(k + 1) * N + n] : 0.0f;
-        acc = odd_first ? (acc + o) + e : (acc + e) + o;
+      if (tiles) {
+        for (int64_t k0 = 0; k0 < K; k0 += 32) {
+          float even = 0.0f, odd = 0.0f;
+          for (int64_t k = k0; k < k0 + 32 && k < K; k += 2) {
+            even += product(m, k, n);
+            odd += product(m, k + 1, n);
+          }
+          acc += even + odd;
+        }
+      } else {
+        for (int64_t k = 0; k < K; k += 2) {
+          const float e = product(m, k, n), o = product(m, k + 1, n);
+          acc = odd_first ? (acc + o) + e : (acc + e) + o;
+        }
       }
       y[m * N + n] = acc;
     }
@@ -138,11 +151,12 @@ std::string shape_text(int64_t M, int64_t K, int64_t N) {
 
 // Empty when `f` agrees with its models, else what differed.
 std::string self_test(const Float8Dispatch& f) {
-  // Row counts around the tiles' row groups (6, 12) and their tails, columns around the 16-column
-  // panels and the 32-column panel pairs, K odd and even around the AVX-512 k chunks (128 steps).
-  static const int64_t shapes[][3] = {{1, 1, 1}, {7, 67, 35}, {13, 300, 17}, {25, 2, 50}};
+  // Row counts around the tiles' row groups (6, 12, 16, 32) and their tails, columns around the
+  // 16-column panels and the 32-column panel pairs, K odd and even around the AVX-512 k chunks
+  // (128 steps) and the AMX tiles' 16 pairs.
+  static const int64_t shapes[][3] = {{1, 1, 1}, {7, 67, 35}, {13, 300, 17}, {25, 2, 50}, {33, 64, 33}};
   uint32_t state = 4321;
-  const int64_t G = f.a_group;
+  const int64_t G = f.a_group, PG = pair_group(f);
   for (const auto& s : shapes) {
     const int64_t M = s[0], K = s[1], N = s[2], KP = (K + 1) / 2, panels = (N + 15) / 16;
     std::vector<float> a(static_cast<size_t>(M * K)), b(static_cast<size_t>(K * N));
@@ -158,8 +172,8 @@ std::string self_test(const Float8Dispatch& f) {
       std::vector<uint32_t> pa(static_cast<size_t>(M * KP)), pb(static_cast<size_t>(panels * KP * 16));
       bool exact = true;
       for (int64_t p = 0; p < panels; ++p) exact &= pack_pair_panel(b.data(), K, N, p * 16, pb.data() + p * KP * 16);
-      for (int64_t g = 0; g < M; g += G)
-        exact &= pack_pair_group(a.data() + g * K, std::min(G, M - g), K, pa.data() + g * KP);
+      for (int64_t g = 0; g < M; g += PG)
+        exact &= pack_pair_group(a.data() + g * K, std::min(PG, M - g), K, pa.data() + g * KP);
       if (!exact) return "the pair packers reject pair-exact values";
       if (!pair_model(f.pair_order ? f.pair_order : "", a.data(), b.data(), M, K, N, expected.data()))
         return std::string("unknown pair order \"") + (f.pair_order ? f.pair_order : "") + "\"";
@@ -392,5 +406,20 @@ std::vector<std::string> kernel_entries() {
 }
 
 std::string self_test_report() { return registry().report; }
+
+std::vector<std::pair<std::string, std::string>> run_self_tests() {
+  const Registry& r = registry();
+  std::vector<std::pair<std::string, std::string>> out;
+  auto run = [&](const char* family, const auto& entries) {
+    for (const auto* e : entries)
+      if (runs_here(e->info))
+        out.emplace_back(std::string(family) + ":" + e->info.name + (e->info.emulated ? "-emulated" : ""),
+                         self_test(*e));
+  };
+  run("qgemm", r.qgemm);
+  run("nbits", r.nbits);
+  run("float8", r.float8);
+  return out;
+}
 
 }  // namespace qmm

@@ -22,6 +22,7 @@
 
 #include <cstdint>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "cpu_features.h"
@@ -70,10 +71,15 @@ struct Float8Dispatch {
   SgemmRows sgemm_rows;
   // Optional (null: none): the product over bfloat16 pairs (PairRows, csrc/qgemm.h), which the
   // driver runs instead of sgemm_rows when every value of a and b is pair-exact and 0 < K < 2^29
-  // (docs/quantization.md); pair_order names its order of additions ("odd first": vdpbf16ps's).
+  // (docs/quantization.md); pair_order names its order of additions ("odd first": vdpbf16ps's,
+  // "tiles of 32 k": tdpbf16ps's).
   PairRows pair_rows;
   const char* pair_order;
+  int64_t pair_group;  // a_group for pair_rows' a where it differs (0: a_group; 1: rows of words as given)
 };
+
+// The rows per group of a pair table's packed a.
+inline int64_t pair_group(const Float8Dispatch& f) { return f.pair_group ? f.pair_group : f.a_group; }
 
 // What a kernel file's register function returns: its entries, null for a family it has none for.
 // A plain aggregate: kernel files compiled with wide instructions instantiate no shared code.
@@ -106,6 +112,10 @@ Features hidden_features();
 std::vector<std::string> kernel_entries();
 // The self-test failures so far (empty when none).
 std::string self_test_report();
+// Tests only: every entry that runs here, emulated ones included, through its family's self-test
+// now (what a native entry gets before its first use), as "family:name" and what differed ("" if
+// nothing): the emulated builds check the self-tests' models against the kernels on any machine.
+std::vector<std::pair<std::string, std::string>> run_self_tests();
 
 // The portable entries (kernels/qgemm_portable.cpp): always present.
 extern const QGemmDispatch kPortableQGemm;

@@ -84,7 +84,7 @@ Buffer<uint32_t> pair_panels(const PackedF32& b) {
 // pair-exact too; false, computing nothing, otherwise. a packed once per call.
 bool matmul_pairs(const Float8Dispatch& entry, int64_t batch, int64_t M, int64_t N, int64_t K, const float* a,
                   const int64_t* a_index, const uint32_t* b_pairs, const int64_t* b_index, float* out) {
-  const int64_t KP = (K + 1) / 2, group = entry.a_group;
+  const int64_t KP = (K + 1) / 2, group = pair_group(entry);
   const int64_t a_count = distinct(a_index, batch), groups = (M + group - 1) / group;
   std::atomic<bool> exact{true};
   const Buffer<uint32_t> a_pairs = alloc_buffer<uint32_t>(static_cast<size_t>(a_count * M * KP));

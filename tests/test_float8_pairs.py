@@ -33,10 +33,10 @@ def float8_entry(level, hidden=()):
 
 def float8_entries():
     """Every float8 entry this machine runs (natively or emulated), as (entry, level, hidden
-    features): each level of the `isa` fixture, with and without AVX512-BF16."""
+    features): each level of the `isa` fixture, with and without AVX512-BF16 or AMX-BF16."""
     found = {}
     for level in kernel_levels():
-        for hidden in ((), ("avx512_bf16",)):
+        for hidden in ((), ("avx512_bf16",), ("amx_bf16",)):
             with float8_entry(level, hidden) as entry:
                 found.setdefault(entry, (level, hidden))
     return [(entry, *where) for entry, where in found.items()]
@@ -66,10 +66,20 @@ def _add_f32(acc, p):
 
 def pair_model(ca, cb, order):
     """The pair table's sum, [M, K] x [K, N] float32 (pair-exact values: exact products), vectorized:
-    +0, then per pair of k (2j, 2j + 1) the two products added one at a time, rounded each time."""
+    +0, then per pair of k (2j, 2j + 1) the two products added one at a time, rounded each time
+    ("odd first", "even first"); or per chunk of 32 k ("tiles of 32 k"), the even-k products
+    summed from +0 in order, the odd-k ones likewise, and their sum added."""
     ca, cb = ca.astype(f64), cb.astype(f64)
     K = ca.shape[1]
     acc = np.zeros((ca.shape[0], cb.shape[1]), f32)
+    if order == "tiles of 32 k":
+        for k0 in range(0, K, 32):
+            sums = [np.zeros_like(acc), np.zeros_like(acc)]
+            for k in range(k0, min(k0 + 32, K)):
+                sums[k % 2] = _add_f32(sums[k % 2], ca[:, k, None] * cb[None, k, :])
+            acc = _add_f32(acc, _add_f32(sums[0], sums[1].astype(f64)).astype(f64))
+        return acc
+    assert order in ("odd first", "even first"), order
     first = 1 if order == "odd first" else 0
     for j in range(0, K, 2):
         for k in (j + first, j + 1 - first):
@@ -106,9 +116,9 @@ def wide_float8(rng, dtype, shape):
 def test_the_model_is_the_exact_fma_chain():
     """The vectorized models against the reference's exact scalar sums (Fractions, one rounding)."""
     rng = np.random.default_rng(1)
-    ca = wide_float8(rng, FLOAT8[0], (3, 9)).astype(f32)
-    cb = wide_float8(rng, FLOAT8[2], (9, 4)).astype(f32)
-    for order in ("odd first", "even first", None):
+    ca = wide_float8(rng, FLOAT8[0], (3, 71)).astype(f32)
+    cb = wide_float8(rng, FLOAT8[2], (71, 4)).astype(f32)
+    for order in ("odd first", "even first", "tiles of 32 k", None):
         model = in_order_model(ca, cb) if order is None else pair_model(ca, cb, order)
         exact = [[oracle.float8_sum(ca[m], cb[:, n], order) for n in range(4)] for m in range(3)]
         assert np.array_equal(model.view(np.uint32), np.array(exact, f32).view(np.uint32)), order
@@ -157,18 +167,33 @@ def within_the_bound(d, ca, cb):
             assert abs(float(d[m, n]) - exact) <= gamma * size * (1 + 2.0**-50), (m, n)
 
 
+# Per pair order: a row and a column of e4m3fn values, K = 4, whose sum rounds differently in the
+# table's order and in order of k; then those two sums. ulp(2^16) = 2^-7 in float32.
+# "odd first": products 2^16, 0, 2^-8, 1.5 * 2^-8. In order, 2^16 + 2^-8 ties to 2^16, then
+#   + 1.5 * 2^-8 gives 2^16 + 2^-7; odd first (k = 1, 0, 3, 2), 2^16 + 1.5 * 2^-8 gives
+#   2^16 + 2^-7, then + 2^-8 ties up to 2^16 + 2^-6.
+# "tiles of 32 k": products 2^16, 2^-8, 2^-9, 2^-9. In order, 2^16 + 2^-8 ties to 2^16 and the
+#   2^-9s vanish: 2^16; the even sum 2^16 + 2^-9 is 2^16, the odd sum 2^-8 + 2^-9 = 1.5 * 2^-8,
+#   and 2^16 + 1.5 * 2^-8 rounds to 2^16 + 2^-7.
+ORDER_CASES = {
+    "odd first": ([256.0, 0.0, 0.0625, 0.09375], [256.0, 0.0, 0.0625, 0.0625], 2.0**16 + 2.0**-6, 2.0**16 + 2.0**-7),
+    "tiles of 32 k": ([256.0, 0.0625, 0.0625, 0.0625], [256.0, 0.0625, 2.0**-5, 2.0**-5], 2.0**16 + 2.0**-7, 2.0**16),
+}
+
+
 @pytest.mark.parametrize("entry, level, hidden", PAIR_ENTRIES, ids=[e[0] for e in PAIR_ENTRIES])
 def test_pair_table_differs_from_the_in_order_sum(entry, level, hidden):
-    """K = 4 products 2^16, 0, 2^-8, 1.5 * 2^-8 (e4m3fn values): in order, 2^16 + 2^-8 ties to 2^16,
-    then + 1.5 * 2^-8 gives 2^16 + 2^-7; odd first, 2^16 + 1.5 * 2^-8 gives 2^16 + 2^-7, then
-    + 2^-8 ties up to 2^16 + 2^-6. Threads and batch do not change a bit."""
-    a = np.array([[256.0, 0.0, 0.0625, 0.09375]], f32)
-    b = np.array([[256.0], [0.0], [0.0625], [0.0625]], f32)
+    """K = 4 products chosen so that the table's order and the in-order sum round differently
+    (ORDER_CASES), checked against the scalar oracle too. Threads and batch do not change a bit."""
     with float8_entry(level, hidden):
-        assert _core.float8_pair_order() == "odd first"
-        assert gemm_bits(a, b)[0, 0] == np.array(2.0**16 + 2.0**-6, f32).view(np.uint32)
+        order = _core.float8_pair_order()
+        row, col, table_value, in_order_value = ORDER_CASES[order]
+        a, b = np.array([row], f32), np.array(col, f32).reshape(4, 1)
+        assert oracle.float8_sum(a[0], b[:, 0], order) == table_value
+        assert oracle.float8_sum(a[0], b[:, 0], None) == in_order_value
+        assert gemm_bits(a, b)[0, 0] == np.array(table_value, f32).view(np.uint32)
         with float8_entry("portable"):
-            assert gemm_bits(a, b)[0, 0] == np.array(2.0**16 + 2.0**-7, f32).view(np.uint32)
+            assert gemm_bits(a, b)[0, 0] == np.array(in_order_value, f32).view(np.uint32)
         rng = np.random.default_rng(3)
         ca = wide_float8(rng, FLOAT8[0], (2, 50, 60)).astype(f32)
         cb = wide_float8(rng, FLOAT8[2], (3, 60, 40)).astype(f32)
@@ -184,7 +209,7 @@ def test_pair_table_differs_from_the_in_order_sum(entry, level, hidden):
                 qm.set_num_threads(before)
             runs.append(out.view(np.uint32))
         for t in range(3):
-            expected = pair_model(ca[a_index[t]], cb[b_index[t]], "odd first").view(np.uint32)
+            expected = pair_model(ca[a_index[t]], cb[b_index[t]], order).view(np.uint32)
             assert all(np.array_equal(r[t], expected) for r in runs)
 
 
@@ -257,7 +282,8 @@ def test_qlinear_matmul_float8_on_the_pair_table_against_the_oracle(entry, level
 def test_selection_prefers_the_bf16_entry_where_the_cpu_has_it():
     """At level avx512_vnni the float8 family has two entries; the one needing AVX512-BF16 too wins
     where it runs (emulated: where it is asked for and not hidden), whatever order the builds
-    register in; with avx512_bf16 hidden, the avx512f entry runs."""
+    register in; with avx512_bf16 hidden, the avx512f entry runs. At level amx the AMX-BF16 entry
+    runs where the CPU has AMX-BF16; without it, the best AVX-512 one."""
     entries = qm.cpu_info()["entries"]
     if "avx512_vnni-emulated" in qm.emulated_isas() and "float8:avx512bf16 (emulated)" in entries:
         with float8_entry("avx512_vnni-emulated") as entry:
@@ -270,6 +296,18 @@ def test_selection_prefers_the_bf16_entry_where_the_cpu_has_it():
             assert entry == ("avx512bf16" if bf16 else "avx512f")
         with float8_entry("avx512_vnni", ["avx512_bf16"]) as entry:
             assert entry == "avx512f"
+    if "amx-emulated" in qm.emulated_isas() and "float8:amx (emulated)" in entries:
+        with float8_entry("amx-emulated") as entry:
+            assert entry == "amx-emulated" and _core.float8_pair_order() == "tiles of 32 k"
+        with float8_entry("amx-emulated", ["amx_bf16"]) as entry:
+            assert entry == ("avx2" if "avx2" in qm.available_isas() else "portable")
+    if "amx" in qm.available_isas():
+        features = qm.cpu_info()["features"]
+        amx_bf16 = features["amx_bf16"] and "float8:amx" in entries
+        with float8_entry("amx") as entry:
+            assert entry == ("amx" if amx_bf16 else "avx512bf16" if features["avx512_bf16"] else "avx512f")
+        with float8_entry("amx", ["amx_bf16"]) as entry:
+            assert entry == ("avx512bf16" if features["avx512_bf16"] else "avx512f")
     with pytest.raises(ValueError, match="unknown feature"):
         _core.hide_features(["sse9"])
     assert qm.cpu_info()["self_test"] is None

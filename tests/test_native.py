@@ -66,6 +66,20 @@ def test_deep_k_wraps_identically_on_every_path(isa):
     assert int(exact[0, 0]) == min(255, 100 + round(K * 255 * 254 / 2**26))
 
 
+def test_every_entry_passes_its_self_test_emulated_ones_too():
+    """The known-answer self-tests (csrc/dispatch.cpp) run natively only before an entry's first
+    use; here every entry that runs on this machine goes through them, the emulated builds too, so
+    that each self-test's model (the pair orders above all) is checked against its kernel on any
+    CPU, not first on the hardware that has the instructions."""
+    results = dict(_core.run_self_tests())
+    assert all(why == "" for why in results.values()), {k: v for k, v in results.items() if v}
+    # Every entry this machine runs was tested: kernel_entries() lists them all.
+    runnable = [e for e in _core.kernel_entries() if "not supported here" not in e and "failed" not in e]
+    expected = {e.replace(" (emulated)", "-emulated") for e in runnable}
+    assert set(results) == expected
+    assert {"qgemm:portable", "nbits:portable", "float8:portable"} <= set(results)
+
+
 def test_isa_report_and_settings():
     info = qm.cpu_info()
     assert info["isa"] in info["available_isas"] and info["available_isas"][0] == "portable"

@@ -1,6 +1,6 @@
 // amx_config.h: the AMX tile configuration (LDTILECFG's 64 bytes, palette 1) and loading it on a thread whose configuration differs, for the AMX kernel files.
 //
-// Included by qgemm_amx.cpp and nbits_int8_amx.cpp after <immintrin.h> or, in the emulated build,
+// Included by qgemm_amx.cpp, nbits_int8_amx.cpp and float8_amx.cpp after <immintrin.h> or, in the emulated build,
 // after amx_emulation.h, whose macros replace the intrinsics used here. Internal linkage only.
 #pragma once
 

@@ -1,4 +1,4 @@
-// amx_emulation.h: a scalar emulation of the AMX-TILE and AMX-INT8 intrinsics, for the kernel builds with QMM_EMULATED.
+// amx_emulation.h: a scalar emulation of the AMX-TILE, AMX-INT8 and AMX-BF16 intrinsics, for the kernel builds with QMM_EMULATED.
 //
 // Written from Intel's pseudo-code of the instructions (the intrinsics guide and the SDM):
 //   _tile_loadconfig / _tile_storeconfig   LDTILECFG / STTILECFG, the 64-byte palette-1 configuration:
@@ -13,6 +13,15 @@
 //       dst[m].dword[n] += sum over k < a.colsb / 4 of the four byte products of a[m].dword[k] and
 //       b[k].dword[n], a's bytes signed for s? and b's for ?s; 32-bit wrapping sums, as the
 //       hardware; the rest of dst zeroed.
+//   _tile_dpbf16ps(dst, a, b)              TDPBF16PS, as the SDM's pseudo-code has it since its
+//       2023 revisions: for each row m of dst, two float32 sums per column n < dst.colsb / 4 start
+//       at +0, e over the low (even-indexed) bfloat16 halves and o over the high (odd-indexed)
+//       ones, e += a[m].bf16[2k] * b[k].bf16[2n] and o += a[m].bf16[2k+1] * b[k].bf16[2n+1] for
+//       k = 0, 1, ... < a.colsb / 4 in turn, each a fused multiply-add with DAZ and FTZ; then
+//       dst[m].fp32[n] += (e + o), two more additions with DAZ and FTZ; all rounded to nearest
+//       even, MXCSR not consulted (kernels/bf16_scalar.h). (The intrinsics guide's older text adds
+//       both products of each k to dst in turn; the self-test of a native table that relies on
+//       this order checks it on the hardware: csrc/dispatch.cpp.)
 // Palette 1: 8 tiles of at most 16 rows x 64 bytes, thread_local like the hardware's per-thread state.
 // What the SDM makes invalid (#GP or #UD: a configuration breaking its rules, a tile used
 // unconfigured, dot-product shapes that do not match, repeated tile operands), and what is not
@@ -34,6 +43,8 @@
 #include <cstdint>
 #include <cstdio>
 #include <cstring>
+
+#include "bf16_scalar.h"
 
 namespace qmm_amx_emulation {
 
@@ -147,17 +158,23 @@ void stored(int t, void* base, long long stride) {
   for (int r = 0; r < state.rows[t]; ++r) std::memcpy(dst + r * stride, state.data[t][r], state.colsb[t]);
 }
 
+// The operand checks of the dot-product instructions (#UD / #GP on the hardware).
+void check_dot_shapes(int dst, int a, int b, const char* instruction) {
+  TileState& state = tiles();
+  check_tile(dst, instruction);
+  check_tile(a, instruction);
+  check_tile(b, instruction);
+  if (dst == a || dst == b || a == b) fault(instruction, "tile operands not all different");
+  if (state.colsb[a] % 4 != 0 || state.colsb[a] / 4 != state.rows[b]) fault(instruction, "a.colsb / 4 != b.rows");
+  if (state.colsb[dst] != state.colsb[b]) fault(instruction, "dst.colsb != b.colsb");
+  if (state.rows[dst] != state.rows[a]) fault(instruction, "dst.rows != a.rows");
+}
+
 // TDPB[S|U][S|U]D dst, a, b: ASigned / BSigned say how a's and b's bytes extend to 32 bits.
 template <bool ASigned, bool BSigned>
 void dot(int dst, int a, int b) {
   TileState& state = tiles();
-  check_tile(dst, "TDPB*D");
-  check_tile(a, "TDPB*D");
-  check_tile(b, "TDPB*D");
-  if (dst == a || dst == b || a == b) fault("TDPB*D", "tile operands not all different");
-  if (state.colsb[a] % 4 != 0 || state.colsb[a] / 4 != state.rows[b]) fault("TDPB*D", "a.colsb / 4 != b.rows");
-  if (state.colsb[dst] != state.colsb[b]) fault("TDPB*D", "dst.colsb != b.colsb");
-  if (state.rows[dst] != state.rows[a]) fault("TDPB*D", "dst.rows != a.rows");
+  check_dot_shapes(dst, a, b, "TDPB*D");
   const int rows = state.rows[dst], kq = state.colsb[a] / 4, nd = state.colsb[dst] / 4;
   auto extend_a = [](uint8_t v) { return ASigned ? uint32_t(int32_t(int8_t(v))) : uint32_t(v); };
   auto extend_b = [](uint8_t v) { return BSigned ? uint32_t(int32_t(int8_t(v))) : uint32_t(v); };
@@ -179,6 +196,33 @@ void dot(int dst, int a, int b) {
   for (int m = rows; m < kMaxRows; ++m) std::memset(d[m], 0, kMaxColsb);  // zero_upper_rows
 }
 
+// TDPBF16PS dst, a, b: a's and b's dwords as bfloat16 pairs, dst's as float32.
+void dot_bf16(int dst, int a, int b) {
+  using namespace qmm_bf16_scalar;
+  TileState& state = tiles();
+  check_dot_shapes(dst, a, b, "TDPBF16PS");
+  const int rows = state.rows[dst], kp = state.colsb[a] / 4, nd = state.colsb[dst] / 4;
+  uint8_t (*d)[kMaxColsb] = state.data[dst];
+  for (int m = 0; m < rows; ++m) {
+    uint32_t wa[kMaxColsb / 4];
+    float tmp[kMaxColsb / 4], even[kMaxColsb / 4] = {}, odd[kMaxColsb / 4] = {};
+    std::memcpy(wa, state.data[a][m], sizeof(wa));
+    std::memcpy(tmp, d[m], sizeof(tmp));
+    for (int k = 0; k < kp; ++k) {
+      uint32_t wb[kMaxColsb / 4];
+      std::memcpy(wb, state.data[b][k], sizeof(wb));
+      for (int n = 0; n < nd; ++n) {
+        even[n] = fma_daz_ftz(low_half(wa[k]), low_half(wb[n]), even[n]);
+        odd[n] = fma_daz_ftz(high_half(wa[k]), high_half(wb[n]), odd[n]);
+      }
+    }
+    for (int n = 0; n < nd; ++n) tmp[n] = add_daz_ftz(tmp[n], add_daz_ftz(even[n], odd[n]));
+    std::memset(d[m], 0, kMaxColsb);  // write_row_and_zero
+    std::memcpy(d[m], tmp, state.colsb[dst]);
+  }
+  for (int m = rows; m < kMaxRows; ++m) std::memset(d[m], 0, kMaxColsb);  // zero_upper_rows
+}
+
 }  // namespace
 }  // namespace qmm_amx_emulation
 
@@ -193,6 +237,7 @@ void dot(int dst, int a, int b) {
 #undef _tile_dpbsud
 #undef _tile_dpbusd
 #undef _tile_dpbuud
+#undef _tile_dpbf16ps
 #define _tile_loadconfig(config) ::qmm_amx_emulation::loadconfig(config)
 #define _tile_storeconfig(config) ::qmm_amx_emulation::storeconfig(config)
 #define _tile_release() ::qmm_amx_emulation::release()
@@ -204,3 +249,4 @@ void dot(int dst, int a, int b) {
 #define _tile_dpbsud(dst, a, b) ::qmm_amx_emulation::dot<true, false>(dst, a, b)
 #define _tile_dpbusd(dst, a, b) ::qmm_amx_emulation::dot<false, true>(dst, a, b)
 #define _tile_dpbuud(dst, a, b) ::qmm_amx_emulation::dot<false, false>(dst, a, b)
+#define _tile_dpbf16ps(dst, a, b) ::qmm_amx_emulation::dot_bf16(dst, a, b)

@@ -10,46 +10,22 @@
 // sum of the two products, and flushes nothing: not the hardware's bits, so the emulated build of
 // the pair table calls this instead.
 //
-// Here each line is std::fma (correctly rounded in the thread's rounding mode: the default
-// nearest-even, which nothing in quantmatmul changes), with DAZ and FTZ done explicitly: a value
-// whose exponent field is 0 becomes the zero of its sign. The flush applies to the rounded result
-// (one that rounds up to the smallest normal is kept); the hardware's tininess rule for FTZ is not
-// spelled out, but in quantmatmul's use no denormal input, sum or product arises at all
-// (docs/quantization.md, "bfloat16 pairs"), so no result depends on it. NaN payloads are not
-// modelled (the pair tables never see a NaN).
+// Each line is qmm_bf16_scalar::fma_daz_ftz (kernels/bf16_scalar.h: std::fma with DAZ and FTZ done
+// explicitly).
 //
 // Include after SIMDe's AVX-512 header (with SIMDE_ENABLE_NATIVE_ALIASES); internal linkage only.
 #pragma once
 
-#include <cmath>
 #include <cstdint>
-#include <cstring>
+
+#include "bf16_scalar.h"
 
 namespace qmm_bf16_emulation {
 namespace {
 
-// DAZ / FTZ: a denormal becomes the zero of its sign; every other value (zeros included) stays.
-float flush_denormal(float x) {
-  uint32_t u;
-  std::memcpy(&u, &x, sizeof u);
-  if ((u & 0x7F800000u) == 0) u &= 0x80000000u;
-  std::memcpy(&x, &u, sizeof x);
-  return x;
-}
-
-// make_fp32 of a word's bfloat16: high half (the odd-indexed one) or low half (the even-indexed one).
-float high_half(uint32_t word) {
-  const uint32_t u = word & 0xFFFF0000u;
-  float x;
-  std::memcpy(&x, &u, sizeof x);
-  return x;
-}
-float low_half(uint32_t word) { return high_half(word << 16); }
-
-// One step of the pseudo-code: acc + x * y, fused, with DAZ on its three inputs and FTZ on its result.
-float fma_daz_ftz(float x, float y, float acc) {
-  return flush_denormal(std::fma(flush_denormal(x), flush_denormal(y), flush_denormal(acc)));
-}
+using qmm_bf16_scalar::fma_daz_ftz;
+using qmm_bf16_scalar::high_half;
+using qmm_bf16_scalar::low_half;
 
 // _mm512_dpbf16_ps(acc, a, b), a and b as 16 words of two bfloat16 each.
 __m512 dpbf16_ps(__m512 acc, __m512i a, __m512i b) {

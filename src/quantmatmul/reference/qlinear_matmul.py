@@ -99,8 +99,21 @@ def pair_exact(x) -> np.ndarray:
 def float8_sum(row, col, pair_order=None) -> float:
     """sum_k row[k] * col[k] in float32 from +0, exact products, each sum rounded (_fma_f32): in
     order of k (pair_order None), or by pairs of k (2j, 2j + 1) with the odd one first
-    ("odd first", vdpbf16ps) or the even one first ("even first")."""
+    ("odd first", vdpbf16ps) or the even one first ("even first"), or by chunks of 32 k from k = 0
+    ("tiles of 32 k", tdpbf16ps): per chunk, the even-k products summed from +0 in order, the
+    odd-k ones likewise, and their sum added to the total."""
     K = len(row)
+    if pair_order == "tiles of 32 k":
+        acc = 0.0
+        for k0 in range(0, K, 32):
+            even = odd = 0.0
+            for k in range(k0, min(k0 + 32, K)):
+                if k % 2:
+                    odd = _fma_f32(float(row[k]), float(col[k]), odd)
+                else:
+                    even = _fma_f32(float(row[k]), float(col[k]), even)
+            acc = _fma_f32(1.0, _fma_f32(1.0, even, odd), acc)
+        return acc
     if pair_order is None:
         order = range(K)
     elif pair_order in ("odd first", "even first"):
