@@ -738,14 +738,17 @@ def _levels(*names):
 
 def _select_nbits_entry(isa):
     """Selects the level `isa` and checks that MatMulNBits runs its own entry there; returns the level before.
-    At level avx512_vnni, AVX512-BF16 is hidden: else the avx512bf16 entry, which differs only in its
-    level-3 prefill (tests/test_nbits_bf16.py), would run instead. _restore undoes both."""
+    At level avx512_vnni, AVX512-BF16 is hidden (at level amx, AMX-BF16): else the avx512bf16
+    (amxbf16) entry, which differs only in its level-3 prefill (tests/test_nbits_bf16.py), would run
+    instead. _restore undoes both."""
     import quantmatmul
 
     before = quantmatmul.cpu_info()["isa"]
     quantmatmul.set_isa(isa)
     if isa.startswith("avx512_vnni"):
         quantmatmul._core.hide_features(["avx512_bf16"])
+    if isa.startswith("amx"):
+        quantmatmul._core.hide_features(["amx_bf16"])
     assert quantmatmul.cpu_info()["kernels"]["nbits"] == isa
     return before
 

@@ -1,4 +1,4 @@
-"""test_nbits_bf16.py: MatMulNBits level 3 on the avx512bf16 entry (vdpbf16ps over bfloat16 pairs, more than 12 rows): bit for bit against a numpy model of its documented order, within the level-3 bound, and the entry's choice."""
+"""test_nbits_bf16.py: MatMulNBits level 3 on the avx512bf16 and amxbf16 entries (vdpbf16ps / tdpbf16ps over bfloat16 pairs, more than 12 rows): bit for bit against a numpy model of each one's documented order, within the level-3 bound, and the entries' choice."""
 
 from __future__ import annotations
 
@@ -30,22 +30,33 @@ def nbits_entry(level, hidden=()):
         qm.set_isa(before)
 
 
+# The bfloat16 entries, their level's feature that they need beyond the plain entry's, and their
+# order of additions at level 3 (docs/quantization.md).
+BF16_TABLES = {"avx512bf16": ("avx512_bf16", "odd first"), "amxbf16": ("amx_bf16", "tiles of 32 k")}
+LEVELS = {"avx512_vnni": "avx512bf16", "amx": "amxbf16"}
+
+
 def _entries():
-    """(entry, level, hidden): the avx512bf16 MatMulNBits entry where this machine runs it (natively
-    or emulated), and the entry the same level runs with avx512_bf16 hidden."""
+    """(entry, level, hidden): the avx512bf16 and amxbf16 MatMulNBits entries where this machine runs
+    them (natively or emulated), and the entry the same level runs with their feature hidden."""
     found = {}
     for level in kernel_levels():
-        if not level.startswith("avx512_vnni"):
+        bf16 = LEVELS.get(level.removesuffix("-emulated"))
+        if bf16 is None:
             continue
-        for hidden in ((), ("avx512_bf16",)):
+        for hidden in ((), (BF16_TABLES[bf16][0],)):
             with nbits_entry(level, hidden) as entry:
                 found.setdefault(entry, (level, hidden))
     return [(entry, *where) for entry, where in found.items()]
 
 
+def _order(entry):
+    return BF16_TABLES[entry.removesuffix("-emulated")][1]
+
+
 ENTRIES = _entries()
-BF16_ENTRIES = [e for e in ENTRIES if e[0].startswith("avx512bf16")]
-pytestmark = pytest.mark.skipif(not BF16_ENTRIES, reason="no avx512bf16 MatMulNBits entry (native or emulated)")
+BF16_ENTRIES = [e for e in ENTRIES if e[0].removesuffix("-emulated") in BF16_TABLES]
+pytestmark = pytest.mark.skipif(not BF16_ENTRIES, reason="no bfloat16 MatMulNBits entry (native or emulated)")
 
 
 def _bf16(x):
@@ -61,7 +72,8 @@ SHAPES = [(13, 64, 16), (25, 255, 33), (48, 257, 70), (61, 512, 17), (14, 33, 40
 @pytest.mark.parametrize("bits", [2, 3, 4, 5, 8])
 def test_level3_prefill_is_the_pair_order_bit_for_bit(entry, level, hidden, bits):
     """Level 3, more than 12 rows: A and W rounded to bfloat16 (W as dequantize_nbits computes it),
-    each output from +0 over k pairs, the odd-indexed product first (vdpbf16ps), then + bias."""
+    each output from +0 in the entry's order (vdpbf16ps: over k pairs, the odd-indexed product
+    first; tdpbf16ps: per 32 k, even and odd sums apart, then added), then + bias."""
     rng = np.random.default_rng(bits)
     for i, (M, K, N) in enumerate(SHAPES):
         block_size = [16, 32, 64, 128, 256][i % 5]
@@ -72,7 +84,7 @@ def test_level3_prefill_is_the_pair_order_bit_for_bit(entry, level, hidden, bits
         with nbits_entry(level, hidden) as running:
             assert running == entry
             Y = matmul_nbits(A, *q.tensors(), **q.attributes(), bias=bias, accuracy_level=3)
-        model = pair_model(_bf16(A), _bf16(q.dequantize()), "odd first")
+        model = pair_model(_bf16(A), _bf16(q.dequantize()), _order(entry))
         if bias is not None:
             model = model + bias
         assert np.array_equal(Y.view(np.uint32), model.view(np.uint32)), (bits, M, K, N, block_size)
@@ -85,7 +97,7 @@ def test_level3_within_the_bound_and_other_paths_are_the_avx512_entry(entry, lev
     reads as zero) stay within the bound. The paths the entry does not replace (levels 0-2 and 4,
     12 rows or fewer) give the avx512_vnni entry's bits."""
     rng = np.random.default_rng(30)
-    plain = [e for e in ENTRIES if not e[0].startswith("avx512bf16") and e[1] == level]
+    plain = [e for e in ENTRIES if e not in BF16_ENTRIES and e[1] == level]
     for i, bits in enumerate([2, 3, 4, 5, 6, 7, 8]):
         case = Case(
             rng,
@@ -121,16 +133,19 @@ def test_level3_within_the_bound_and_other_paths_are_the_avx512_entry(entry, lev
                     assert np.array_equal(theirs.view(view), mine.view(view)), (plain_entry, lv, case)
 
 
-def test_the_entry_is_chosen_where_the_cpu_has_avx512_bf16():
-    """At level avx512_vnni the MatMulNBits family has two entries; the one needing AVX512-BF16 (and
-    VNNI) wins where it runs, else the avx512_vnni one."""
+def test_the_entry_is_chosen_where_the_cpu_has_the_bf16_instructions():
+    """At levels avx512_vnni and amx the MatMulNBits family has two entries each; the one needing
+    AVX512-BF16 (AMX-BF16) too wins where it runs, else the plain one."""
     for level in kernel_levels():
-        if not level.startswith("avx512_vnni"):
+        bf16 = LEVELS.get(level.removesuffix("-emulated"))
+        if bf16 is None:
             continue
         emulated = level.endswith("-emulated")
+        suffix = "-emulated" if emulated else ""
+        feature = BF16_TABLES[bf16][0]
         with nbits_entry(level) as entry:
-            bf16 = emulated or qm.cpu_info()["features"]["avx512_bf16"]
-            assert entry == ("avx512bf16" if bf16 else "avx512_vnni") + ("-emulated" if emulated else "")
-        with nbits_entry(level, ["avx512_bf16"]) as entry:
-            assert entry == "avx512_vnni" + ("-emulated" if emulated else "")
+            has = emulated or qm.cpu_info()["features"][feature]
+            assert entry == (bf16 if has else level.removesuffix("-emulated")) + suffix
+        with nbits_entry(level, [feature]) as entry:
+            assert entry == level.removesuffix("-emulated") + suffix
     assert qm.cpu_info()["self_test"] is None

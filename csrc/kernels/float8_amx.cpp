@@ -1,4 +1,4 @@
-// float8_amx.cpp: the float8 path's GEMM on AMX-BF16: tdpbf16ps over bfloat16 pairs in 32 x 32 blocks of four C tiles, and the amxbf16 build's entry.
+// float8_amx.cpp: the float8 path's GEMM on AMX-BF16: tdpbf16ps over bfloat16 pairs in 32 x 32 blocks of four C tiles (also MatMulNBits level 3's, nbits_bf16_amx.cpp), and the amxbf16 build's entries.
 //
 // Contract (PairRows in csrc/qgemm.h), pair group 1: a as rows of words, row r's word j (k = 2j in
 // the low half, k = 2j + 1 in the high half) at a + r * KP + j, KP = ceil(K / 2); b as the pair
@@ -42,6 +42,7 @@
 
 #include "amx_config.h"
 #include "dispatch.h"
+#include "nbits_bf16_amx.h"
 #include "qgemm.h"
 
 namespace qmm {
@@ -120,8 +121,10 @@ void amx_block(const uint32_t* a, int64_t KP, int64_t rows, const uint32_t* b, f
   for (int64_t r = 0; r < rows; ++r) std::memcpy(y + r * ldy, c + r * 32, cols * sizeof(float));
 }
 
-void pair_rows_amx(const uint32_t* a, const uint32_t* b_panels, float* y, int64_t ldy, int64_t rows, int64_t cols,
-                   int64_t K) {
+}  // namespace
+
+void QMM_KERNEL_NS::pair_rows_amx(const uint32_t* a, const uint32_t* b_panels, float* y, int64_t ldy, int64_t rows,
+                                  int64_t cols, int64_t K) {
   configure_tiles(kTileConfig);
   const int64_t KP = (K + 1) / 2, panel_words = KP * 16;
   for (int64_t m0 = 0; m0 < rows; m0 += 32) {
@@ -142,6 +145,8 @@ void pair_rows_amx(const uint32_t* a, const uint32_t* b_panels, float* y, int64_
   }
 }
 
+namespace {
+
 #if defined(QMM_EMULATED)
 constexpr EntryInfo kInfo = {.name = "amx",
                              .isa = Isa::kAmx,
@@ -156,12 +161,13 @@ constexpr EntryInfo kInfo = {
 const Float8Dispatch kFloat8 = {.info = kInfo,
                                 .a_group = kAGroup,
                                 .sgemm_rows = sgemm_rows_avx512,
-                                .pair_rows = pair_rows_amx,
+                                .pair_rows = QMM_KERNEL_NS::pair_rows_amx,
                                 .pair_order = "tiles of 32 k",
                                 .pair_group = 1};
 
 }  // namespace
 
-KernelEntries QMM_KERNELS_FN() { return {nullptr, nullptr, &kFloat8}; }
+// This build's MatMulNBits entry: nbits_bf16_amx.cpp.
+KernelEntries QMM_KERNELS_FN() { return {nullptr, &QMM_KERNEL_NS::kNBitsEntry, &kFloat8}; }
 
 }  // namespace qmm

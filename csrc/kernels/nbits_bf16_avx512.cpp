@@ -32,6 +32,7 @@
 
 namespace qmm {
 #include "float8_avx512.inc"
+#include "nbits_pair_panels.inc"
 #include "pair_tile_avx512bf16.inc"
 
 namespace {
@@ -49,12 +50,6 @@ bool on_pairs(const NBitsWeight& w, int64_t M) {
   return w.operands == NBitsOperands::kBFloat16 && M > kDecodeMaxRows && w.K < (int64_t{1} << 29);
 }
 
-// The word of two bfloat16 values (floats whose low 16 bits are zero): k = 2j low, k = 2j + 1 high.
-inline __m512i pair_words(__m512 even, __m512 odd) {
-  return _mm512_or_si512(_mm512_srli_epi32(_mm512_castps_si512(even), 16),
-                         _mm512_and_si512(_mm512_castps_si512(odd), _mm512_set1_epi32(static_cast<int>(0xFFFF0000u))));
-}
-
 void prefill_pairs(const uint32_t* a_words, int64_t M, const NBitsWeight& w, int64_t n0, int64_t n1, const float* bias,
                    float* Y) {
   const int64_t K = w.K, KP = (K + 1) / 2, lda = 16 * ((K + 15) / 16);
@@ -64,12 +59,7 @@ void prefill_pairs(const uint32_t* a_words, int64_t M, const NBitsWeight& w, int
   for (int64_t n = n0; n < n1; n += kPanelColumns) {
     const int64_t cols = min_i64(kPanelColumns, n1 - n), panels = cols > 16 ? 2 : 1;
     vnni::nbits_f32_panel32(w, n, cols, panel);  // rows past K are zero: row 2j + 1 = K exists
-    for (int64_t p = 0; p < panels; ++p)
-      for (int64_t j = 0; j < KP; ++j) {
-        const __m512 even = _mm512_load_ps(panel + 2 * j * kPanelColumns + 16 * p);
-        const __m512 odd = _mm512_load_ps(panel + (2 * j + 1) * kPanelColumns + 16 * p);
-        _mm512_storeu_si512(pairs + (p * KP + j) * kPanel, pair_words(even, odd));
-      }
+    pair_panels(panel, KP, panels, pairs);
     blocked_rows(a_words, pairs, Y + n, w.N, M, cols, KP, kPairTiles);
     if (bias)
       for (int64_t m = 0; m < M; ++m)

@@ -1,0 +1,113 @@
+// nbits_bf16_amx.cpp: MatMulNBits accuracy level 3 (bfloat16 operands) on AMX-BF16 for more than 12 rows: tdpbf16ps tiles over bfloat16 pairs in k; the amxbf16 MatMulNBits entry.
+//
+// Level 3 multiplies A rounded to bfloat16 (the front end rounds it) by W rounded to bfloat16
+// (round(float32(q - zero_point) * scale), as dequantize_nbits computes it), in float32: every
+// product exact. tdpbf16ps adds them in the order "tiles of 32 k" (float8_amx.cpp; docs/
+// quantization.md): per output, from +0, per chunk of 32 k, the even-k products summed from +0
+// in order, the odd-k ones likewise, and their sum added; with bfloat16 inputs below 2^-126 read
+// as zero and sums below 2^-126 flushed (DAZ and FTZ: docs/matmul_nbits.md's level-3 bound has a
+// term for them, and holds for any order). Then + bias.
+//
+// Per task of 32 columns: the weights dequantized and rounded into a float32 panel by the
+// avx512_vnni build's prefill code (nbits_f32_panel32), made into two pair panels (the float8
+// pair tables' B layout), then the float8 table's tile kernel (pair_rows_amx); A arrives as rows
+// of pair words (this entry's prepare_f32, once per call). Everything else (levels 0-2, 12 rows
+// or fewer, level 4 on AMX-INT8) is the amx entry's: this entry differs from it only here, and
+// needs AMX-BF16 besides, so it outranks it where the CPU has that (every AMX CPU so far).
+// Built twice, as float8_amx.cpp (CMakeLists.txt, amxbf16).
+#include "avx512_intrinsics.h"
+
+#include <cstdint>
+#include <cstring>
+
+#include "dispatch.h"
+#include "matmul_nbits.h"
+#include "nbits_amx.h"
+#include "nbits_avx2_common.h"
+#include "nbits_bf16_amx.h"
+#include "nbits_f32_avx512.h"
+
+namespace qmm {
+#include "nbits_pair_panels.inc"
+
+namespace {
+
+#if defined(QMM_EMULATED)
+namespace vnni = avx512_vnni_emulated;
+namespace tiles = amx_emulated;
+#else
+namespace vnni = avx512_vnni;
+namespace tiles = amx;
+#endif
+
+constexpr int64_t kDecodeMaxRows = 12;  // the avx512_vnni build's decode / prefill crossover
+constexpr int64_t kPanelColumns = 32;
+
+bool on_pairs(const NBitsWeight& w, int64_t M) {
+  return w.operands == NBitsOperands::kBFloat16 && M > kDecodeMaxRows && w.K < (int64_t{1} << 29);
+}
+
+void prefill_pairs(const uint32_t* a_words, int64_t M, const NBitsWeight& w, int64_t n0, int64_t n1, const float* bias,
+                   float* Y) {
+  const int64_t K = w.K, KP = (K + 1) / 2, lda = 16 * ((K + 15) / 16);
+  thread_local Scratch panel_storage, pairs_storage;
+  float* const panel = panel_storage.get<float>(lda * kPanelColumns);
+  uint32_t* const pairs = pairs_storage.get<uint32_t>(2 * KP * 16);
+  for (int64_t n = n0; n < n1; n += kPanelColumns) {
+    const int64_t cols = min_i64(kPanelColumns, n1 - n);
+    vnni::nbits_f32_panel32(w, n, cols, panel);  // rows past K are zero: row 2j + 1 = K exists
+    pair_panels(panel, KP, cols > 16 ? 2 : 1, pairs);
+    QMM_KERNEL_NS::pair_rows_amx(a_words, pairs, Y + n, w.N, M, cols, K);
+    if (bias)
+      for (int64_t m = 0; m < M; ++m)
+        for (int64_t j = 0; j < cols; ++j) Y[m * w.N + n + j] += bias[n + j];
+  }
+}
+
+void rows_bf16(const float* A, int64_t M, const NBitsWeight& w, int64_t n0, int64_t n1, const float* bias, float* Y) {
+  if (!on_pairs(w, M)) return vnni::nbits_rows_f32(A, M, w, n0, n1, bias, Y);
+  prefill_pairs(reinterpret_cast<const uint32_t*>(A), M, w, n0, n1, bias, Y);  // A as prepare_bf16 wrote it
+}
+
+// Level 3 with more than 12 rows: row r as ceil(K / 2) pair words at r * ceil(K / 2) (out holds M * K
+// floats: enough). Else the avx512_vnni build's preparation.
+bool prepare_bf16(const float* A, int64_t M, const NBitsWeight& w, float* out) {
+  if (!on_pairs(w, M)) return vnni::nbits_prepare_f32(A, M, w, out);
+  const int64_t K = w.K, KP = (K + 1) / 2;
+  uint32_t* const words = reinterpret_cast<uint32_t*>(out);
+  for (int64_t r = 0; r < M; ++r) {
+    const float* row = A + r * K;
+    for (int64_t j = 0; j < KP; ++j) {
+      uint32_t even, odd = 0;
+      std::memcpy(&even, row + 2 * j, 4);
+      if (2 * j + 1 < K) std::memcpy(&odd, row + 2 * j + 1, 4);
+      words[r * KP + j] = (even >> 16) | (odd & 0xFFFF0000u);
+    }
+  }
+  return true;
+}
+
+constexpr Features kNBitsFeatures = kAvx512Features | kFeatAvx512vnni | kFeatAmxTile | kFeatAmxInt8 | kFeatAmxBf16;
+#if defined(QMM_EMULATED)
+constexpr EntryInfo kInfo = {
+    .name = "amxbf16", .isa = Isa::kAmx, .needs = kAvx2Features, .emulated = true, .models = kNBitsFeatures};
+#else
+constexpr EntryInfo kInfo = {.name = "amxbf16", .isa = Isa::kAmx, .needs = kNBitsFeatures, .emulated = false};
+#endif
+
+}  // namespace
+
+namespace QMM_KERNEL_NS {
+
+const NBitsDispatch kNBitsEntry = {
+    .info = kInfo,
+    .rows = rows_bf16,
+    .rows_prefill_columns = kPanelColumns,
+    .rows_int8 = tiles::nbits_rows_int8,
+    .prepare_int8 = tiles::nbits_prepare_int8,
+    .prepare_f32 = prepare_bf16,
+    .int8_tiling = tiles::kNBitsTiling,
+};
+
+}  // namespace QMM_KERNEL_NS
+}  // namespace qmm
