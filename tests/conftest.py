@@ -1,4 +1,6 @@
-"""conftest.py: the per-kernel-level fixture, and a report, at the end of every run, of which kernel levels the suite exercised on this CPU (natively or emulated) and which documented peer deviations hold."""
+"""conftest.py: the per-kernel-level fixture, and a report, at the end of every run, of which kernel levels the suite exercised on this CPU (natively or emulated) and which documented peer deviations hold; kernel_entry, to run a body under one family's entry."""
+
+import contextlib
 
 import pytest
 import quantmatmul
@@ -13,6 +15,20 @@ def kernel_levels() -> list[str]:
     over SIMDe, AMX over the tile emulation): together, every kernel table of this build."""
     native = quantmatmul.available_isas()
     return native + [e for e in quantmatmul.emulated_isas() if e.removesuffix("-emulated") not in native]
+
+
+@contextlib.contextmanager
+def kernel_entry(family, level, hidden=()):
+    """Runs the body under a level with some CPU features hidden from selection (_core.hide_features),
+    yielding the name of the entry `family` ("qgemm", "nbits", "float8") runs there; restores both."""
+    before = quantmatmul.cpu_info()["isa"]
+    try:
+        quantmatmul.set_isa(level)
+        quantmatmul._core.hide_features(list(hidden))
+        yield quantmatmul.cpu_info()["kernels"][family]
+    finally:
+        quantmatmul._core.hide_features([])
+        quantmatmul.set_isa(before)
 
 
 @pytest.fixture(params=kernel_levels())

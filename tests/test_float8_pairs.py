@@ -2,13 +2,12 @@
 
 from __future__ import annotations
 
-import contextlib
 import math
 
 import ml_dtypes
 import numpy as np
 import pytest
-from conftest import kernel_levels
+from conftest import kernel_entry, kernel_levels
 
 import quantmatmul as qm
 from quantmatmul import _core
@@ -18,17 +17,8 @@ f32, f64 = np.float32, np.float64
 FLOAT8 = [ml_dtypes.float8_e4m3fn, ml_dtypes.float8_e4m3fnuz, ml_dtypes.float8_e5m2, ml_dtypes.float8_e5m2fnuz]
 
 
-@contextlib.contextmanager
 def float8_entry(level, hidden=()):
-    """Runs the body under a level with some CPU features hidden from selection; restores both."""
-    before = qm.cpu_info()["isa"]
-    try:
-        qm.set_isa(level)
-        _core.hide_features(list(hidden))
-        yield qm.cpu_info()["kernels"]["float8"]
-    finally:
-        _core.hide_features([])
-        qm.set_isa(before)
+    return kernel_entry("float8", level, hidden)
 
 
 def float8_entries():

@@ -2,32 +2,20 @@
 
 from __future__ import annotations
 
-import contextlib
-
 import ml_dtypes
 import numpy as np
 import pytest
-from conftest import kernel_levels
+from conftest import kernel_entry, kernel_levels
 from test_float8_pairs import pair_model
 from test_matmul_nbits import BF16, F32, Case, assert_within, tight_tolerance
 
 import quantmatmul as qm
-from quantmatmul import _core
 from quantmatmul.matmul_nbits import matmul_nbits
 from quantmatmul.quantize_nbits import quantize_nbits
 
 
-@contextlib.contextmanager
 def nbits_entry(level, hidden=()):
-    """Runs the body under a level with some CPU features hidden from selection; restores both."""
-    before = qm.cpu_info()["isa"]
-    try:
-        qm.set_isa(level)
-        _core.hide_features(list(hidden))
-        yield qm.cpu_info()["kernels"]["nbits"]
-    finally:
-        _core.hide_features([])
-        qm.set_isa(before)
+    return kernel_entry("nbits", level, hidden)
 
 
 # The bfloat16 entries, their level's feature that they need beyond the plain entry's, and their
