@@ -14,6 +14,7 @@ import pytest
 import quantmatmul
 from quantmatmul.matmul_nbits import _decode, dequantize_nbits, matmul_nbits
 from quantmatmul.nbits_layout import pack_nbits, packed_size, unpack_nbits
+from quantmatmul.quantize_nbits import quantize_nbits
 from quantmatmul.reference import matmul_nbits as oracle
 
 F32, F16, BF16 = np.dtype(np.float32), np.dtype(np.float16), np.dtype(ml_dtypes.bfloat16)
@@ -929,6 +930,48 @@ def test_amx_entry_is_reported():
 # over SIMDe on AVX2 machines and natively where the CPU has AVX-512 VNNI: their own edges. (The
 # `isa` tests above run them too.) Decode: up to 12 rows in passes of up to 6, 64-column tasks, k in
 # chunks of 4096 / rows codes; prefill: 32-column panels, 12-row tiles, k-chunks of 128.
+
+
+def _fma_chain_f32(A, W):
+    """[M, K] x [K, N] float32, each output one float32 fused multiply-add per k in order of k from
+    +0: p = a * w is exact in float64 (24 + 24 bits), and each sum rounds once (TwoSum: the float64
+    sum s and its error e; s rounds to the right float32 unless it ties between two of them while e
+    moves the exact sum off the midpoint)."""
+    f32, f64 = np.float32, np.float64
+    acc = np.zeros((A.shape[0], W.shape[1]), f32)
+    for k in range(A.shape[1]):
+        p = A[:, k, None].astype(f64) * W[None, k, :].astype(f64)
+        a = acc.astype(f64)
+        s = a + p
+        bv = s - a
+        e = (a - (s - bv)) + (p - bv)
+        r = s.astype(f32)
+        other = np.nextafter(r, np.where(s > r.astype(f64), np.inf, -np.inf).astype(f32))
+        tie = (s != r.astype(f64)) & ((r.astype(f64) + other.astype(f64)) / 2 == s) & (e != 0)
+        acc = np.where(tie, np.where(e > 0, np.maximum(r, other), np.minimum(r, other)), r)
+    return acc
+
+
+@pytest.mark.parametrize("level", _levels("avx2") + _WIDE)
+def test_simd_prefill_is_the_fma_chain_in_order_of_k(level):
+    """Levels 0/1 with more than 12 rows on the AVX2 and AVX-512 tables dequantize W into panels and
+    run register tiles that keep each output one FMA chain in order of k: bit for bit that chain
+    over dequantize_nbits' W, whatever the rows' grouping (AVX2: ceil(M / 6) groups of 4 to 6 rows;
+    AVX-512: 12-row tiles and their tails) and the k chunks. M around every group split."""
+    rng = np.random.default_rng(77)
+    before = _select_nbits_entry(level)
+    try:
+        for M in (13, 14, 17, 19, 24, 25, 29, 31, 37, 128):
+            K, N = [96, 300][M % 2], 37
+            W = rng.standard_normal((K, N)).astype(np.float32)
+            A = rng.standard_normal((M, K)).astype(np.float32)
+            q = quantize_nbits(W, bits=4, block_size=32, symmetric=M % 3 == 0)
+            model = _fma_chain_f32(A, q.dequantize().astype(np.float32))
+            for accuracy_level in (0, 1):
+                Y = matmul_nbits(A, *q.tensors(), **q.attributes(), accuracy_level=accuracy_level)
+                assert np.array_equal(Y.view(np.uint32), model.view(np.uint32)), (level, M, K, accuracy_level)
+    finally:
+        _restore(before)
 
 
 @pytest.mark.parametrize("bits", BITS)

@@ -11,8 +11,8 @@
 //  - M <= 12 with a non-trivial g_idx (any level 0-3): nbits_rows_columns, one dequantized (and
 //    rounded) column at a time, one dot product per row;
 //  - M > 12 (prefill, any level 0-3, g_idx too): nbits_rows_dequantized, 16 columns dequantized
-//    into a [K][16] float32 panel and swept by 6 x 16 FMA tiles (fma_tile_avx2.inc); A comes
-//    interleaved by k in groups of 6 rows (nbits_prepare_f32, once per call).
+//    into a [K][16] float32 panel and swept by 4..6 x 16 FMA tiles (fma_tile_avx2.inc); A comes
+//    interleaved by k in groups of 4 to 6 rows (nbits_prepare_f32, once per call).
 //
 // Level 4 with a g_idx also lands here (the Python front end passes the dequantized int8 A).
 // The codes are decoded by nbits_decode_avx2.h; docs/matmul_nbits.md bounds the error of any
@@ -227,12 +227,23 @@ void nbits_rows_factored(const float* A, const NBitsWeight& w, int64_t n0, int64
 // (column by column, then 8 x 8 transposes), then register tiles over k-chunks of 256 (16 KB of
 // panel: L1-resident while every row tile passes). Partial sums live in a [M][16] float32 block.
 //
-// Rows come in groups of kRowGroup, interleaved by k once per call (nbits_prepare_f32_avx2:
-// [k][6] per group, so that a tile's broadcasts read one run per k instead of 6 rows K floats
-// apart, which share L1 sets): per k, two loads of the panel, six broadcasts, twelve FMAs into
-// 12 accumulators. The last M % 6 rows stay in order and take 4 x 16 and 1 x 16 tiles.
-constexpr int64_t kRowGroup = 6;
+// Rows come in ceil(M / 6) groups of 4 to 6 rows, as even as they go (RowGroups: M = 128 is 18
+// groups of 6 and 4 of 5), each interleaved by k once per call (nbits_prepare_f32_avx2: [k][rows]
+// per group, so that a tile's broadcasts read one run per k instead of rows K floats apart, which
+// share L1 sets): per k, two loads of the panel, one broadcast per row, two FMAs per row into 8 to
+// 12 independent accumulators. (Until 2026-11-25 the last M % 6 rows took 4 x 16 and 1 x 16
+// tiles in row order: a 1-row tile is FMA-latency-bound, 2 rows of 128 took 3 % of the time.)
+constexpr int64_t kRowGroup = 6;  // rows per group at most
 constexpr int64_t kFactoredMaxRows = 12;  // up to this many rows, the factored kernel (measured crossover)
+
+// The row groups of M > kFactoredMaxRows rows: group g starts at row first(g) and has rows(g) rows.
+struct RowGroups {
+  int64_t count, base, extra;  // the first `extra` groups have base + 1 rows, the others base
+  explicit RowGroups(int64_t M)
+      : count((M + kRowGroup - 1) / kRowGroup), base(M / count), extra(M - M / count * count) {}
+  int64_t first(int64_t g) const { return g * base + (g < extra ? g : extra); }
+  int64_t rows(int64_t g) const { return base + (g < extra ? 1 : 0); }
+};
 
 // x[0 .. count) rounded to float16 or bfloat16 and back, 8 at a time (round_operand's results).
 inline void round_operands(float* x, int64_t count, NBitsOperands operands) {
@@ -312,8 +323,7 @@ void nbits_rows_dequantized(const float* A, int64_t M, const NBitsWeight& w, int
   float* const columns = columns_storage.get<float>(16 * K8);
   float* const panel = panel_storage.get<float>(K8 * 16);
   float* const partial = partial_storage.get<float>(M * 16);
-  const bool grouped = M > kFactoredMaxRows;  // as nbits_prepare_f32_avx2 decided
-  const int64_t groups = grouped ? M / kRowGroup : 0;
+  const RowGroups groups(M);  // M > kFactoredMaxRows: A as nbits_prepare_f32_avx2 grouped it
   for (int64_t n = n0; n < n1; n += 16) {
     const int64_t cols = min_i64(16, n1 - n);
     for (int64_t c = 0; c < 16; ++c) {
@@ -333,11 +343,12 @@ void nbits_rows_dequantized(const float* A, int64_t M, const NBitsWeight& w, int
     zero_floats(partial, M * 16);
     for (int64_t k0 = 0; k0 < K; k0 += kChunk) {
       const int64_t k1 = min_i64(K, k0 + kChunk);
-      for (int64_t g = 0; g < groups; ++g)
-        fma_tile<kRowGroup>(A + g * kRowGroup * K, 1, kRowGroup, k0, k1, panel, partial + g * kRowGroup * 16);
-      int64_t m = groups * kRowGroup;
-      for (; m + 4 <= M; m += 4) fma_tile<4>(A + m * K, K, 1, k0, k1, panel, partial + m * 16);
-      for (; m < M; ++m) fma_tile<1>(A + m * K, K, 1, k0, k1, panel, partial + m * 16);
+      for (int64_t g = 0; g < groups.count; ++g) {
+        const int64_t m = groups.first(g), rows = groups.rows(g);
+        if (rows == 6) fma_tile<6>(A + m * K, 1, 6, k0, k1, panel, partial + m * 16);
+        else if (rows == 5) fma_tile<5>(A + m * K, 1, 5, k0, k1, panel, partial + m * 16);
+        else fma_tile<4>(A + m * K, 1, 4, k0, k1, panel, partial + m * 16);
+      }
     }
     for (int64_t m = 0; m < M; ++m)
       for (int64_t j = 0; j < cols; ++j)
@@ -419,15 +430,16 @@ void nbits_rows_rounded(const float* A, const NBitsWeight& w, int64_t n0, int64_
   }
 }
 
-// Level 0/1 with more than kFactoredMaxRows rows: every whole group of kRowGroup rows of A
-// interleaved by k ([k][row]) into out, the last M % kRowGroup rows copied in order after them.
+// Level 0/1 with more than kFactoredMaxRows rows: each row group (RowGroups) of A interleaved by k
+// ([k][row]) into out, at its first row times K.
 bool nbits_prepare_f32_avx2(const float* A, int64_t M, int64_t K, float* out) {
   if (M <= kFactoredMaxRows) return false;
-  int64_t m = 0;
-  for (; m + kRowGroup <= M; m += kRowGroup)
+  const RowGroups groups(M);
+  for (int64_t g = 0; g < groups.count; ++g) {
+    const int64_t m = groups.first(g), rows = groups.rows(g);
     for (int64_t k = 0; k < K; ++k)
-      for (int64_t r = 0; r < kRowGroup; ++r) out[m * K + k * kRowGroup + r] = A[(m + r) * K + k];
-  std::memcpy(out + m * K, A + m * K, static_cast<size_t>((M - m) * K) * sizeof(float));
+      for (int64_t r = 0; r < rows; ++r) out[m * K + k * rows + r] = A[(m + r) * K + k];
+  }
   return true;
 }
 
