@@ -4,8 +4,7 @@
 // products and sums in float32. nbits_rows picks, per task of columns:
 //
 //  - M <= 12, levels 0/1, no g_idx: nbits_rows_factored, the block-factored form (codes widened
-//    to float32 in registers, A's per-block sums for the zero points), in passes of up to 4 rows
-//    (one row of 4-bit codes: two columns side by side);
+//    to float32 in registers, A's per-block sums for the zero points), in passes of up to 4 rows;
 //  - M <= 12, levels 2/3 (W rounded to float16 / bfloat16; A arrives rounded): nbits_rows_rounded,
 //    dequantize, round and FMA fused per 8 codes, in passes of up to 4 rows;
 //  - M <= 12 with a non-trivial g_idx (any level 0-3): nbits_rows_columns, one dequantized (and
@@ -125,51 +124,7 @@ void nbits_rows_factored(const float* A, const NBitsWeight& w, int64_t n0, int64
   // single one: 4 cycles per FMA); even and odd blocks then scale into separate accumulators,
   // for the same reason.
   constexpr int Chains = 2;  // 4 measured no faster at blocks of 128, slower at 32
-  int64_t n = n0;
-  if constexpr (MR == 1 && nibbles) {
-    // One row, 4-bit codes, blocks of 32+: two columns side by side, each in the order of the
-    // general loop below (so the same bits): twice the independent chains, each A vector loaded
-    // once for both columns, one loop's overhead per two blocks.
-    for (; w.bits == 4 && bs >= 32 && n + 2 <= n1; n += 2) {
-      const uint8_t* row0 = w.codes + n * w.row_bytes;
-      const uint8_t* row1 = row0 + w.row_bytes;
-      const float* scales0 = w.scales + n * kb;
-      const float* scales1 = scales0 + kb;
-      // Column c's block b: its sum, scaled into acc[c][b % 2] (even and odd blocks apart, as below).
-      auto block = [&](int64_t b, __m256& acc0, __m256& acc1) {
-        __m256 c00 = _mm256_setzero_ps(), c01 = c00, c10 = c00, c11 = c00;
-        for (int64_t k = b * bs; k < (b + 1) * bs; k += 32) {
-          const float* a = a_main + k;
-          __m256 q[4];
-          widen32_even_odd(row0, k, q);
-          const __m256 a0 = _mm256_loadu_ps(a), a1 = _mm256_loadu_ps(a + 8);
-          c00 = _mm256_fmadd_ps(a0, q[0], c00);
-          c01 = _mm256_fmadd_ps(a1, q[1], c01);
-          const __m256 a2 = _mm256_loadu_ps(a + 16), a3 = _mm256_loadu_ps(a + 24);
-          c00 = _mm256_fmadd_ps(a2, q[2], c00);
-          c01 = _mm256_fmadd_ps(a3, q[3], c01);
-          widen32_even_odd(row1, k, q);
-          c10 = _mm256_fmadd_ps(a0, q[0], c10);
-          c11 = _mm256_fmadd_ps(a1, q[1], c11);
-          c10 = _mm256_fmadd_ps(a2, q[2], c10);
-          c11 = _mm256_fmadd_ps(a3, q[3], c11);
-        }
-        acc0 = _mm256_fmadd_ps(_mm256_add_ps(c00, c01), _mm256_set1_ps(scales0[b]), acc0);
-        acc1 = _mm256_fmadd_ps(_mm256_add_ps(c10, c11), _mm256_set1_ps(scales1[b]), acc1);
-      };
-      __m256 even0 = _mm256_setzero_ps(), odd0 = even0, even1 = even0, odd1 = even0;
-      int64_t b = 0;
-      for (; b + 2 <= whole_blocks; b += 2) {
-        block(b, even0, even1);
-        block(b + 1, odd0, odd1);
-      }
-      if (b < whole_blocks) block(b, even0, even1);
-      const __m256 sum0[1] = {_mm256_add_ps(even0, odd0)}, sum1[1] = {_mm256_add_ps(even1, odd1)};
-      finish(n, row0, sum0);
-      finish(n + 1, row1, sum1);
-    }
-  }
-  for (; n < n1; ++n) {
+  for (int64_t n = n0; n < n1; ++n) {
     const uint8_t* row = w.codes + n * w.row_bytes;
     if (nibbles && w.bits == 3) {  // 3-bit codes transcoded to the 4-bit layout first
       transcode_3bit_to_4bit(row, w.k_blocks * w.block_size, w.row_bytes, decoded);
