@@ -268,20 +268,100 @@ inline void transpose_8x8(const float* const rows[8], int64_t k, float* panel) {
   for (int i = 0; i < 8; ++i) _mm256_storeu_ps(panel + (k + i) * 16, out[i]);
 }
 
+// 8 float32 values rounded to float16 or bfloat16 and back (round_operands, in registers).
+inline __m256 round8(__m256 v, NBitsOperands operands) {
+  if (operands == NBitsOperands::kFloat16) return _mm256_cvtph_ps(_mm256_cvtps_ph(v, _MM_FROUND_TO_NEAREST_INT));
+  const __m256i bits = _mm256_castps_si256(v);
+  const __m256i lsb = _mm256_and_si256(_mm256_srli_epi32(bits, 16), _mm256_set1_epi32(1));
+  const __m256i sum = _mm256_add_epi32(_mm256_add_epi32(bits, _mm256_set1_epi32(0x7FFF)), lsb);
+  const __m256 rounded = _mm256_castsi256_ps(_mm256_and_si256(sum, _mm256_set1_epi32(static_cast<int>(0xFFFF0000u))));
+  return _mm256_blendv_ps(rounded, v, _mm256_cmp_ps(v, v, _CMP_UNORD_Q));  // NaN kept
+}
+
+// rows r[0 .. 7] = bytes k0 .. k0+7 of the 16 columns x[c] (8 bytes each): row k's byte c is x[c]'s
+// byte k. Four rounds of unpacks (bytes, words, dwords, qwords).
+inline void transpose_16x8_bytes(const __m128i x[16], __m128i r[8]) {
+  __m128i t[8], u[4], v[4];
+  for (int j = 0; j < 8; ++j) t[j] = _mm_unpacklo_epi8(x[2 * j], x[2 * j + 1]);  // k0..7: 2 columns
+  for (int j = 0; j < 4; ++j) {
+    u[j] = _mm_unpacklo_epi16(t[2 * j], t[2 * j + 1]);  // k0..3: 4 columns
+    v[j] = _mm_unpackhi_epi16(t[2 * j], t[2 * j + 1]);  // k4..7
+  }
+  const __m128i p0 = _mm_unpacklo_epi32(u[0], u[1]), p1 = _mm_unpacklo_epi32(u[2], u[3]);  // k0, k1: 8 columns
+  const __m128i q0 = _mm_unpackhi_epi32(u[0], u[1]), q1 = _mm_unpackhi_epi32(u[2], u[3]);  // k2, k3
+  const __m128i p2 = _mm_unpacklo_epi32(v[0], v[1]), p3 = _mm_unpacklo_epi32(v[2], v[3]);  // k4, k5
+  const __m128i q2 = _mm_unpackhi_epi32(v[0], v[1]), q3 = _mm_unpackhi_epi32(v[2], v[3]);  // k6, k7
+  r[0] = _mm_unpacklo_epi64(p0, p1);
+  r[1] = _mm_unpackhi_epi64(p0, p1);
+  r[2] = _mm_unpacklo_epi64(q0, q1);
+  r[3] = _mm_unpackhi_epi64(q0, q1);
+  r[4] = _mm_unpacklo_epi64(p2, p3);
+  r[5] = _mm_unpackhi_epi64(p2, p3);
+  r[6] = _mm_unpacklo_epi64(q2, q3);
+  r[7] = _mm_unpackhi_epi64(q2, q3);
+}
+
+// Without a g_idx: columns [n, n + cols) (cols <= 16; zeros past them) into panel [K8][16], each
+// value float32(q - zero_point) * scale (rounded to w.operands at levels 2/3) as
+// dequantize_column_avx2 computes it, rows past K zero. The codes are decoded per column to bytes
+// (codes: 16 columns of `stride` bytes), then per 8 k the 16 columns' bytes are transposed in
+// registers and each k's 16 codes dequantized with the block's zero points and scales of the 16
+// columns as vectors: no float32 column buffer, no float transposes.
+void dequantize_panel16(const NBitsWeight& w, int64_t n, int64_t cols, uint8_t* codes, int64_t stride, float* panel) {
+  const int64_t K = w.K, K8 = (K + 7) / 8 * 8, kb = w.k_blocks, bs = w.block_size;
+  for (int64_t c = 0; c < 16; ++c) {
+    if (c < cols) decode_padded_column(w, n + c, codes + c * stride);
+    else std::memset(codes + c * stride, 0, static_cast<size_t>(K8));
+  }
+  for (int64_t b = 0; b * bs < K8; ++b) {
+    alignas(32) float zp[16], scale[16];
+    for (int64_t c = 0; c < 16; ++c) {
+      zp[c] = c < cols ? zero_point(w, (n + c) * kb + b) : 0.0f;
+      scale[c] = c < cols ? w.scales[(n + c) * kb + b] : 0.0f;  // columns past N: (0 - 0) * 0
+    }
+    const __m256 zp0 = _mm256_load_ps(zp), zp1 = _mm256_load_ps(zp + 8);
+    const __m256 scale0 = _mm256_load_ps(scale), scale1 = _mm256_load_ps(scale + 8);
+    for (int64_t k0 = b * bs; k0 < min_i64(K8, (b + 1) * bs); k0 += 8) {
+      __m128i x[16], r[8];
+      for (int c = 0; c < 16; ++c) x[c] = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(codes + c * stride + k0));
+      transpose_16x8_bytes(x, r);
+      for (int i = 0; i < 8; ++i) {
+        float* row = panel + (k0 + i) * 16;
+        if (k0 + i >= K) {  // k past K
+          _mm256_storeu_ps(row, _mm256_setzero_ps());
+          _mm256_storeu_ps(row + 8, _mm256_setzero_ps());
+          continue;
+        }
+        const __m256 q0 = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(r[i]));
+        const __m256 q1 = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_srli_si128(r[i], 8)));
+        __m256 v0 = _mm256_mul_ps(_mm256_sub_ps(q0, zp0), scale0), v1 = _mm256_mul_ps(_mm256_sub_ps(q1, zp1), scale1);
+        if (w.operands != NBitsOperands::kFloat32) {
+          v0 = round8(v0, w.operands);
+          v1 = round8(v1, w.operands);
+        }
+        _mm256_storeu_ps(row, v0);
+        _mm256_storeu_ps(row + 8, v1);
+      }
+    }
+  }
+}
+
 void nbits_rows_dequantized(const float* A, int64_t M, const NBitsWeight& w, int64_t n0, int64_t n1, const float* bias,
                             float* Y) {
   const int64_t K = w.K, K8 = (K + 7) / 8 * 8;
   thread_local Scratch codes_storage, columns_storage, panel_storage, partial_storage;
   constexpr int64_t kChunk = 256;
   // Plain pointers: thread_local storage is looked up again on every access the compiler cannot hoist.
-  uint8_t* const codes = codes_storage.get<uint8_t>((w.k_blocks * w.block_size + 31) / 32 * 32);
-  float* const columns = columns_storage.get<float>(16 * K8);
+  const int64_t stride = (w.k_blocks * w.block_size + 16 + 31) / 32 * 32;  // decode_padded_column writes 16 past
+  uint8_t* const codes = codes_storage.get<uint8_t>(w.g_idx ? stride : 16 * stride);
+  float* const columns = columns_storage.get<float>(w.g_idx ? 16 * K8 : 0);
   float* const panel = panel_storage.get<float>(K8 * 16);
   float* const partial = partial_storage.get<float>(M * 16);
   const RowGroups groups(M);  // M > kFactoredMaxRows: A as nbits_prepare_f32_avx2 grouped it
   for (int64_t n = n0; n < n1; n += 16) {
     const int64_t cols = min_i64(16, n1 - n);
-    for (int64_t c = 0; c < 16; ++c) {
+    if (!w.g_idx) dequantize_panel16(w, n, cols, codes, stride, panel);
+    for (int64_t c = 0; w.g_idx && c < 16; ++c) {
       float* column = columns + c * K8;
       if (c < cols) {
         dequantize_column_avx2(w, n + c, codes, column);
@@ -290,7 +370,7 @@ void nbits_rows_dequantized(const float* A, int64_t M, const NBitsWeight& w, int
         zero_floats(column, K8);  // past N
       }
     }
-    for (int half = 0; half < 2; ++half) {
+    for (int half = 0; w.g_idx && half < 2; ++half) {
       const float* rows[8];
       for (int c = 0; c < 8; ++c) rows[c] = columns + (8 * half + c) * K8;
       for (int64_t k = 0; k < K8; k += 8) transpose_8x8(rows, k, panel + 8 * half);
@@ -334,16 +414,6 @@ void nbits_rows_columns(const float* A, int64_t M, const NBitsWeight& w, int64_t
       Y[m * w.N + n] = bias ? y + bias[n] : y;
     }
   }
-}
-
-// 8 float32 values rounded to float16 or bfloat16 and back (round_operands, in registers).
-inline __m256 round8(__m256 v, NBitsOperands operands) {
-  if (operands == NBitsOperands::kFloat16) return _mm256_cvtph_ps(_mm256_cvtps_ph(v, _MM_FROUND_TO_NEAREST_INT));
-  const __m256i bits = _mm256_castps_si256(v);
-  const __m256i lsb = _mm256_and_si256(_mm256_srli_epi32(bits, 16), _mm256_set1_epi32(1));
-  const __m256i sum = _mm256_add_epi32(_mm256_add_epi32(bits, _mm256_set1_epi32(0x7FFF)), lsb);
-  const __m256 rounded = _mm256_castsi256_ps(_mm256_and_si256(sum, _mm256_set1_epi32(static_cast<int>(0xFFFF0000u))));
-  return _mm256_blendv_ps(rounded, v, _mm256_cmp_ps(v, v, _CMP_UNORD_Q));  // NaN kept
 }
 
 // Levels 2 and 3 with few rows (MR <= 4): per column, the codes decoded to bytes (SIMD for 4-bit),
