@@ -110,8 +110,17 @@ struct NBitsInt8Tiling {
 };
 // Levels 0-3: rearranges A [M, w.K] once per call into out (M * K floats) in the order the same
 // entry's rows reads for M rows of a product with w (its level: w.operands); returns false (out
-// unused) where it reads A as it is.
-using NBitsPrepareF32 = bool (*)(const float* A, int64_t M, const NBitsWeight& w, float* out);
+// unused) where it reads A as it is. The driver runs it in `parts` parts on its threads: part
+// `part` (0 <= part < parts) writes its share of the rows' groups (prepare_share), every part
+// returns the same answer, and together they write all of out.
+using NBitsPrepareF32 = bool (*)(const float* A, int64_t M, const NBitsWeight& w, float* out, int64_t part,
+                                 int64_t parts);
+
+// Part `part` of `parts` of `count` groups: [first, last), contiguous, as even as they go.
+static inline void prepare_share(int64_t count, int64_t part, int64_t parts, int64_t& first, int64_t& last) {
+  first = count * part / parts;
+  last = count * (part + 1) / parts;
+}
 
 // Y = sum_b scale_a * scale_b * dot_b(qa, q) - sum_b block_sum_a * (scale_b * zero_point_b) (+ bias),
 // exact integer dot products per block, float32 elsewhere (docs/matmul_nbits.md, level 4).

@@ -974,6 +974,28 @@ def test_simd_prefill_is_the_fma_chain_in_order_of_k(level):
         _restore(before)
 
 
+def test_a_is_prepared_in_parts_on_the_threads(isa):
+    """The entry's preparation of A (levels 0-3, more than 12 rows) runs in one part per thread
+    (at least 64 K floats each; parts may outnumber the row groups): every thread count gives
+    the one-thread bits, levels 0 and 3 (the bfloat16 pair entries' words), M around the groups."""
+    rng = np.random.default_rng(78)
+    before = quantmatmul.get_num_threads()
+    try:
+        for M, K in [(13, 40001), (37, 4099), (61, 2200)]:
+            W = rng.standard_normal((K, 20)).astype(np.float32)
+            A = rng.standard_normal((M, K)).astype(np.float32)
+            q = quantize_nbits(W, bits=4, block_size=32)
+            for accuracy_level in (0, 3):
+                runs = []
+                for threads in (1, 2, 3, 5):
+                    quantmatmul.set_num_threads(threads)
+                    Y = matmul_nbits(A, *q.tensors(), **q.attributes(), accuracy_level=accuracy_level)
+                    runs.append(Y.view(np.uint32))
+                assert all(np.array_equal(runs[0], r) for r in runs[1:]), (isa, M, K, accuracy_level)
+    finally:
+        quantmatmul.set_num_threads(before)
+
+
 @pytest.mark.parametrize("bits", BITS)
 def test_avx512_float_levels_tile_and_pass_edges(vnni, bits):
     """Every width x block sizes 16 and 256 (and 32 for the 2- and 4-bit lane orders) x rows on

@@ -16,6 +16,6 @@ namespace qmm::avx2 {
 void nbits_rows(const float* A, int64_t M, const NBitsWeight& w, int64_t n0, int64_t n1, const float* bias, float* Y);
 void nbits_rows_int8(const QuantizedA& a, const NBitsWeight& w, int64_t n0, int64_t n1, const float* bias, float* Y);
 void nbits_prepare_int8(int8_t* qa, int64_t M, const NBitsWeight& w);
-bool nbits_prepare_f32(const float* A, int64_t M, const NBitsWeight& w, float* out);
+bool nbits_prepare_f32(const float* A, int64_t M, const NBitsWeight& w, float* out, int64_t part, int64_t parts);
 
 }  // namespace qmm::avx2

@@ -71,11 +71,13 @@ void rows_bf16(const float* A, int64_t M, const NBitsWeight& w, int64_t n0, int6
 
 // Level 3 with more than 12 rows: row r as ceil(K / 2) pair words at r * ceil(K / 2) (out holds M * K
 // floats: enough). Else the avx512_vnni build's preparation.
-bool prepare_bf16(const float* A, int64_t M, const NBitsWeight& w, float* out) {
-  if (!on_pairs(w, M)) return vnni::nbits_prepare_f32(A, M, w, out);
+bool prepare_bf16(const float* A, int64_t M, const NBitsWeight& w, float* out, int64_t part, int64_t parts) {
+  if (!on_pairs(w, M)) return vnni::nbits_prepare_f32(A, M, w, out, part, parts);
   const int64_t K = w.K, KP = (K + 1) / 2;
   uint32_t* const words = reinterpret_cast<uint32_t*>(out);
-  for (int64_t r = 0; r < M; ++r) {
+  int64_t r0, r1;
+  prepare_share(M, part, parts, r0, r1);
+  for (int64_t r = r0; r < r1; ++r) {
     const float* row = A + r * K;
     for (int64_t j = 0; j < KP; ++j) {
       uint32_t even, odd = 0;

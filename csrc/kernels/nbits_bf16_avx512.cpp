@@ -75,11 +75,13 @@ void rows_bf16(const float* A, int64_t M, const NBitsWeight& w, int64_t n0, int6
 // Level 3 with more than 12 rows: each group of 12 rows (the last M % 12) as pair words, [ceil(K/2)][rows],
 // at the group's first row times ceil(K / 2) words (out holds M * K floats: enough). Else the
 // avx512_vnni build's preparation.
-bool prepare_bf16(const float* A, int64_t M, const NBitsWeight& w, float* out) {
-  if (!on_pairs(w, M)) return vnni::nbits_prepare_f32(A, M, w, out);
+bool prepare_bf16(const float* A, int64_t M, const NBitsWeight& w, float* out, int64_t part, int64_t parts) {
+  if (!on_pairs(w, M)) return vnni::nbits_prepare_f32(A, M, w, out, part, parts);
   const int64_t K = w.K, KP = (K + 1) / 2;
   uint32_t* const words = reinterpret_cast<uint32_t*>(out);
-  for (int64_t m0 = 0; m0 < M; m0 += kAGroup) {
+  int64_t g0, g1;
+  prepare_share((M + kAGroup - 1) / kAGroup, part, parts, g0, g1);
+  for (int64_t m0 = g0 * kAGroup; m0 < M && m0 < g1 * kAGroup; m0 += kAGroup) {
     const int64_t rows = min_i64(kAGroup, M - m0);
     for (int64_t r = 0; r < rows; ++r) {
       const float* row = A + (m0 + r) * K;

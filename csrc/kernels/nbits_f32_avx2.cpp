@@ -457,10 +457,12 @@ void nbits_rows_rounded(const float* A, const NBitsWeight& w, int64_t n0, int64_
 
 // Level 0/1 with more than kFactoredMaxRows rows: each row group (RowGroups) of A interleaved by k
 // ([k][row]) into out, at its first row times K.
-bool nbits_prepare_f32_avx2(const float* A, int64_t M, int64_t K, float* out) {
+bool nbits_prepare_f32_avx2(const float* A, int64_t M, int64_t K, float* out, int64_t part, int64_t parts) {
   if (M <= kFactoredMaxRows) return false;
   const RowGroups groups(M);
-  for (int64_t g = 0; g < groups.count; ++g) {
+  int64_t g0, g1;
+  prepare_share(groups.count, part, parts, g0, g1);
+  for (int64_t g = g0; g < g1; ++g) {
     const int64_t m = groups.first(g), rows = groups.rows(g);
     for (int64_t k = 0; k < K; ++k)
       for (int64_t r = 0; r < rows; ++r) out[m * K + k * rows + r] = A[(m + r) * K + k];
@@ -522,8 +524,8 @@ namespace avx2 {
 void nbits_rows(const float* A, int64_t M, const NBitsWeight& w, int64_t n0, int64_t n1, const float* bias, float* Y) {
   nbits_rows_avx2(A, M, w, n0, n1, bias, Y);
 }
-bool nbits_prepare_f32(const float* A, int64_t M, const NBitsWeight& w, float* out) {
-  return nbits_prepare_f32_avx2(A, M, w.K, out);
+bool nbits_prepare_f32(const float* A, int64_t M, const NBitsWeight& w, float* out, int64_t part, int64_t parts) {
+  return nbits_prepare_f32_avx2(A, M, w.K, out, part, parts);
 }
 
 }  // namespace avx2

@@ -596,10 +596,12 @@ void nbits_f32_panel32(const NBitsWeight& w, int64_t n, int64_t cols, float* pan
 
 // More than 12 rows: every group of 12 rows (the last one M % 12, if any) interleaved by k into
 // out, [k][rows of the group], so that a tile's broadcasts read one run of floats per k.
-bool nbits_prepare_f32(const float* A, int64_t M, const NBitsWeight& w, float* out) {
+bool nbits_prepare_f32(const float* A, int64_t M, const NBitsWeight& w, float* out, int64_t part, int64_t parts) {
   if (M <= kDecodeMaxRows) return false;
   const int64_t K = w.K;
-  for (int64_t m0 = 0; m0 < M; m0 += kTileRows) {
+  int64_t g0, g1;
+  prepare_share((M + kTileRows - 1) / kTileRows, part, parts, g0, g1);
+  for (int64_t m0 = g0 * kTileRows; m0 < M && m0 < g1 * kTileRows; m0 += kTileRows) {
     const int64_t rows = min_i64(kTileRows, M - m0);
     const float* src = A + m0 * K;
     float* dst = out + m0 * K;

@@ -14,7 +14,7 @@ namespace qmm::avx512_vnni {
 
 void nbits_rows_f32(const float* A, int64_t M, const NBitsWeight& w, int64_t n0, int64_t n1, const float* bias,
                     float* Y);
-bool nbits_prepare_f32(const float* A, int64_t M, const NBitsWeight& w, float* out);
+bool nbits_prepare_f32(const float* A, int64_t M, const NBitsWeight& w, float* out, int64_t part, int64_t parts);
 // Prefill's weight panel: columns [n, n + cols) (cols <= 32) as dequantize_nbits computes them
 // (rounded to float16 / bfloat16 at levels 2 / 3) into panel, [16 * ceil(K / 16)][32] floats,
 // 64-byte aligned, k in order, rows past K zero; with cols <= 16 only the first 16 of each row.
@@ -30,7 +30,7 @@ namespace qmm::avx512_vnni_emulated {
 
 void nbits_rows_f32(const float* A, int64_t M, const NBitsWeight& w, int64_t n0, int64_t n1, const float* bias,
                     float* Y);
-bool nbits_prepare_f32(const float* A, int64_t M, const NBitsWeight& w, float* out);
+bool nbits_prepare_f32(const float* A, int64_t M, const NBitsWeight& w, float* out, int64_t part, int64_t parts);
 // Prefill's weight panel: columns [n, n + cols) (cols <= 32) as dequantize_nbits computes them
 // (rounded to float16 / bfloat16 at levels 2 / 3) into panel, [16 * ceil(K / 16)][32] floats,
 // 64-byte aligned, k in order, rows past K zero; with cols <= 16 only the first 16 of each row.
