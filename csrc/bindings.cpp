@@ -313,6 +313,36 @@ void bind_qlinear_matmul(nb::module_& m) {
     return out.array();
   });
 
+  // The float path's output step for a float8 output (qmm::float8_output): d float32 [B, M, N]
+  // contiguous, the parameters float32 [B, M, N] views (any strides, zero where broadcast).
+  m.def("float8_output",
+        [](const In& d, const In& a_scale, const In& b_scale, const In& y_scale, const In& y_zp, int type) {
+          const int64_t B = static_cast<int64_t>(d.shape(0)), M = static_cast<int64_t>(d.shape(1)),
+                        N = static_cast<int64_t>(d.shape(2));
+          auto params = [](const In& x) {
+            return qmm::Float8OutputParams{static_cast<const float*>(x.data()), x.stride(0), x.stride(1), x.stride(2)};
+          };
+          NewArray<uint8_t> out({B, M, N});
+          {
+            nb::gil_scoped_release release;
+            qmm::float8_output(static_cast<const float*>(d.data()), B, M, N, params(a_scale), params(b_scale),
+                               params(y_scale), params(y_zp), static_cast<qmm::Float8>(type), out.data());
+          }
+          return out.array();
+        });
+
+  // out[i] = table[q[i]]: uint8 [n] contiguous through a float32 [256] table (an 8-bit type as float32).
+  m.def("lookup_float32", [](const In& q, const In& table) {
+    const int64_t count = static_cast<int64_t>(q.size());
+    NewArray<float> out({count});
+    {
+      nb::gil_scoped_release release;
+      qmm::lookup_float32(static_cast<const uint8_t*>(q.data()), count, static_cast<const float*>(table.data()),
+                          out.data());
+    }
+    return out.array();
+  });
+
   nb::class_<qmm::PackedF32>(m, "PackedF32", "float32 [K, N] matrices packed for the float8 path's kernels")
       .def_ro("count", &qmm::PackedF32::count)
       .def_ro("K", &qmm::PackedF32::K)

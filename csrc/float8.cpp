@@ -46,19 +46,50 @@ uint8_t encode(float v, const Format& f, float max_value) {
   return static_cast<uint8_t>(code | sign);
 }
 
+// The largest finite value of the format, decoded from its code (exponent field, then mantissa field).
+float max_finite(const Format& f) {
+  const int exponent = (f.max_code >> f.mantissa_bits) - f.bias;
+  const float fraction = 1.0f + static_cast<float>(f.max_code & ((1 << f.mantissa_bits) - 1)) / (1 << f.mantissa_bits);
+  return std::ldexp(fraction, exponent);
+}
+
 }  // namespace
 
 void float32_to_float8(const float* x, int64_t count, Float8 type, uint8_t* out) {
   const Format f = format(type);
-  const uint8_t max_code = f.max_code;
-  // The largest finite value, decoded from its code (exponent field, then mantissa field).
-  const int exponent = (max_code >> f.mantissa_bits) - f.bias;
-  const float fraction = 1.0f + static_cast<float>(max_code & ((1 << f.mantissa_bits) - 1)) / (1 << f.mantissa_bits);
-  const float max_value = std::ldexp(fraction, exponent);
+  const float max_value = max_finite(f);
   constexpr int64_t kChunk = 1 << 16;
   parallel_for((count + kChunk - 1) / kChunk, [&](int64_t task) {
     const int64_t begin = task * kChunk, end = begin + kChunk < count ? begin + kChunk : count;
     for (int64_t i = begin; i < end; ++i) out[i] = encode(x[i], f, max_value);
+  });
+}
+
+void float8_output(const float* d, int64_t B, int64_t M, int64_t N, Float8OutputParams a_scale,
+                   Float8OutputParams b_scale, Float8OutputParams y_scale, Float8OutputParams y_zero_point, Float8 type,
+                   uint8_t* out) {
+  const Format f = format(type);
+  const float max_value = max_finite(f);
+  const int64_t rows_per_task = N >= (1 << 14) ? 1 : (1 << 14) / (N > 0 ? N : 1);
+  parallel_for((B * M + rows_per_task - 1) / rows_per_task, [&](int64_t task) {
+    const int64_t r1 = (task + 1) * rows_per_task < B * M ? (task + 1) * rows_per_task : B * M;
+    for (int64_t r = task * rows_per_task; r < r1; ++r) {
+      const int64_t b = r / M, m = r % M;
+      for (int64_t n = 0; n < N; ++n) {
+        const float scale = a_scale.at(b, m, n) * b_scale.at(b, m, n);
+        const float x = d[r * N + n] * scale;
+        const float v = x / y_scale.at(b, m, n) + y_zero_point.at(b, m, n);
+        out[r * N + n] = encode(v, f, max_value);
+      }
+    }
+  });
+}
+
+void lookup_float32(const uint8_t* q, int64_t count, const float* table, float* out) {
+  constexpr int64_t kChunk = 1 << 16;
+  parallel_for((count + kChunk - 1) / kChunk, [&](int64_t task) {
+    const int64_t begin = task * kChunk, end = begin + kChunk < count ? begin + kChunk : count;
+    for (int64_t i = begin; i < end; ++i) out[i] = table[q[i]];
   });
 }
 

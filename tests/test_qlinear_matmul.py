@@ -439,6 +439,51 @@ def test_python_float_scales_are_float32():
     assert qm.qlinear_matmul(*args).dtype == u8
 
 
+def test_float8_output_step_and_operand_conversion_are_numpys_bit_for_bit():
+    """The float path's output step in C++ (_core.float8_output: d * (a_scale * b_scale) / y_scale
+    + y_zp, then the conversion) against the same numpy expression, on d with NaN of both signs,
+    infinities, zeros of both signs, subnormals, values far out of range; per-row, per-column,
+    batched and broadcast parameters (zero strides), float16 and bfloat16 scales, a nonzero float8
+    zero point; and the C++ lookup of an 8-bit operand as float32 (64 K elements and more) against
+    numpy's table lookup, every byte value."""
+    from quantmatmul._dtypes import _TO_FLOAT32, FLOAT8_TYPES, to_float32
+
+    rng = np.random.default_rng(21)
+    B, M, N = 3, 37, 41
+    d = (rng.standard_normal((B, M, N)) * 10.0 ** rng.integers(-30, 30, (B, M, N))).astype(f32)
+    special = np.array([np.nan, -np.nan, np.inf, -np.inf, 0.0, -0.0, 1e-40, -1e-40, 3e38, -3e38], f32)
+    d.flat[rng.choice(d.size, 200, replace=False)] = rng.choice(special, 200)
+    for code, t in enumerate(FLOAT8_TYPES):
+        for scale_t in (f32, np.float16, ml_dtypes.bfloat16):
+            a_scale = rng.uniform(0.01, 2, (B, M, 1)).astype(scale_t)
+            b_scale = rng.uniform(0.01, 2, (1, 1, N)).astype(scale_t)
+            y_scale = np.full((1, 1, 1), 0.37, scale_t)
+            zero = float(np.arange(256, dtype=u8).view(t).astype(f32)[3])  # a small nonzero value
+            # A third of d aimed at the float8 type's rounding midpoints (within a few float32 ulps
+            # after the scaling): there, an operation in another order or rounding shows.
+            values = np.arange(256, dtype=u8).view(t).astype(np.float64)
+            finite = np.sort(values[np.isfinite(values)])
+            mids = (finite[:-1] + finite[1:]) / 2
+            aim = rng.random((B, M, N)) < 0.33
+            scale = a_scale.astype(np.float64) * b_scale.astype(np.float64) / y_scale.astype(np.float64)
+            target = (rng.choice(mids, (B, M, N)) / scale).astype(f32)
+            for _ in range(2):
+                target = np.where(rng.random(target.shape) < 0.5, np.nextafter(target, f32(np.inf)), target)
+            d = np.where(aim, target, d)
+            for y_zp in (np.zeros((1, 1, 1), t), np.full((1, 1, 1), zero, t), rng.choice([0, zero], (B, 1, N)).astype(t)):
+                params = [np.broadcast_to(np.asarray(x, f32), (B, M, N)) for x in (a_scale, b_scale, y_scale, y_zp)]
+                ours = _core.float8_output(d, *params, code)
+                with np.errstate(over="ignore", invalid="ignore"):
+                    v = d * (a_scale.astype(f32) * b_scale.astype(f32)) / y_scale.astype(f32) + y_zp.astype(f32)
+                limit = float(ml_dtypes.finfo(t).max)
+                expected = np.clip(v, -limit, limit).astype(t).view(u8)
+                np.testing.assert_array_equal(ours, expected, err_msg=f"{t} {scale_t}")
+    for t in FLOAT8_TYPES + (np.dtype(np.int8), np.dtype(u8)):
+        q = rng.integers(0, 256, (70000,), dtype=u8).view(t).reshape(7, 10000)[:, ::-1]  # not contiguous
+        q = np.concatenate([q.reshape(-1), np.arange(256, dtype=u8).view(t)])
+        np.testing.assert_array_equal(to_float32(q).view(np.uint32), _TO_FLOAT32[q.dtype][q.view(u8)].view(np.uint32))
+
+
 def test_float8_output_conversion_matches_ml_dtypes_bit_for_bit():
     """The C++ float32 -> float8 conversion of the float path against numpy.clip + ml_dtypes' astype:
     every float8 value, every midpoint between neighbours (ties to even) and its float32 neighbours,
