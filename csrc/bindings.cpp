@@ -244,6 +244,36 @@ void bind_runtime(nb::module_& m) {
   });
 }
 
+// The 2-D ONNX Runtime call behind qlinear_matmul_2d_onnxruntime / _per_tensor: b_zp and
+// multiplier one value (per tensor) or N (per column).
+nb::ndarray<nb::numpy> qlinear_matmul_2d(const In& a, bool a_signed, int32_t a_zp, nb::handle b, bool b_signed,
+                                         const int32_t* b_zp, bool b_zp_per_tensor, const float* multiplier,
+                                         bool multiplier_per_tensor, int32_t y_zp, bool y_signed) {
+  const int64_t M = static_cast<int64_t>(a.shape(0)), K = static_cast<int64_t>(a.shape(1));
+  const qmm::PackedB* packed = nb::isinstance<qmm::PackedB>(b) ? nb::inst_ptr<qmm::PackedB>(b) : nullptr;
+  In raw_b;
+  if (!packed) raw_b = nb::cast<In>(b);  // a contiguous [K, N] array
+  const int64_t N = packed ? packed->N : static_cast<int64_t>(raw_b.shape(1));
+  NewArray<uint8_t> y({M, N});
+  {
+    nb::gil_scoped_release release;
+    const int64_t zero = 0;
+    std::vector<int32_t> a_zps(static_cast<size_t>(M), a_zp), b_zps(static_cast<size_t>(N));
+    for (int64_t n = 0; n < N; ++n) b_zps[n] = b_zp_per_tensor ? b_zp[0] : b_zp[n];
+    qmm::QGemmProblem p{1,           M,
+                        N,           K,
+                        a.data(),    a_signed,
+                        &zero,       a_zps.data(),
+                        packed,      packed ? nullptr : raw_b.data(),
+                        b_signed,    &zero,
+                        b_zps.data()};
+    const qmm::View3<float> mult_view{multiplier, 0, 0, multiplier_per_tensor ? 0 : 1};
+    const qmm::View3<int32_t> zp_view{&y_zp, 0, 0, 0};
+    qmm::qlinear_matmul_onnxruntime(p, mult_view, {y.data(), y_signed, zp_view});
+  }
+  return y.array(y_signed ? nb::dtype<int8_t>() : nb::dtype<uint8_t>());
+}
+
 // QLinearMatMul: packed weights, the three integer numerics, the float8 path's helpers.
 void bind_qlinear_matmul(nb::module_& m) {
   nb::class_<qmm::PackedB>(m, "PackedB", "8-bit [K, N] matrices packed for the active kernels, with column sums")
@@ -268,27 +298,19 @@ void bind_qlinear_matmul(nb::module_& m) {
   // The fast path of the common call: 2-D a, per-tensor a and y, per-tensor or per-column b,
   // numerics "onnxruntime". Allocates and returns y [M, N]; scales are already combined into the
   // float32 multiplier (length 1 or N), zero points are plain integers or an int32 vector.
+  // QLinearMatMul's common case, 2-D a and b, per-tensor a and y parameters, b per tensor or per
+  // column: the ONNX Runtime numerics with the multiplier(s) computed by the caller.
   m.def("qlinear_matmul_2d_onnxruntime", [](const In& a, bool a_signed, int32_t a_zp, nb::handle b, bool b_signed,
                                             const In& b_zp, const In& multiplier, int32_t y_zp, bool y_signed) {
-    const int64_t M = static_cast<int64_t>(a.shape(0)), K = static_cast<int64_t>(a.shape(1));
-    const qmm::PackedB* packed = nb::isinstance<qmm::PackedB>(b) ? nb::inst_ptr<qmm::PackedB>(b) : nullptr;
-    const void* raw = packed ? nullptr : nb::cast<In>(b).data();  // a contiguous [K, N] array
-    const int64_t N = packed ? packed->N : static_cast<int64_t>(nb::cast<In>(b).shape(1));
-    NewArray<uint8_t> y({M, N});
-    {
-      nb::gil_scoped_release release;
-      const int64_t zero = 0;
-      std::vector<int32_t> a_zps(static_cast<size_t>(M), a_zp), b_zps(static_cast<size_t>(N));
-      const auto* bz = static_cast<const int32_t*>(b_zp.data());
-      for (int64_t n = 0; n < N; ++n) b_zps[n] = b_zp.shape(0) == 1 ? bz[0] : bz[n];
-      qmm::QGemmProblem p{1,      M,   N,        K,     a.data(),    a_signed, &zero, a_zps.data(),
-                          packed, raw, b_signed, &zero, b_zps.data()};
-      const auto* mult = static_cast<const float*>(multiplier.data());
-      const qmm::View3<float> mult_view{mult, 0, 0, multiplier.shape(0) == 1 ? 0 : 1};
-      const qmm::View3<int32_t> zp_view{&y_zp, 0, 0, 0};
-      qmm::qlinear_matmul_onnxruntime(p, mult_view, {y.data(), y_signed, zp_view});
-    }
-    return y.array(y_signed ? nb::dtype<int8_t>() : nb::dtype<uint8_t>());
+    const bool per_tensor = multiplier.shape(0) == 1;
+    return qlinear_matmul_2d(a, a_signed, a_zp, b, b_signed, static_cast<const int32_t*>(b_zp.data()),
+                             b_zp.shape(0) == 1, static_cast<const float*>(multiplier.data()), per_tensor, y_zp,
+                             y_signed);
+  });
+  // The same with per-tensor b parameters as Python numbers (no arrays to build for a small call).
+  m.def("qlinear_matmul_2d_per_tensor", [](const In& a, bool a_signed, int32_t a_zp, nb::handle b, bool b_signed,
+                                           int32_t b_zp, float multiplier, int32_t y_zp, bool y_signed) {
+    return qlinear_matmul_2d(a, a_signed, a_zp, b, b_signed, &b_zp, true, &multiplier, true, y_zp, y_signed);
   });
 
   m.def("qlinear_matmul_exact", [](const In& a, bool a_signed, const In& a_index, const In& a_zp, nb::handle b,

@@ -436,9 +436,12 @@ def test_fast_path_multiplier_is_float32_arithmetic():
     with np.errstate(all="ignore"):
         expected = (s[:, 0] * s[:, 1]) / s[:, 2]
     ours = np.array([_f32(_f32(float(x) * float(y)) / float(z)) for x, y, z in s], np.float64)
-    finite = np.isfinite(ours)
-    assert np.array_equal(ours[finite].astype(np.float32).view(np.uint32), expected[finite].view(np.uint32))
-    assert np.all(~np.isfinite(expected[~finite]) | (np.abs(expected[~finite]) == np.finfo(np.float32).max))
+    assert np.array_equal(ours.astype(np.float32).view(np.uint32), expected.view(np.uint32))  # overflows too
+    # Rounding at the top of the range: below the midpoint between FLT_MAX and 2^128 to FLT_MAX, from it to inf.
+    top = float(np.finfo(np.float32).max)
+    midpoint = top + 2.0**103
+    assert _f32(np.nextafter(midpoint, 0)) == top and _f32(-np.nextafter(midpoint, 0)) == -top
+    assert _f32(midpoint) == np.inf and _f32(-midpoint) == -np.inf and _f32(1e300) == np.inf
 
 
 # Weak definitions a kernel object may have: the exception personality's data reference, the same

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import bisect
 import math
+import struct
 from fractions import Fraction
 from math import prod
 
@@ -535,7 +536,7 @@ _F32 = np.dtype(np.float32)
 _I8 = np.dtype(np.int8)
 
 
-_F32_MAX = 3.4028234663852886e38
+_FLOAT32 = struct.Struct("f")
 
 
 def _per_tensor_f32(x):
@@ -552,18 +553,23 @@ def _per_tensor_f32(x):
 
 
 def _per_tensor_int(x, dtype, scale):
-    """A per-tensor zero point of the given dtype and of its scale's shape as an int, else None."""
+    """A per-tensor zero point of the given dtype and of its scale's shape as an int, else None.
+    scale is an ndarray or a numpy scalar (_per_tensor_f32 accepted it): both have .shape."""
     if type(x) is np.ndarray:
-        if x.dtype == dtype and x.shape == np.shape(scale) and x.size == 1:
+        if x.dtype == dtype and x.shape == scale.shape and x.size == 1:
             return x.item()
-    elif isinstance(x, np.generic) and x.dtype == dtype and np.ndim(scale) == 0:
+    elif isinstance(x, np.generic) and x.dtype == dtype and scale.shape == ():
         return int(x)
     return None
 
 
 def _f32(x: float) -> float:
-    """x rounded to float32 (x a double); inf beyond float32's range."""
-    return float(np.float32(x)) if abs(x) <= _F32_MAX else math.copysign(math.inf, x)
+    """x (a double) rounded to float32, to nearest even; +-inf where that overflows. struct's "f"
+    packing is the C conversion (it raises instead of giving an infinity), 2-3x faster than numpy's."""
+    try:
+        return _FLOAT32.unpack(_FLOAT32.pack(x))[0]
+    except OverflowError:
+        return math.copysign(math.inf, x)
 
 
 def _fast_2d(a, a_scale, a_zero_point, b, b_scale, b_zero_point, y_scale, y_zero_point, packed_b):
@@ -599,7 +605,10 @@ def _fast_2d(a, a_scale, a_zero_point, b, b_scale, b_zero_point, y_scale, y_zero
         m = _f32(_f32(sa * sb) / sy)
         if not math.isfinite(m):
             return None
-        multiplier, b_zp = np.array([m], np.float32), np.array([zb], np.int32)
+        b_operand = packed_b if packed_b is not None else np.ascontiguousarray(b)  # packed per call, in cache
+        return _core.qlinear_matmul_2d_per_tensor(
+            np.ascontiguousarray(a), a.dtype == _I8, za, b_operand, b.dtype == _I8, zb, m, zy, y_zero_point.dtype == _I8
+        )
     elif (
         type(b_scale) is np.ndarray
         and b_scale.dtype == _F32
