@@ -21,10 +21,7 @@ from quantmatmul.bench import E4M3, Case, NBitsCase
 
 FLOAT8 = [Case(128, 4096, 4096), Case(128, 4096, 4096, E4M3, E4M3, E4M3, baseline="u8s8")]
 NBITS = [
-    NBitsCase(M, 4096, 4096, 4, block_size, level)
-    for M in (1, 128)
-    for block_size in (32, 128)
-    for level in (0, 3, 4)
+    NBitsCase(M, 4096, 4096, 4, block_size, level) for M in (1, 128) for block_size in (32, 128) for level in (0, 3, 4)
 ]
 
 

@@ -216,7 +216,10 @@ void bind_runtime(nb::module_& m) {
   m.def("qgemm_layout", [] { return static_cast<int>(qmm::qgemm_kernels().layout->id); });
   m.def("kernel_entries", &qmm::kernel_entries);
   m.def("self_test_report", &qmm::self_test_report);
-  m.def("run_self_tests", &qmm::run_self_tests);  // tests only: every entry through its self-test now
+  m.def("run_self_tests", &qmm::run_self_tests);
+  // Tests only: whether the AVX2 code decoders use pdep (default: the CPU's pdep is fast), and set it.
+  m.def("pdep_preferred", &qmm::pdep_preferred);
+  m.def("set_pdep_preferred", &qmm::set_pdep_preferred);  // tests only: every entry through its self-test now
   m.def("cpu_features", [] {
     const qmm::CpuFeatures& f = qmm::cpu_features();
     nb::dict d;
@@ -238,8 +241,10 @@ void bind_runtime(nb::module_& m) {
                                                   {"amx_bf16", f.amx_bf16},
                                                   {"os_avx", f.os_avx},
                                                   {"os_avx512", f.os_avx512},
-                                                  {"os_amx", f.os_amx}};
+                                                  {"os_amx", f.os_amx},
+                                                  {"pdep_fast", f.pdep_fast}};
     for (const auto& [name, value] : flags) d[name] = value;
+    d["family"] = f.family;
     return d;
   });
 }

@@ -1,6 +1,8 @@
 // cpu_features.cpp: CPUID/XGETBV feature detection and Linux AMX permission (x86-64; other targets get the portable path).
 #include "cpu_features.h"
 
+#include <atomic>
+
 #include <cstring>
 
 #if defined(__x86_64__) || defined(_M_X64)
@@ -61,6 +63,8 @@ CpuFeatures detect() {
   }
 
   cpuid(1, 0, r);
+  const unsigned base_family = (r[0] >> 8) & 0xF;
+  f.family = static_cast<int>(base_family == 0xF ? base_family + ((r[0] >> 20) & 0xFF) : base_family);
   const bool osxsave = (r[2] >> 27) & 1;
   f.fma = (r[2] >> 12) & 1;
   f.f16c = (r[2] >> 29) & 1;
@@ -87,11 +91,21 @@ CpuFeatures detect() {
     f.avx512bf16 = (r[0] >> 5) & 1;
   }
   if (f.os_amx && f.amx_tile) f.os_amx = request_amx_permission();
+  const bool amd_like = f.vendor == "AuthenticAMD" || f.vendor == "HygonGenuine";
+  f.pdep_fast = f.bmi2 && !(amd_like && f.family < 0x19);
 #endif
   return f;
 }
 
+std::atomic<bool>& pdep_preference() {
+  static std::atomic<bool> preferred{cpu_features().pdep_fast};
+  return preferred;
+}
+
 }  // namespace
+
+bool pdep_preferred() { return pdep_preference().load(std::memory_order_relaxed); }
+void set_pdep_preferred(bool use_pdep) { pdep_preference().store(use_pdep); }
 
 const CpuFeatures& cpu_features() {
   static const CpuFeatures features = detect();

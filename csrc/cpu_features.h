@@ -42,6 +42,11 @@ struct CpuFeatures {
   bool avx_vnni = false;
   bool amx_tile = false, amx_int8 = false, amx_bf16 = false;
   bool os_avx = false, os_avx512 = false, os_amx = false;  // the OS saves the registers (XCR0, arch_prctl)
+  // BMI2's pdep/pext are single fast instructions: Intel (Haswell and later) and AMD from family 19h
+  // (Zen 3); AMD families 17h/18h (Zen 1, Zen+, Zen 2, Hygon) run them in microcode, at tens to
+  // hundreds of cycles each.
+  bool pdep_fast = false;
+  int family = 0;  // CPUID family (base + extended)
   std::string vendor, brand;
 };
 
@@ -50,6 +55,11 @@ const CpuFeatures& cpu_features();
 
 // The features usable here, as a set (CPU and OS support both).
 Features usable_features();
+
+// Whether the AVX2 code decoders deposit bit fields with pdep (else with shifts and masks, the same
+// bytes): cpu_features().pdep_fast unless a test set it (set_pdep_preferred).
+bool pdep_preferred();
+void set_pdep_preferred(bool use_pdep);
 const char* isa_name(Isa isa);
 // Parses "portable", "avx2", "avx512_vnni", "amx"; returns false for an unknown name.
 bool parse_isa(const std::string& name, Isa* out);

@@ -974,6 +974,32 @@ def test_simd_prefill_is_the_fma_chain_in_order_of_k(level):
         _restore(before)
 
 
+@pytest.mark.skipif("avx2" not in quantmatmul.available_isas(), reason="no AVX2 table here")
+def test_avx2_decoders_give_the_same_codes_with_and_without_pdep():
+    """The AVX2 table's in-memory decoders deposit 2, 3, 5, 6 and 7-bit codes with pdep where it is
+    fast and with shifts and masks where it is microcode (AMD before Zen 3: tens to hundreds of
+    cycles each): both give the same bytes, so every path through them (levels 0, 3 and 4, decode
+    and prefill, 3-bit codes transcoded to nibbles, K with a partial block) the same bits."""
+    rng = np.random.default_rng(79)
+    before = _select_nbits_entry("avx2")
+    use_pdep = quantmatmul._core.pdep_preferred()
+    try:
+        for bits in (2, 3, 5, 6, 7):
+            for M, K, bs in [(1, 200, 32), (3, 96, 16), (20, 160, 64)]:
+                W = rng.standard_normal((K, 24)).astype(np.float32)
+                A = rng.standard_normal((M, K)).astype(np.float32)
+                q = quantize_nbits(W, bits=bits, block_size=bs)
+                for accuracy_level in (0, 3, 4):
+                    runs = []
+                    for pdep in (True, False):
+                        quantmatmul._core.set_pdep_preferred(pdep)
+                        runs.append(matmul_nbits(A, *q.tensors(), **q.attributes(), accuracy_level=accuracy_level))
+                    assert np.array_equal(runs[0].view(np.uint32), runs[1].view(np.uint32)), (bits, M, K, accuracy_level)
+    finally:
+        quantmatmul._core.set_pdep_preferred(use_pdep)
+        _restore(before)
+
+
 def test_a_is_prepared_in_parts_on_the_threads(isa):
     """The entry's preparation of A (levels 0-3, more than 12 rows) runs in one part per thread
     (at least 64 K floats each; parts may outnumber the row groups): every thread count gives

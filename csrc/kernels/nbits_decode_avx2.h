@@ -4,9 +4,9 @@
 // output column (NBitsWeight::codes, row_bytes per column). Two kinds of decoding live here:
 //
 //  - in memory, a column at a time: 2, 3, 5, 6 and 7-bit codes to one byte each by pdep (BMI2, 8
-//    codes per `bits` bytes, four independent pdeps per iteration), 3-bit codes transcoded to the
-//    4-bit layout (16 codes per pdep into nibbles) so that the 4-bit kernels take them, and 4-bit
-//    codes split into nibbles with SIMD;
+//    codes per `bits` bytes, four independent pdeps per iteration; by shifts and masks where pdep
+//    is microcode, AMD before Zen 3), 3-bit codes transcoded to the 4-bit layout (16 codes per pdep
+//    into nibbles) so that the 4-bit kernels take them, and 4-bit codes split into nibbles with SIMD;
 //  - in registers, 32 (or 16) codes at a time straight from the packed column: widened to float32
 //    for levels 0/1 (widen*), or unpacked to bytes for level 4's vpmaddubsw (codes32_*). The 4-bit
 //    and 2-bit unpackers produce the codes in an order cheaper than the natural one ([even | odd],
@@ -22,6 +22,7 @@
 #include <cstdint>
 #include <cstring>
 
+#include "cpu_features.h"
 #include "matmul_nbits.h"
 #include "nbits_avx2_common.h"
 
@@ -31,12 +32,37 @@ namespace {
 // ---------------------------------------------------------------------------------------------
 // In memory: one column's codes as one byte each (or as nibbles).
 
-// out[8g .. 8g+7] = pdep(the 8 bytes at row + g * stride, mask) for the groups g < groups whose
-// 8-byte window stays inside the row (row_bytes), four independent pdeps per iteration; returns
-// how many groups that was (the caller finishes the rest without over-reading).
-inline int64_t deposit_groups(const uint8_t* __restrict row, int64_t stride, int64_t row_bytes, uint64_t mask,
+// The low 64 / field codes of `bits` bits of window, each in its own field of `field` bits (8:
+// bytes, 4: nibbles) from the lowest: pdep(window, the fields' low `bits` bits) by shifts and masks,
+// for CPUs whose pdep is microcode (cpu_features.h, pdep_fast).
+template <int Field>
+inline uint64_t deposit_by_shifts(uint64_t window, int bits) {
+  const uint64_t m = (uint64_t{1} << bits) - 1;
+  uint64_t out = 0;
+  for (int i = 0; i < 64 / Field; ++i) out |= ((window >> (bits * i)) & m) << (Field * i);
+  return out;
+}
+
+// out[8g .. 8g+7] = the 8 bytes at row + g * stride with their 64 / Field codes of `bits` bits
+// deposited into fields of Field bits (pdep with mask, or the same by shifts where pdep is slow:
+// pdep_preferred()) for the groups g < groups whose 8-byte window stays inside the row
+// (row_bytes), four independent deposits per iteration; returns how many groups that was (the
+// caller finishes the rest without over-reading).
+template <int Field>
+inline int64_t deposit_groups(const uint8_t* __restrict row, int64_t stride, int64_t row_bytes, int bits,
                               int64_t groups, uint8_t* __restrict out) {
   const int64_t safe = min_i64(groups, row_bytes >= 8 ? (row_bytes - 8) / stride + 1 : 0);
+  uint64_t mask = 0;  // each field's low `bits` bits
+  for (int i = 0; i < 64 / Field; ++i) mask |= ((uint64_t{1} << bits) - 1) << (Field * i);
+  if (!pdep_preferred()) {
+    for (int64_t g = 0; g < safe; ++g) {
+      uint64_t window;
+      std::memcpy(&window, row + g * stride, 8);
+      const uint64_t deposited = deposit_by_shifts<Field>(window, bits);
+      std::memcpy(out + 8 * g, &deposited, 8);
+    }
+    return safe;
+  }
   auto group = [&](int64_t g) {
     uint64_t window;
     std::memcpy(&window, row + g * stride, 8);  // little-endian: code 0 in the lowest bits
@@ -59,8 +85,7 @@ inline int64_t deposit_groups(const uint8_t* __restrict row, int64_t stride, int
 // unaligned 8-byte load while that stays inside the row (row_bytes); decode_nbits_range does the rest.
 inline void decode_nbits_avx2(const uint8_t* __restrict row, int64_t bits, int64_t count, int64_t row_bytes,
                               uint8_t* __restrict out) {
-  const uint64_t mask = 0x0101010101010101ull * ((1ull << bits) - 1);
-  const int64_t g = deposit_groups(row, bits, row_bytes, mask, count / 8, out);
+  const int64_t g = deposit_groups<8>(row, bits, row_bytes, static_cast<int>(bits), count / 8, out);
   decode_nbits_range(row, bits, 8 * g, count - 8 * g, out + 8 * g);
 }
 
@@ -96,7 +121,7 @@ inline void decode_padded_column(const NBitsWeight& w, int64_t n, uint8_t* out) 
 inline void transcode_3bit_to_4bit(const uint8_t* __restrict row, int64_t count, int64_t row_bytes,
                                    uint8_t* __restrict out) {
   const int64_t groups = count / 16;
-  int64_t g = deposit_groups(row, 6, row_bytes, 0x7777777777777777ull, groups, out);
+  int64_t g = deposit_groups<4>(row, 6, row_bytes, 3, groups, out);
   for (; g < groups; ++g) {
     uint8_t codes[16];
     decode_nbits_range(row, 3, 16 * g, 16, codes);
