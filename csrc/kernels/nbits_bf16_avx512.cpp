@@ -43,33 +43,12 @@ namespace vnni = avx512_vnni_emulated;
 namespace vnni = avx512_vnni;
 #endif
 
-constexpr int64_t kDecodeMaxRows = 12;  // the avx512_vnni build's decode / prefill crossover
-constexpr int64_t kPanelColumns = 32;
-
-bool on_pairs(const NBitsWeight& w, int64_t M) {
-  return w.operands == NBitsOperands::kBFloat16 && M > kDecodeMaxRows && w.K < (int64_t{1} << 29);
-}
-
-void prefill_pairs(const uint32_t* a_words, int64_t M, const NBitsWeight& w, int64_t n0, int64_t n1, const float* bias,
-                   float* Y) {
-  const int64_t K = w.K, KP = (K + 1) / 2, lda = 16 * ((K + 15) / 16);
-  thread_local Scratch panel_storage, pairs_storage;
-  float* const panel = panel_storage.get<float>(lda * kPanelColumns);
-  uint32_t* const pairs = pairs_storage.get<uint32_t>(2 * KP * kPanel);
-  for (int64_t n = n0; n < n1; n += kPanelColumns) {
-    const int64_t cols = min_i64(kPanelColumns, n1 - n), panels = cols > 16 ? 2 : 1;
-    vnni::nbits_f32_panel32(w, n, cols, panel);  // rows past K are zero: row 2j + 1 = K exists
-    pair_panels(panel, KP, panels, pairs);
-    blocked_rows(a_words, pairs, Y + n, w.N, M, cols, KP, kPairTiles);
-    if (bias)
-      for (int64_t m = 0; m < M; ++m)
-        for (int64_t j = 0; j < cols; ++j) Y[m * w.N + n + j] += bias[n + j];
-  }
-}
-
 void rows_bf16(const float* A, int64_t M, const NBitsWeight& w, int64_t n0, int64_t n1, const float* bias, float* Y) {
   if (!on_pairs(w, M)) return vnni::nbits_rows_f32(A, M, w, n0, n1, bias, Y);
-  prefill_pairs(reinterpret_cast<const uint32_t*>(A), M, w, n0, n1, bias, Y);  // A as prepare_bf16 wrote it
+  auto pair_rows = [](const uint32_t* a, const uint32_t* b, float* y, int64_t ldy, int64_t rows, int64_t cols,
+                      int64_t K) { blocked_rows(a, b, y, ldy, rows, cols, (K + 1) / 2, kPairTiles); };
+  prefill_pairs(reinterpret_cast<const uint32_t*>(A), M, w, n0, n1, bias, Y, vnni::nbits_f32_panel32,
+                pair_rows);  // A as prepare_bf16 wrote it
 }
 
 // Level 3 with more than 12 rows: each group of 12 rows (the last M % 12) as pair words, [ceil(K/2)][rows],
@@ -111,7 +90,7 @@ namespace QMM_KERNEL_NS {
 const NBitsDispatch kNBitsEntry = {
     .info = kInfo,
     .rows = rows_bf16,
-    .rows_prefill_columns = kPanelColumns,
+    .rows_prefill_columns = kPairPanelColumns,
     .rows_int8 = vnni::nbits_rows_int8,
     .prepare_int8 = vnni::nbits_prepare_int8,
     .prepare_f32 = prepare_bf16,
