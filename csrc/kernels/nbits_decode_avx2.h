@@ -89,10 +89,42 @@ inline void decode_nbits_avx2(const uint8_t* __restrict row, int64_t bits, int64
   decode_nbits_range(row, bits, 8 * g, count - 8 * g, out + 8 * g);
 }
 
+// 2-bit codes k < count (a multiple of 32) as one byte each: byte j holds codes 4j .. 4j+3 in its
+// bit pairs 0-1, 2-3, 4-5, 6-7; the four pairs masked out of 16 bytes, then interleaved back to
+// code order by two rounds of unpacks (64 codes per 16 bytes; a last 32 from 8 bytes).
+inline void decode_2bit(const uint8_t* __restrict row, int64_t count, uint8_t* __restrict out) {
+  const __m128i mask = _mm_set1_epi8(3);
+  auto quarters = [&](__m128i x, __m128i q[4]) {
+    q[0] = _mm_and_si128(x, mask);
+    q[1] = _mm_and_si128(_mm_srli_epi16(x, 2), mask);
+    q[2] = _mm_and_si128(_mm_srli_epi16(x, 4), mask);
+    q[3] = _mm_and_si128(_mm_srli_epi16(x, 6), mask);
+  };
+  int64_t k = 0;
+  for (; k + 64 <= count; k += 64) {
+    __m128i q[4];
+    quarters(_mm_loadu_si128(reinterpret_cast<const __m128i*>(row + k / 4)), q);
+    const __m128i a0 = _mm_unpacklo_epi8(q[0], q[1]), b0 = _mm_unpacklo_epi8(q[2], q[3]);  // bytes 0-7
+    const __m128i a1 = _mm_unpackhi_epi8(q[0], q[1]), b1 = _mm_unpackhi_epi8(q[2], q[3]);  // bytes 8-15
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(out + k), _mm_unpacklo_epi16(a0, b0));
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(out + k + 16), _mm_unpackhi_epi16(a0, b0));
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(out + k + 32), _mm_unpacklo_epi16(a1, b1));
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(out + k + 48), _mm_unpackhi_epi16(a1, b1));
+  }
+  if (k < count) {  // 32 codes: 8 bytes
+    __m128i q[4];
+    quarters(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(row + k / 4)), q);
+    const __m128i a0 = _mm_unpacklo_epi8(q[0], q[1]), b0 = _mm_unpacklo_epi8(q[2], q[3]);
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(out + k), _mm_unpacklo_epi16(a0, b0));
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(out + k + 16), _mm_unpackhi_epi16(a0, b0));
+  }
+}
+
 // Column n's codes k < count (a multiple of 32) as one byte each: 4-bit rows split into nibbles
-// with SIMD, other widths through decode_nbits_avx2.
+// and 2-bit rows into bit pairs with SIMD, other widths through decode_nbits_avx2.
 inline void decode_column(const NBitsWeight& w, int64_t n, int64_t count, uint8_t* out) {
   const uint8_t* row = w.codes + n * w.row_bytes;
+  if (w.bits == 2) return decode_2bit(row, count, out);
   if (w.bits != 4) return decode_nbits_avx2(row, w.bits, count, w.row_bytes, out);
   const __m128i mask = _mm_set1_epi8(0x0F);
   for (int64_t k = 0; k < count; k += 32) {
