@@ -18,7 +18,6 @@
 #include "avx512_intrinsics.h"
 
 #include <cstdint>
-#include <cstring>
 
 #include "dispatch.h"
 #include "matmul_nbits.h"
@@ -50,19 +49,7 @@ void rows_bf16(const float* A, int64_t M, const NBitsWeight& w, int64_t n0, int6
 // floats: enough). Else the avx512_vnni build's preparation.
 bool prepare_bf16(const float* A, int64_t M, const NBitsWeight& w, float* out, int64_t part, int64_t parts) {
   if (!on_pairs(w, M)) return vnni::nbits_prepare_f32(A, M, w, out, part, parts);
-  const int64_t K = w.K, KP = (K + 1) / 2;
-  uint32_t* const words = reinterpret_cast<uint32_t*>(out);
-  int64_t r0, r1;
-  prepare_share(M, part, parts, r0, r1);
-  for (int64_t r = r0; r < r1; ++r) {
-    const float* row = A + r * K;
-    for (int64_t j = 0; j < KP; ++j) {
-      uint32_t even, odd = 0;
-      std::memcpy(&even, row + 2 * j, 4);
-      if (2 * j + 1 < K) std::memcpy(&odd, row + 2 * j + 1, 4);
-      words[r * KP + j] = (even >> 16) | (odd & 0xFFFF0000u);
-    }
-  }
+  prepare_pair_words(A, M, w.K, 1, reinterpret_cast<uint32_t*>(out), part, parts);
   return true;
 }
 

@@ -21,7 +21,6 @@
 #endif
 
 #include <cstdint>
-#include <cstring>
 
 #include "dispatch.h"
 #include "matmul_nbits.h"
@@ -56,22 +55,7 @@ void rows_bf16(const float* A, int64_t M, const NBitsWeight& w, int64_t n0, int6
 // avx512_vnni build's preparation.
 bool prepare_bf16(const float* A, int64_t M, const NBitsWeight& w, float* out, int64_t part, int64_t parts) {
   if (!on_pairs(w, M)) return vnni::nbits_prepare_f32(A, M, w, out, part, parts);
-  const int64_t K = w.K, KP = (K + 1) / 2;
-  uint32_t* const words = reinterpret_cast<uint32_t*>(out);
-  int64_t g0, g1;
-  prepare_share((M + kAGroup - 1) / kAGroup, part, parts, g0, g1);
-  for (int64_t m0 = g0 * kAGroup; m0 < M && m0 < g1 * kAGroup; m0 += kAGroup) {
-    const int64_t rows = min_i64(kAGroup, M - m0);
-    for (int64_t r = 0; r < rows; ++r) {
-      const float* row = A + (m0 + r) * K;
-      for (int64_t j = 0; j < KP; ++j) {
-        uint32_t even, odd = 0;
-        std::memcpy(&even, row + 2 * j, 4);
-        if (2 * j + 1 < K) std::memcpy(&odd, row + 2 * j + 1, 4);
-        words[m0 * KP + j * rows + r] = (even >> 16) | (odd & 0xFFFF0000u);
-      }
-    }
-  }
+  prepare_pair_words(A, M, w.K, kAGroup, reinterpret_cast<uint32_t*>(out), part, parts);
   return true;
 }
 
