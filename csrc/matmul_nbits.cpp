@@ -183,9 +183,12 @@ void matmul_nbits_f32(const NBitsDispatch& kernels, const float* A, int64_t M, c
     // In parts on the threads (a serial reordering of A would not scale with them: at M = 128,
     // K = 4096 it is 2 MB), at least 64 K floats each.
     const int64_t parts = std::max<int64_t>(1, std::min<int64_t>(get_num_threads(), M * w.K / 65536));
-    std::vector<char> done(static_cast<size_t>(parts));
-    parallel_for(parts, [&](int64_t part) { done[part] = kernels.prepare_f32(A, M, w, prepared.get(), part, parts); });
-    if (done[0]) A = prepared.get();
+    bool reordered = false;  // every part answers the same: part 0's answer is kept
+    parallel_for(parts, [&](int64_t part) {
+      const bool answer = kernels.prepare_f32(A, M, w, prepared.get(), part, parts);
+      if (part == 0) reordered = answer;
+    });
+    if (reordered) A = prepared.get();
   }
   // Few rows: wider tasks, so that per-task preparation of A (a reordering) is amortized; more
   // rows: the entry's panel width.

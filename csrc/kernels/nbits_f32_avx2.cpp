@@ -179,7 +179,8 @@ void nbits_rows_factored(const float* A, const NBitsWeight& w, int64_t n0, int64
 
 // Many rows of A (prefill): the task's (up to) 16 columns dequantized exactly as dequantize_nbits
 // does (g_idx included; rounded to float16 / bfloat16 at levels 2/3) into a float32 panel [K][16]
-// (column by column, then 8 x 8 transposes), then register tiles over k-chunks of 256 (16 KB of
+// (dequantize_panel16: bytes transposed in registers; with a g_idx, column by column, then 8 x 8
+// float transposes), then register tiles over k-chunks of 256 (16 KB of
 // panel: L1-resident while every row tile passes). Partial sums live in a [M][16] float32 block.
 //
 // Rows come in ceil(M / 6) groups of 4 to 6 rows, as even as they go (RowGroups: M = 128 is 18

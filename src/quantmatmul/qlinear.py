@@ -595,6 +595,9 @@ def _fast_2d(a, a_scale, a_zero_point, b, b_scale, b_zero_point, y_scale, y_zero
     if za is None or zy is None:
         return None
     N = b.shape[1]
+    a_operand = np.ascontiguousarray(a)
+    b_operand = packed_b if packed_b is not None else np.ascontiguousarray(b)  # packed per call, in cache
+    a_signed, b_signed, y_signed = a.dtype == _I8, b.dtype == _I8, y_zero_point.dtype == _I8
     sb = _per_tensor_f32(b_scale)
     if sb is not None:
         zb = _per_tensor_int(b_zero_point, b.dtype, b_scale)
@@ -605,10 +608,7 @@ def _fast_2d(a, a_scale, a_zero_point, b, b_scale, b_zero_point, y_scale, y_zero
         m = _f32(_f32(sa * sb) / sy)
         if not math.isfinite(m):
             return None
-        b_operand = packed_b if packed_b is not None else np.ascontiguousarray(b)  # packed per call, in cache
-        return _core.qlinear_matmul_2d_per_tensor(
-            np.ascontiguousarray(a), a.dtype == _I8, za, b_operand, b.dtype == _I8, zb, m, zy, y_zero_point.dtype == _I8
-        )
+        return _core.qlinear_matmul_2d_per_tensor(a_operand, a_signed, za, b_operand, b_signed, zb, m, zy, y_signed)
     elif (
         type(b_scale) is np.ndarray
         and b_scale.dtype == _F32
@@ -626,17 +626,8 @@ def _fast_2d(a, a_scale, a_zero_point, b, b_scale, b_zero_point, y_scale, y_zero
         b_zp = b_zero_point.astype(np.int32)
     else:
         return None
-    b_operand = packed_b if packed_b is not None else np.ascontiguousarray(b)  # packed per call, in cache
     return _core.qlinear_matmul_2d_onnxruntime(
-        np.ascontiguousarray(a),
-        a.dtype == _I8,
-        za,
-        b_operand,
-        b.dtype == _I8,
-        b_zp,
-        multiplier,
-        zy,
-        y_zero_point.dtype == _I8,
+        a_operand, a_signed, za, b_operand, b_signed, b_zp, multiplier, zy, y_signed
     )
 
 
