@@ -110,27 +110,36 @@ class NewArray {
   std::vector<size_t> shape_;
 };
 
+// The weight's arrays as the kernels take them (no copies: they must outlive its use).
+qmm::NBitsWeight nbits_weight(const In& codes, int64_t K, int64_t bits, int64_t block_size, const In& scales,
+                              const In& zero_points, int operands, const std::optional<In>& g_idx) {
+  const int64_t N = static_cast<int64_t>(codes.shape(0));
+  const bool integer_zero_points = zero_points.dtype() == nb::dtype<uint8_t>();
+  return qmm::NBitsWeight{static_cast<const uint8_t*>(codes.data()),
+                          N,
+                          K,
+                          bits,
+                          block_size,
+                          static_cast<int64_t>(scales.shape(1)),
+                          static_cast<int64_t>(codes.shape(1)),
+                          static_cast<const float*>(scales.data()),
+                          integer_zero_points ? nullptr : static_cast<const float*>(zero_points.data()),
+                          integer_zero_points ? static_cast<const uint8_t*>(zero_points.data()) : nullptr,
+                          static_cast<qmm::NBitsOperands>(operands),
+                          g_idx ? static_cast<const int32_t*>(g_idx->data()) : nullptr};
+}
+
 using NBitsProduct = void (*)(const float*, int64_t, const qmm::NBitsWeight&, const float*, float*);
 
 template <NBitsProduct product>
 nb::ndarray<nb::numpy> matmul_nbits_binding(const In& A, const In& codes, int64_t K, int64_t bits, int64_t block_size,
                                             const In& scales, const In& zero_points, std::optional<In> bias,
-                                            int operands, std::optional<In> g_idx) {
-  const int64_t M = static_cast<int64_t>(A.shape(0)), N = static_cast<int64_t>(codes.shape(0));
-  const bool integer_zero_points = zero_points.dtype() == nb::dtype<uint8_t>();
-  const qmm::NBitsWeight w{static_cast<const uint8_t*>(codes.data()),
-                           N,
-                           K,
-                           bits,
-                           block_size,
-                           static_cast<int64_t>(scales.shape(1)),
-                           static_cast<int64_t>(codes.shape(1)),
-                           static_cast<const float*>(scales.data()),
-                           integer_zero_points ? nullptr : static_cast<const float*>(zero_points.data()),
-                           integer_zero_points ? static_cast<const uint8_t*>(zero_points.data()) : nullptr,
-                           static_cast<qmm::NBitsOperands>(operands),
-                           g_idx ? static_cast<const int32_t*>(g_idx->data()) : nullptr};
-  NewArray<float> y({M, N});
+                                            int operands, std::optional<In> g_idx, const qmm::PackedNBits* packed) {
+  const int64_t M = static_cast<int64_t>(A.shape(0));
+  qmm::NBitsWeight w = nbits_weight(codes, K, bits, block_size, scales, zero_points, operands, g_idx);
+  const qmm::NBitsPackedInt8 view = packed && packed->layout ? packed->view() : qmm::NBitsPackedInt8{};
+  if (packed && packed->layout) w.packed = &view;
+  NewArray<float> y({M, w.N});
   {
     nb::gil_scoped_release release;
     product(static_cast<const float*>(A.data()), M, w, bias ? static_cast<const float*>(bias->data()) : nullptr,
@@ -431,10 +440,36 @@ void bind_matmul_nbits(nb::module_& m) {
   // rounded here; A must arrive rounded already).
   m.def("matmul_nbits_f32", matmul_nbits_binding<qmm::matmul_nbits_f32>, nb::arg("A"), nb::arg("codes"), nb::arg("K"),
         nb::arg("bits"), nb::arg("block_size"), nb::arg("scales"), nb::arg("zero_points"), nb::arg("bias").none(),
-        nb::arg("operands") = 0, nb::arg("g_idx").none() = nb::none());
+        nb::arg("operands") = 0, nb::arg("g_idx").none() = nb::none(), nb::arg("packed").none() = nb::none());
+  // packed: the weight packed by pack_nbits_int8 (the kernels of an entry with its layout read it).
   m.def("matmul_nbits_int8", matmul_nbits_binding<qmm::matmul_nbits_int8>, nb::arg("A"), nb::arg("codes"), nb::arg("K"),
         nb::arg("bits"), nb::arg("block_size"), nb::arg("scales"), nb::arg("zero_points"), nb::arg("bias").none(),
-        nb::arg("operands") = 0, nb::arg("g_idx").none() = nb::none());
+        nb::arg("operands") = 0, nb::arg("g_idx").none() = nb::none(), nb::arg("packed").none() = nb::none());
+
+  // Level 4's constant weight packed for the entry in use (its int8 layout), or None where that entry
+  // has no layout or its layout does not take this weight (g_idx, block sizes above 4096).
+  nb::class_<qmm::PackedNBits>(m, "PackedNBits", "A MatMulNBits weight packed for one kernel entry's level-4 kernels")
+      .def_prop_ro("layout", [](const qmm::PackedNBits& p) { return std::string(p.layout->name); })
+      .def_prop_ro("nbytes", &qmm::PackedNBits::bytes);
+  m.def("nbits_int8_layout", []() -> std::optional<std::string> {
+    const qmm::NBitsInt8Layout* layout = qmm::nbits_kernels().int8_layout;
+    return layout ? std::optional<std::string>(layout->name) : std::nullopt;
+  });
+  m.def(
+      "pack_nbits_int8",
+      [](const In& codes, int64_t K, int64_t bits, int64_t block_size, const In& scales,
+         const In& zero_points) -> std::optional<qmm::PackedNBits> {
+        const qmm::NBitsWeight w = nbits_weight(codes, K, bits, block_size, scales, zero_points, 0, std::nullopt);
+        qmm::PackedNBits packed;
+        {
+          nb::gil_scoped_release release;
+          packed = qmm::pack_nbits_int8(qmm::nbits_kernels(), w);
+        }
+        if (!packed.layout) return std::nullopt;
+        return packed;
+      },
+      nb::arg("codes"), nb::arg("K"), nb::arg("bits"), nb::arg("block_size"), nb::arg("scales"),
+      nb::arg("zero_points"));
 
   // The first `count` codes of each row of a contiguous uint8 [rows, bytes] array of LSB-first bitstreams.
   m.def("decode_nbits", [](const In& data, int64_t bits, int64_t count) {

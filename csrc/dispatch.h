@@ -63,6 +63,9 @@ struct NBitsDispatch {
   NBitsPrepareInt8 prepare_int8;  // may be null
   NBitsPrepareF32 prepare_f32;    // may be null
   NBitsInt8Tiling int8_tiling;    // level 4's tasks (zero: 16 columns over all rows)
+  // The layout its level-4 kernels read a packed weight in (NBitsWeight::packed), or null (none:
+  // they read the codes as they are). Its panels divide every task's columns.
+  const NBitsInt8Layout* int8_layout;
 };
 
 struct Float8Dispatch {

@@ -170,6 +170,29 @@ void matmul_nbits_int8(const NBitsDispatch& kernels, const float* A, int64_t M, 
   });
 }
 
+PackedNBits pack_nbits_int8(const NBitsDispatch& kernels, const NBitsWeight& w) {
+  PackedNBits packed;
+  const NBitsInt8Layout* layout = kernels.int8_layout;
+  const int64_t bytes = layout ? layout->packed_bytes(w) : 0;
+  if (bytes == 0) return packed;
+  const int64_t panels = (w.N + layout->panel_columns - 1) / layout->panel_columns;
+  const int64_t per_panel = bytes / panels, floats_per_panel = w.k_blocks * layout->panel_columns;
+  packed.layout = layout;
+  packed.code_bytes = bytes;
+  packed.float_count = panels * floats_per_panel;
+  packed.codes = alloc_buffer<uint8_t>(static_cast<size_t>(bytes));
+  packed.scales = alloc_buffer<float>(static_cast<size_t>(packed.float_count));
+  packed.scaled_zero_points = alloc_buffer<float>(static_cast<size_t>(packed.float_count));
+  // Tasks of whole panels, about 64 KB of codes each.
+  const int64_t step = std::max<int64_t>(1, 65536 / std::max<int64_t>(per_panel, 1));
+  parallel_for((panels + step - 1) / step, [&](int64_t task) {
+    const int64_t p0 = task * step, p1 = std::min(panels, p0 + step);
+    layout->pack(w, p0, p1, packed.codes.get() + p0 * per_panel, packed.scales.get() + p0 * floats_per_panel,
+                 packed.scaled_zero_points.get() + p0 * floats_per_panel);
+  });
+  return packed;
+}
+
 void matmul_nbits_f32(const float* A, int64_t M, const NBitsWeight& w, const float* bias, float* Y) {
   matmul_nbits_f32(nbits_kernels(), A, M, w, bias, Y);  // one entry for the preparation and the products
 }

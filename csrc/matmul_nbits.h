@@ -18,11 +18,15 @@
 #include <cstdint>
 #include <cstring>
 
+#include "buffer.h"
+
 namespace qmm {
 
 // The operands of the float product: float32 (levels 0 and 1), or A and W rounded to float16
 // (level 2) or bfloat16 (level 3), nearest even, the products and sums still float32.
 enum class NBitsOperands : int { kFloat32 = 0, kFloat16 = 1, kBFloat16 = 2 };
+
+struct NBitsPackedInt8;
 
 struct NBitsWeight {
   const uint8_t* codes;  // [N, row_bytes]: row n holds k_blocks * block_size codes of `bits` bits
@@ -36,6 +40,29 @@ struct NBitsWeight {
   // Levels 0-3: g_idx[k] in [0, k_blocks), the block whose scale and zero point code k takes, or
   // null for k / block_size. A non-trivial g_idx does not factor by block: the kernels dequantize.
   const int32_t* g_idx = nullptr;
+  // Level 4: the same weight repacked once for one entry's kernels (below), or null. An entry reads
+  // it only where its layout is the entry's own (NBitsDispatch::int8_layout); else it reads codes.
+  const NBitsPackedInt8* packed = nullptr;
+};
+
+// A layout an entry's level-4 kernels read a constant weight in, packed once (MatMulNBits does it
+// when constructed at level 4). Per panel of `panel_columns` columns: the codes (packed_bytes(w)
+// / panels bytes of them), and per block the panel's scales and scale * zero point (one float32
+// product each, as every kernel forms it), zero for columns past N.
+struct NBitsInt8Layout {
+  const char* name;
+  int64_t panel_columns;
+  // Bytes of packed codes for w; 0 where the layout does not take w (its kernels read w.codes).
+  int64_t (*packed_bytes)(const NBitsWeight& w);
+  // Panels [p0, p1) of w into codes, scales and scaled_zero_points (each at panel p0's place).
+  void (*pack)(const NBitsWeight& w, int64_t p0, int64_t p1, uint8_t* codes, float* scales, float* scaled_zero_points);
+};
+
+struct NBitsPackedInt8 {
+  const NBitsInt8Layout* layout;
+  const uint8_t* codes;  // packed_bytes(w)
+  const float* scales;  // [panels, k_blocks, panel_columns]
+  const float* scaled_zero_points;  // [panels, k_blocks, panel_columns]: scale * zero point
 };
 
 // Helpers kernel files share are static inline (see requantize.h).
@@ -126,8 +153,23 @@ static inline void prepare_share(int64_t count, int64_t part, int64_t parts, int
 // exact integer dot products per block, float32 elsewhere (docs/matmul_nbits.md, level 4).
 void matmul_nbits_int8(const float* A, int64_t M, const NBitsWeight& w, const float* bias, float* Y);
 
-// The two drivers on a given entry instead of the selected one (the self-test of csrc/dispatch.cpp).
+// A constant weight packed for an entry's level-4 kernels (NBitsDispatch::int8_layout), its panels
+// packed in parallel; layout is null (nothing held) where the entry has no layout or its layout does
+// not take w. w.packed = &packed.view() then reaches the kernels of entries with that layout.
+struct PackedNBits {
+  const NBitsInt8Layout* layout = nullptr;
+  Buffer<uint8_t> codes;
+  Buffer<float> scales, scaled_zero_points;
+  int64_t code_bytes = 0, float_count = 0;
+  NBitsPackedInt8 view() const { return {layout, codes.get(), scales.get(), scaled_zero_points.get()}; }
+  size_t bytes() const {
+    return static_cast<size_t>(code_bytes) + 2 * sizeof(float) * static_cast<size_t>(float_count);
+  }
+};
 struct NBitsDispatch;
+PackedNBits pack_nbits_int8(const NBitsDispatch& kernels, const NBitsWeight& w);
+
+// The two drivers on a given entry instead of the selected one (the self-test of csrc/dispatch.cpp).
 void matmul_nbits_f32(const NBitsDispatch& kernels, const float* A, int64_t M, const NBitsWeight& w, const float* bias,
                       float* Y);
 void matmul_nbits_int8(const NBitsDispatch& kernels, const float* A, int64_t M, const NBitsWeight& w, const float* bias,

@@ -2,8 +2,9 @@
 //
 // Levels 0-3 (float32 products): nbits_rows and nbits_prepare_f32, in nbits_f32_avx2.cpp.
 // Level 4 (int8 A, exact integer block dot products): nbits_rows_int8 and nbits_prepare_int8, in
-// nbits_int8_avx2.cpp. Both files decode the codes with nbits_decode_avx2.h and keep everything else
-// in anonymous namespaces (nbits_avx2_common.h says why): these four are their only external symbols.
+// nbits_int8_avx2.cpp; on a weight packed once (the entry's int8 layout), nbits_packed_avx2.cpp. Both files decode the
+// codes with nbits_decode_avx2.h and keep everything else in anonymous namespaces (nbits_avx2_common.h says why): the
+// declarations below are their only external symbols.
 #pragma once
 
 #include <cstdint>
@@ -16,6 +17,14 @@ namespace qmm::avx2 {
 void nbits_rows(const float* A, int64_t M, const NBitsWeight& w, int64_t n0, int64_t n1, const float* bias, float* Y);
 void nbits_rows_int8(const QuantizedA& a, const NBitsWeight& w, int64_t n0, int64_t n1, const float* bias, float* Y);
 void nbits_prepare_int8(int8_t* qa, int64_t M, const NBitsWeight& w);
+
+// Level 4 on a weight packed in kQuadPanels (nbits_packed_avx2.cpp), which nbits_rows_int8 calls:
+// the few-row kernel (A as quantize_a_int8 writes it, columns [n0, n1) with n0 a multiple of 8), and
+// the GEMM's panel of columns n0 .. n0+15 as quads of bytes, [k/4][16 columns][4 codes].
+extern const NBitsInt8Layout kQuadPanels;
+void nbits_rows_int8_packed(const QuantizedA& a, const NBitsWeight& w, int64_t n0, int64_t n1, const float* bias,
+                            float* Y);
+void nbits_panel_from_packed(const NBitsWeight& w, int64_t n0, uint8_t* panel);
 bool nbits_prepare_f32(const float* A, int64_t M, const NBitsWeight& w, float* out, int64_t part, int64_t parts);
 
 }  // namespace qmm::avx2

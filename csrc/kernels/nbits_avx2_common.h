@@ -66,6 +66,10 @@ inline float horizontal_sum(__m256 v) {
   return _mm_cvtss_f32(_mm_add_ss(t, _mm_shuffle_ps(t, t, 1)));
 }
 
+// How many vpmaddubsw results (u8 codes of `bits` bits x s8 qa, |qa| <= 127: pair sums of at most
+// 2 * 127 * (2^bits - 1)) add up in int16 without overflow: 8 for 4-bit codes, 43 for 2-bit, 1 for 7-bit.
+constexpr int64_t int16_steps(int64_t bits) { return 32767 / (254 * ((int64_t{1} << bits) - 1)); }
+
 // The zero points of blocks index .. index+7 (index = n * k_blocks + b) as float32.
 inline __m256 zero_points8(const NBitsWeight& w, int64_t index) {
   if (!w.zero_points_u8) return _mm256_loadu_ps(w.zero_points + index);

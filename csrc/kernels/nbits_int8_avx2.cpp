@@ -79,8 +79,8 @@ inline __m256i block_dot16(const uint8_t* row, const int8_t* qa, int64_t k0) {
 // block size is known, else `chunks`) of one column with the int8 A. Kind: 4 = nibbles ([even |
 // odd] order), 8 = 8-bit codes (int16 pairs), 0 = one byte per code of at most 7 bits.
 // Codes of up to 7 bits add `steps` chunks of vpmaddubsw pair sums in int16 before one vpmaddwd
-// widens them (int16_steps: 8 for 4-bit codes, so one widening per block up to 256 codes).
-constexpr int64_t int16_steps(int64_t bits) { return 32767 / (254 * ((int64_t{1} << bits) - 1)); }
+// widens them (int16_steps, nbits_avx2_common.h: 8 for 4-bit codes, so one widening per block up to
+// 256 codes).
 
 template <int Kind, int Chunks, int MR>
 inline void block_dots(const uint8_t* row, const int8_t* const qa[MR], int64_t k0, int64_t chunks, int64_t steps,
@@ -227,7 +227,12 @@ void nbits_rows_int8_kind(const QuantizedA& a, const NBitsWeight& w, int64_t n0,
 //
 // Per quad of k, a 4 x 16 tile does 2 loads of codes, 4 broadcasts of A, 8 vpmaddubsw and 8 int16
 // adds for 256 multiply-adds: the widening, conversion and scaling run once per `steps` quads.
-constexpr int64_t kInt8GemmMinRows = 8;  // below it the per-row kernel (codes unpacked once per 4 rows) wins
+constexpr int64_t kInt8GemmMinRows = 8;
+
+// Whether w comes packed in this entry's layout (nbits_packed_avx2.cpp).
+inline bool is_packed(const NBitsWeight& w) {
+  return w.packed && w.packed->layout == &avx2::kQuadPanels;
+}  // below it the per-row kernel (codes unpacked once per 4 rows) wins
 
 // The int16 sums of quads [q0, q1) of the tile, widened to int32 with vpmaddwd: out[r][v] for
 // rows r < MR and the two 8-column vectors v of the panel.
@@ -397,7 +402,7 @@ inline void transpose_8x32(const uint8_t* const rows[8], int64_t k, uint8_t* pan
 
 void nbits_int8_gemm(const QuantizedA& a, const NBitsWeight& w, int64_t n0, int64_t n1, const float* bias, float* Y) {
   const int64_t kb = w.k_blocks, bs = w.block_size, padded = kb * bs, M = a.M, cols = n1 - n0;
-  const bool signed8 = w.bits == 8;
+  const bool signed8 = w.bits == 8, packed = is_packed(w);
   const int64_t decoded_len = (padded + 31) / 32 * 32;  // whole 32s for the transpose; the extra codes meet no A
   thread_local Scratch panel_storage, columns_storage, sb_storage, szb_storage, acc_storage;
   // Plain pointers: thread_local storage is looked up on every access the compiler cannot hoist.
@@ -411,6 +416,15 @@ void nbits_int8_gemm(const QuantizedA& a, const NBitsWeight& w, int64_t n0, int6
   zero_floats(acc, M * 16);
   for (int64_t c = 0; c < 16; ++c) {
     uint8_t* column = columns + c * decoded_len;
+    if (packed) {  // the panel comes from the packed codes below; only the scales are read here
+      if (c < cols)
+        for (int64_t b = 0; b < kb; ++b) {
+          const int64_t n = n0 + c;
+          sb[b * 16 + c] = w.scales[n * kb + b];
+          szb[b * 16 + c] = w.scales[n * kb + b] * (zero_point(w, n * kb + b) - (signed8 ? 128.0f : 0.0f));
+        }
+      continue;
+    }
     if (c >= cols) {  // past N: codes 0 (their scales are 0 too)
       std::memset(column, 0, static_cast<size_t>(decoded_len));
       continue;
@@ -424,7 +438,8 @@ void nbits_int8_gemm(const QuantizedA& a, const NBitsWeight& w, int64_t n0, int6
       szb[b * 16 + c] = w.scales[n * kb + b] * (zero_point(w, n * kb + b) - (signed8 ? 128.0f : 0.0f));
     }
   }
-  for (int half = 0; half < 2; ++half) {
+  if (packed) avx2::nbits_panel_from_packed(w, n0, panel);
+  for (int half = 0; half < 2 && !packed; ++half) {
     const uint8_t* rows[8];
     for (int c = 0; c < 8; ++c) rows[c] = columns + (8 * half + c) * decoded_len;
     for (int64_t k = 0; k < decoded_len; k += 32) transpose_8x32(rows, k, panel + 32 * half);
@@ -465,6 +480,7 @@ void nbits_int8_gemm(const QuantizedA& a, const NBitsWeight& w, int64_t n0, int6
 void nbits_rows_int8_avx2(const QuantizedA& a, const NBitsWeight& w, int64_t n0, int64_t n1, const float* bias,
                           float* Y) {
   if (a.M >= kInt8GemmMinRows) return nbits_int8_gemm(a, w, n0, n1, bias, Y);
+  if (is_packed(w)) return avx2::nbits_rows_int8_packed(a, w, n0, n1, bias, Y);
   if (w.bits == 8) return nbits_rows_int8_kind<8>(a, w, n0, n1, bias, Y);
   if (w.bits == 3) return nbits_rows_int8_kind<4>(a, w, n0, n1, bias, Y);  // as 4-bit codes, qa as for 4-bit
   if (w.bits == 2 && w.block_size >= 32) return nbits_rows_int8_kind<2>(a, w, n0, n1, bias, Y);  // qa in quarters order
@@ -498,6 +514,7 @@ void nbits_prepare_int8_avx2(int8_t* qa, int64_t M, const NBitsWeight& w) {
     }
     return;
   }
+  if (is_packed(w)) return;  // the packed few-row kernel reads A as it is
   if (w.bits == 2 && w.block_size >= 32) {
     int8_t* const natural = copy_storage.get<int8_t>(M * padded);
     std::memcpy(natural, qa, static_cast<size_t>(M * padded));

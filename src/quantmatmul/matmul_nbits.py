@@ -138,6 +138,21 @@ class MatMulNBits:
         self._weights.B = np.array(self._weights.B, order="C")  # a private contiguous copy of the codes
         self._bias = _bias(fn, bias, self.dtype, N)
         self.K, self.N, self.bits, self.block_size = K, N, bits, block_size
+        self._packed_for = None  # the kernel layout the weight was last packed for (level 4)
+        self._pack_for_kernels()
+
+    def _pack_for_kernels(self):
+        """Level 4 without g_idx: the codes packed once more in the layout the active kernel entry's
+        int8 kernels read (csrc/matmul_nbits.h, NBitsInt8Layout), again after set_isa picks an entry with
+        another layout; none where the entry has no layout or it does not take this weight."""
+        w = self._weights
+        if self.accuracy_level != 4 or w.g_idx is not None:
+            return
+        layout = _core.nbits_int8_layout()
+        if layout != self._packed_for:
+            w.packed = None if layout is None else _core.pack_nbits_int8(
+                w.B, w.K, w.bits, w.block_size, np.ascontiguousarray(w.scales), w.kernel_zero_points)
+            self._packed_for = layout
 
     @classmethod
     def from_float(cls, W, *, bits=4, block_size=32, method="rtn", symmetric=False, bias=None, accuracy_level=0):
@@ -149,12 +164,15 @@ class MatMulNBits:
 
     @property
     def nbytes(self) -> int:
-        """Bytes held: the codes, float32 scales, the zero points (uint8, or float32 when given as floats) and the bias."""
+        """Bytes held: the codes, float32 scales, the zero points (uint8, or float32 when given as floats), the
+        bias, and at level 4 the weight packed for the kernels (codes, scales and scaled zero points)."""
         w = self._weights
         held = w.B.nbytes + w.scales.nbytes + w.kernel_zero_points.nbytes
+        held += 0 if w.packed is None else w.packed.nbytes
         return held + (0 if self._bias is None else self._bias.nbytes)
 
     def __call__(self, A) -> np.ndarray:
+        self._pack_for_kernels()
         return _apply(_activations(self._FN, A, self.K, self.dtype), self._weights, self._bias, self.accuracy_level)
 
     def __repr__(self) -> str:
@@ -263,6 +281,7 @@ class _Weights:
         self.K, self.N, self.bits, self.block_size = K, N, bits, block_size
         kb = self.k_blocks = -(-K // block_size)
         self.padded_K = kb * block_size
+        self.packed = None  # level 4: the weight packed for the kernels (MatMulNBits sets it)
         layout = f"K={K}, bits={bits}, block_size={block_size}"
 
         B = np.asarray(B)
@@ -423,7 +442,8 @@ def _product_int8(a2, w, bias):
         return _core.matmul_nbits_int8(np.ascontiguousarray(a2, dtype=_F32), np.ascontiguousarray(w.B), w.K, w.bits,
                                        w.block_size, np.ascontiguousarray(w.scales),
                                        w.kernel_zero_points,
-                                       None if bias is None else np.ascontiguousarray(bias, dtype=_F32))
+                                       None if bias is None else np.ascontiguousarray(bias, dtype=_F32),
+                                       packed=w.packed)
     # A non-trivial g_idx changes the scales inside an A block, so the integer form does not factor:
     # the dequantized int8 A (float32 qa * scale_a) times W through the float32 kernels, an order the
     # level-4 bound covers.

@@ -1,0 +1,118 @@
+"""test_nbits_packed.py: MatMulNBits level 4 on a weight packed once for the kernel entry (the AVX2 entry's "avx2 quads x8" layout): the same bits as the codes read as they are, on every path; packing follows set_isa."""
+
+import numpy as np
+import pytest
+from conftest import kernel_entry
+from test_matmul_nbits import BITS, ZP_FORMS, Case, assert_within, tight_tolerance
+
+import quantmatmul
+from quantmatmul import MatMulNBits, _core, matmul_nbits
+
+pytestmark = pytest.mark.skipif("avx2" not in quantmatmul.available_isas(), reason="no AVX2 entry on this CPU")
+
+
+def _held(case, **kw):
+    return MatMulNBits(case.B, case.scales, case.zero_points, case.g_idx, case.bias, **case.kw, **kw)
+
+
+def _same_bits(y, expected, what):
+    assert np.array_equal(y.view(np.uint32), expected.view(np.uint32)), what
+
+
+@pytest.mark.parametrize("bits", BITS)
+def test_packed_equals_unpacked_bit_for_bit(bits):
+    """Every width x block sizes 16..512 x rows 1-7 (the packed few-row kernel: passes of 4 rows and
+    their tails) and 8, 9, 21 (the GEMM with its panel taken from the packed codes) x every
+    zero-point form, K from 1 to 19 blocks (whole groups of 8 blocks and blocks left over, the
+    float32 order's two parts), N from 1 to 41 (panels of 8 and a column tail, tasks of 16): the
+    held weight (packed) gives the bits of matmul_nbits (codes read as they are), within the tight
+    tolerance of the exact product of the level's operands."""
+    rng = np.random.default_rng(6100 + bits)
+    with kernel_entry("nbits", "avx2") as entry:
+        assert entry == "avx2"
+        for block_size in (16, 32, 64, 128, 512):
+            for M in (1, 2, 3, 4, 5, 7, 8, 9, 21):
+                zp = ZP_FORMS[int(rng.integers(0, len(ZP_FORMS)))]
+                K = block_size * int(rng.integers(1, 20)) - int(rng.integers(0, block_size // 2 + 1))
+                case = Case(
+                    rng,
+                    bits,
+                    block_size,
+                    K=K,
+                    N=int(rng.integers(1, 42)),
+                    batch=(M,),
+                    zp=zp,
+                    bias=bool(rng.integers(0, 2)),
+                )
+                held = _held(case, accuracy_level=4)
+                assert held._weights.packed is not None and held._weights.packed.layout == "avx2 quads x8"
+                y = held(case.A)
+                _same_bits(y, case.run(4), f"{case} packed vs unpacked")
+                y_eff, tol = tight_tolerance(case, 4)
+                assert_within(y, y_eff, tol, f"{case} tight")
+
+
+@pytest.mark.parametrize("bits", [2, 4, 7, 8])
+def test_packed_extreme_codes_and_nonfinite_rows(bits):
+    """Codes at their maximum against qa = +-127 (8-bit: |c - 128| * 127 pair sums near 2^15, and
+    the + 128 * sum qa that makes them sum qa * c), a row with a NaN block and a row of infinities
+    (scale NaN, qa 0): the unpacked kernels' bits, NaN where they give NaN."""
+    rng = np.random.default_rng(6200 + bits)
+    for block_size in (16, 32, 256):
+        K, N = 11 * block_size, 19
+        B = np.full((N, K // block_size, block_size * bits // 8), 255, np.uint8)
+        scales = rng.uniform(0.5, 2.0, (N, K // block_size)).astype(np.float32)
+        for M in (1, 4, 6, 9):
+            A = np.ones((M, K), np.float32)
+            A[1::2] = -1.0
+            A[0, block_size : 2 * block_size] = np.nan
+            if M > 2:
+                A[2] = np.inf
+            with kernel_entry("nbits", "avx2"):
+                held = MatMulNBits(B, scales, K=K, N=N, bits=bits, block_size=block_size, accuracy_level=4)
+                y = held(A)
+            expected = matmul_nbits(A, B, scales, K=K, N=N, bits=bits, block_size=block_size, accuracy_level=4)
+            assert np.isnan(y[0]).all()
+            _same_bits(y, expected, f"bits {bits} block {block_size} M {M}")
+
+
+def test_packing_follows_the_entry():
+    """Packed for the entry in use when constructed; after set_isa to an entry without the layout
+    (portable) the weight is not read packed (None), and the result is that entry's; back at avx2 it
+    is packed again. A packed weight handed to the core under another entry is ignored there."""
+    rng = np.random.default_rng(6300)
+    case = Case(rng, 4, 32, K=200, N=30, batch=(3,), zp="packed", bias=True)
+    with kernel_entry("nbits", "avx2"):
+        held = _held(case, accuracy_level=4)
+        packed_bytes = held._weights.packed.nbytes
+        assert packed_bytes > 0 and held.nbytes >= packed_bytes + held._weights.B.nbytes
+    with kernel_entry("nbits", "portable") as entry:
+        assert entry == "portable" and _core.nbits_int8_layout() is None
+        y = held(case.A)
+        assert held._weights.packed is None
+        _same_bits(y, case.run(4), "portable, held vs function")
+        w = held._weights
+        args = (case.A, w.B, w.K, w.bits, w.block_size, w.scales, w.kernel_zero_points, None)
+        with kernel_entry("nbits", "avx2"):
+            packed = _core.pack_nbits_int8(w.B, w.K, w.bits, w.block_size, w.scales, w.kernel_zero_points)
+        _same_bits(_core.matmul_nbits_int8(*args, packed=packed), _core.matmul_nbits_int8(*args), "ignored")
+    with kernel_entry("nbits", "avx2"):
+        y = held(case.A)
+        assert held._weights.packed is not None
+        _same_bits(y, case.run(4), "avx2 again")
+
+
+def test_weights_the_layout_does_not_take():
+    """No packing for g_idx (level 4 runs through the float kernels there), for block sizes above
+    4096 (the int32 block sums could overflow), or at levels 0-3; those weights run as before."""
+    rng = np.random.default_rng(6400)
+    with kernel_entry("nbits", "avx2"):
+        g = Case(rng, 4, 32, K=96, N=9, batch=(2,), g="random")
+        assert _held(g, accuracy_level=4)._weights.packed is None
+        big = Case(rng, 4, 8192, K=8192, N=3, batch=(2,))
+        held = _held(big, accuracy_level=4)
+        assert held._weights.packed is None
+        _same_bits(held(big.A), big.run(4), "block 8192")
+        assert _held(Case(rng, 4, 32, K=64, N=8, batch=(1,)), accuracy_level=0)._weights.packed is None
+        w = _held(Case(rng, 4, 4096, K=4096, N=3, batch=(1,)), accuracy_level=4)._weights
+        assert w.packed is not None
