@@ -1,4 +1,4 @@
-"""test_nbits_packed.py: MatMulNBits level 4 on a weight packed once for the kernel entry (the AVX2 entry's "avx2 quads x8" layout): the same bits as the codes read as they are, on every path; packing follows set_isa."""
+"""test_nbits_packed.py: MatMulNBits level 4 on a weight packed once for the kernel entry (the AVX2 entry's "avx2 quads x16" layout): the same bits as the codes read as they are, on every path; packing follows set_isa."""
 
 import numpy as np
 import pytest
@@ -45,7 +45,7 @@ def test_packed_equals_unpacked_bit_for_bit(bits):
                     bias=bool(rng.integers(0, 2)),
                 )
                 held = _held(case, accuracy_level=4)
-                assert held._weights.packed is not None and held._weights.packed.layout == "avx2 quads x8"
+                assert held._weights.packed is not None and held._weights.packed.layout == "avx2 quads x16"
                 y = held(case.A)
                 _same_bits(y, case.run(4), f"{case} packed vs unpacked")
                 y_eff, tol = tight_tolerance(case, 4)

@@ -1,22 +1,24 @@
-// nbits_packed_avx2.cpp: AVX2 MatMulNBits level 4 on a weight packed once in quads of 8 columns (the avx2 entry's int8 layout): the packer and the few-row kernel.
+// nbits_packed_avx2.cpp: AVX2 MatMulNBits level 4 on a weight packed once in quads of 16 columns (the avx2 entry's int8 layout): the packer and the few-row kernel.
 //
-// Layout "avx2 quads x8" (kQuadPanels): panels of 8 columns; per panel, per block, per quad of k
-// (k = 4q .. 4q+3 of the block) 32 bytes,
-//   byte 4c + i = the code of column c at k = 4q + i,
-// each code S bits wide (S = 2 for 2-bit codes, 4 for 3- and 4-bit, 8 for 5- to 8-bit), 8 / S
-// consecutive quads sharing one 32-byte vector (quad j of a vector in bits [S j, S j + S) of each
-// byte); 8-bit codes are held as c - 128 (int8). A panel's blocks follow each other, its scales and
-// scale * zero point per block are 8 floats (0 for columns past N). So one load, a shift and a mask
-// give one quad of codes for all 8 columns, and one broadcast of four int8 of A meets them in
-// vpmaddubsw: the 8 columns' block sums come out in the 8 int32 lanes, with no reduction across
-// lanes (the row-wise kernel of nbits_int8_avx2.cpp reduces 8 blocks' vectors with hadds, which
-// took most of its time). Codes past K meet qa = 0, whatever they hold.
+// Layout "avx2 quads x16" (kQuadPanels): panels of 16 columns, two halves of 8. Per panel, per
+// block, per quad of k (k = 4q .. 4q+3 of the block) and half, 32 bytes,
+//   byte 4c + i = the code of column 8 half + c at k = 4q + i,
+// each code S bits wide (S = 2 for 2-bit codes, 4 for 3- and 4-bit, 8 for 5- to 8-bit): a group of
+// 8 / S consecutive quads shares one vector per half (quad j of the group in bits [S j, S j + S) of
+// each byte), the group's two vectors adjacent; 8-bit codes are held as c - 128 (int8). A panel's
+// blocks follow each other; its scales and scale * zero point are 16 floats per block (0 for
+// columns past N). So a load, a shift and a mask give one quad of codes for 8 columns, and one
+// broadcast of four int8 of A meets both halves in vpmaddubsw: each column's block sum comes out
+// in its own int32 lane, with no reduction across lanes (the row-wise kernel of nbits_int8_avx2.cpp
+// reduces 8 blocks' vectors with hadds, which took most of its time). Codes past K meet qa = 0,
+// whatever they hold. The int8 GEMM (8+ rows) takes its [k/4][16 columns][4 codes] byte panel from
+// a panel of this layout by the same shifts and masks (nbits_panel_from_packed).
 //
 // The block sums are exact (vpmaddubsw pair sums added in int16 for at most int16_steps(bits)
 // quads, then widened; 8-bit codes as |c - 128| x (qa with the sign of c - 128), widened per quad,
 // plus 128 * sum qa so that the sum is sum qa * c). The float32 epilogue is the few-row order of
 // docs/matmul_nbits.md ("Float32 order of level 4": lane i of the row-wise kernel's vectors takes
-// blocks b = i mod 8) computed with one vector per residue and the 8 columns in the lanes, so the
+// blocks b = i mod 8), computed with one vector per residue and the columns in the lanes, so the
 // results are those of the unpacked kernels bit for bit (tests/test_nbits_packed.py).
 #include <immintrin.h>
 
@@ -28,21 +30,24 @@
 namespace qmm {
 namespace {
 
-constexpr int64_t kPanel = 8;  // columns per panel
+constexpr int64_t kPanel = 16;  // columns per panel: two halves of 8, one 32-byte vector each
 constexpr int64_t kMaxBlockSize = 4096;  // the int32 block sums stay below 2^31 (127 * 255 * 4096)
 
 int64_t storage_bits(int64_t bits) { return bits == 2 ? 2 : bits <= 4 ? 4 : 8; }
 
 int64_t panels_of(const NBitsWeight& w) { return (w.N + kPanel - 1) / kPanel; }
 
+// Bytes of one panel's codes per block: bs / 4 quads x 64 bytes x S / 8.
+int64_t block_bytes(const NBitsWeight& w) { return w.block_size * storage_bits(w.bits) * 2; }
+
 int64_t packed_bytes(const NBitsWeight& w) {
   if (w.g_idx || w.block_size > kMaxBlockSize || w.block_size % 8) return 0;
-  return panels_of(w) * w.k_blocks * w.block_size * storage_bits(w.bits);  // block: bs/4 quads x 32 bytes x S/8
+  return panels_of(w) * w.k_blocks * block_bytes(w);
 }
 
 void pack(const NBitsWeight& w, int64_t p0, int64_t p1, uint8_t* codes, float* scales, float* scaled_zero_points) {
   const int64_t kb = w.k_blocks, bs = w.block_size, padded = kb * bs, S = storage_bits(w.bits), Q = 8 / S;
-  const int64_t vectors = bs / 4 / Q;  // 32-byte vectors per block
+  const int64_t groups = bs / 4 / Q;  // groups of Q quads per block: two vectors each
   thread_local Scratch columns_storage;
   uint8_t* const columns = columns_storage.get<uint8_t>(kPanel * padded);
   for (int64_t p = p0; p < p1; ++p) {
@@ -54,16 +59,17 @@ void pack(const NBitsWeight& w, int64_t p0, int64_t p1, uint8_t* codes, float* s
       if (w.bits == 8)
         for (int64_t k = 0; k < padded; ++k) column[k] ^= 0x80;
     }
-    uint8_t* out = codes + (p - p0) * kb * bs * S;
+    uint8_t* out = codes + (p - p0) * kb * block_bytes(w);
     for (int64_t b = 0; b < kb; ++b)
-      for (int64_t v = 0; v < vectors; ++v, out += 32)
-        for (int64_t c = 0; c < kPanel; ++c)
-          for (int64_t i = 0; i < 4; ++i) {
-            unsigned byte = 0;
-            for (int64_t j = 0; j < Q; ++j)
-              byte |= unsigned{columns[c * padded + b * bs + 4 * (v * Q + j) + i]} << (S * j);
-            out[4 * c + i] = static_cast<uint8_t>(byte);
-          }
+      for (int64_t g = 0; g < groups; ++g)
+        for (int64_t half = 0; half < 2; ++half, out += 32)
+          for (int64_t c = 0; c < 8; ++c)
+            for (int64_t i = 0; i < 4; ++i) {
+              const uint8_t* column = columns + (8 * half + c) * padded + b * bs + i;
+              unsigned byte = 0;
+              for (int64_t j = 0; j < Q; ++j) byte |= unsigned{column[4 * (g * Q + j)]} << (S * j);
+              out[4 * c + i] = static_cast<uint8_t>(byte);
+            }
     for (int64_t b = 0; b < kb; ++b)
       for (int64_t c = 0; c < kPanel; ++c) {
         const int64_t n = p * kPanel + c, at = ((p - p0) * kb + b) * kPanel + c;
@@ -81,102 +87,146 @@ inline __m256 lane_sums(const __m256 v[8]) {
   return _mm256_add_ps(_mm256_add_ps(s0, s2), _mm256_add_ps(s1, s3));
 }
 
-// Rows m0 .. m0+MR-1 of A against panel p. S: the codes' width in the layout; Signed8: 8-bit codes
-// (held as c - 128); steps: vectors whose int16 sums may add up before widening (not Signed8).
+// Quad j of a group's vector: its codes as bytes.
+template <int S>
+inline __m256i quad_codes(__m256i packed_codes, int j, __m256i mask) {
+  if constexpr (S == 8) return packed_codes;
+  return _mm256_and_si256(j ? _mm256_srli_epi16(packed_codes, S * j) : packed_codes, mask);
+}
+
+// The exact int32 block sums of rows m0 .. m0+MR-1 with block b of a panel, two halves of 8
+// columns: dot[r][half]. S: the codes' width in the layout; Signed8: 8-bit codes (held as
+// c - 128); steps: groups whose int16 sums may add up before widening (not Signed8).
 template <int S, bool Signed8, int MR>
+inline void block_sums(const uint8_t* block, const int8_t* const qa[MR], int64_t k0, int64_t groups, int64_t steps,
+                       const int32_t* sums, __m256i dot[MR][2]) {
+  constexpr int Q = 8 / S;
+  const __m256i mask = _mm256_set1_epi8(static_cast<char>((1 << S) - 1)), ones = _mm256_set1_epi16(1);
+  for (int r = 0; r < MR; ++r) dot[r][0] = dot[r][1] = _mm256_setzero_si256();
+  for (int64_t g0 = 0; g0 < groups; g0 += steps) {
+    const int64_t g1 = min_i64(groups, g0 + steps);
+    __m256i sum16[MR][2];
+    for (int r = 0; r < MR; ++r) sum16[r][0] = sum16[r][1] = _mm256_setzero_si256();
+    for (int64_t g = g0; g < g1; ++g) {
+      const __m256i lo = _mm256_load_si256(reinterpret_cast<const __m256i*>(block + 64 * g));
+      const __m256i hi = _mm256_load_si256(reinterpret_cast<const __m256i*>(block + 64 * g + 32));
+      for (int j = 0; j < Q; ++j) {
+        const int64_t k = k0 + 4 * (g * Q + j);
+        if constexpr (Signed8) {
+          const __m256i lo_magnitude = _mm256_abs_epi8(lo), hi_magnitude = _mm256_abs_epi8(hi);
+          for (int r = 0; r < MR; ++r) {
+            int32_t four;
+            std::memcpy(&four, qa[r] + k, 4);
+            const __m256i a = _mm256_set1_epi32(four);
+            dot[r][0] = _mm256_add_epi32(
+                dot[r][0], _mm256_madd_epi16(_mm256_maddubs_epi16(lo_magnitude, _mm256_sign_epi8(a, lo)), ones));
+            dot[r][1] = _mm256_add_epi32(
+                dot[r][1], _mm256_madd_epi16(_mm256_maddubs_epi16(hi_magnitude, _mm256_sign_epi8(a, hi)), ones));
+          }
+        } else {
+          const __m256i lo_codes = quad_codes<S>(lo, j, mask), hi_codes = quad_codes<S>(hi, j, mask);
+          for (int r = 0; r < MR; ++r) {
+            int32_t four;
+            std::memcpy(&four, qa[r] + k, 4);
+            const __m256i a = _mm256_set1_epi32(four);
+            sum16[r][0] = _mm256_add_epi16(sum16[r][0], _mm256_maddubs_epi16(lo_codes, a));
+            sum16[r][1] = _mm256_add_epi16(sum16[r][1], _mm256_maddubs_epi16(hi_codes, a));
+          }
+        }
+      }
+    }
+    if constexpr (!Signed8)
+      for (int r = 0; r < MR; ++r)
+        for (int h = 0; h < 2; ++h) dot[r][h] = _mm256_add_epi32(dot[r][h], _mm256_madd_epi16(sum16[r][h], ones));
+  }
+  if constexpr (Signed8)  // sum qa (c - 128) + 128 sum qa = sum qa c (exact: it fits int32)
+    for (int r = 0; r < MR; ++r) {
+      const __m256i offset = _mm256_set1_epi32(128 * sums[r]);
+      dot[r][0] = _mm256_add_epi32(dot[r][0], offset);
+      dot[r][1] = _mm256_add_epi32(dot[r][1], offset);
+    }
+}
+
+// Rows m0 .. m0+MR-1 of A against panel p (16 columns); Groups: groups of quads per block when
+// known at compile time (0: at run time).
+template <int S, bool Signed8, int MR, int Groups>
 void panel_rows(const QuantizedA& a, int64_t m0, const NBitsWeight& w, int64_t p, int64_t steps, const int32_t* qa_sums,
                 const float* bias, float* Y) {
   constexpr int Q = 8 / S;
-  const int64_t kb = w.k_blocks, bs = w.block_size, padded = kb * bs, vectors = bs / 4 / Q;
+  const int64_t kb = w.k_blocks, bs = w.block_size, padded = kb * bs, bytes = block_bytes(w);
+  const int64_t groups = Groups ? Groups : bs / 4 / Q;
   const NBitsPackedInt8& packed = *w.packed;
-  const uint8_t* codes = packed.codes + p * kb * bs * S;
+  const uint8_t* codes = packed.codes + p * kb * bytes;
   const float* sb_panel = packed.scales + p * kb * kPanel;
   const float* szp_panel = packed.scaled_zero_points + p * kb * kPanel;
   const int8_t* qa[MR];
   for (int r = 0; r < MR; ++r) qa[r] = a.qa + (m0 + r) * padded;
   const float* scale_a = a.scale + m0 * kb;
   const float* block_sum = a.block_sum + m0 * kb;
-  const __m256i mask = _mm256_set1_epi8(static_cast<char>((1 << S) - 1)), ones = _mm256_set1_epi16(1);
-  __m256 acc[MR][8], correction[MR][8], y[MR];
+  // Per row and half: one vector per residue of the block mod 8 (the row-wise kernel's lanes).
+  __m256 acc[MR][2][8], correction[MR][2][8], y[MR][2];
   for (int r = 0; r < MR; ++r)
-    for (int i = 0; i < 8; ++i) acc[r][i] = correction[r][i] = _mm256_setzero_ps();
+    for (int h = 0; h < 2; ++h)
+      for (int i = 0; i < 8; ++i) acc[r][h][i] = correction[r][h][i] = _mm256_setzero_ps();
   const int64_t whole = kb / 8 * 8;
   for (int64_t b = 0; b < kb; ++b) {
     if (b == whole)
-      for (int r = 0; r < MR; ++r) y[r] = _mm256_sub_ps(lane_sums(acc[r]), lane_sums(correction[r]));
-    __m256i dot[MR];
-    for (int r = 0; r < MR; ++r) dot[r] = _mm256_setzero_si256();
-    const uint8_t* block = codes + b * vectors * 32;
-    for (int64_t v0 = 0; v0 < vectors; v0 += steps) {
-      const int64_t v1 = min_i64(vectors, v0 + steps);
-      __m256i sum16[MR];
-      for (int r = 0; r < MR; ++r) sum16[r] = _mm256_setzero_si256();
-      for (int64_t v = v0; v < v1; ++v) {
-        const __m256i packed_codes = _mm256_load_si256(reinterpret_cast<const __m256i*>(block + 32 * v));
-        for (int j = 0; j < Q; ++j) {
-          const int64_t k = b * bs + 4 * (v * Q + j);
-          if constexpr (Signed8) {
-            const __m256i magnitude = _mm256_abs_epi8(packed_codes);
-            for (int r = 0; r < MR; ++r) {
-              int32_t four;
-              std::memcpy(&four, qa[r] + k, 4);
-              const __m256i signed_a = _mm256_sign_epi8(_mm256_set1_epi32(four), packed_codes);
-              dot[r] = _mm256_add_epi32(dot[r], _mm256_madd_epi16(_mm256_maddubs_epi16(magnitude, signed_a), ones));
-            }
-          } else {
-            const __m256i quad =
-                S == 8 ? packed_codes
-                       : _mm256_and_si256(j ? _mm256_srli_epi16(packed_codes, S * j) : packed_codes, mask);
-            for (int r = 0; r < MR; ++r) {
-              int32_t four;
-              std::memcpy(&four, qa[r] + k, 4);
-              sum16[r] = _mm256_add_epi16(sum16[r], _mm256_maddubs_epi16(quad, _mm256_set1_epi32(four)));
-            }
-          }
-        }
-      }
-      if constexpr (!Signed8)
-        for (int r = 0; r < MR; ++r) dot[r] = _mm256_add_epi32(dot[r], _mm256_madd_epi16(sum16[r], ones));
-    }
-    if constexpr (Signed8)  // sum qa (c - 128) + 128 sum qa = sum qa c (exact: it fits int32)
       for (int r = 0; r < MR; ++r)
-        dot[r] = _mm256_add_epi32(dot[r], _mm256_set1_epi32(128 * qa_sums[(m0 + r) * kb + b]));
-    const __m256 sb = _mm256_load_ps(sb_panel + b * kPanel), szp = _mm256_load_ps(szp_panel + b * kPanel);
-    for (int r = 0; r < MR; ++r) {
-      const __m256 product = _mm256_mul_ps(_mm256_set1_ps(scale_a[r * kb + b]), sb);
-      const __m256 total = _mm256_cvtepi32_ps(dot[r]), bsum = _mm256_set1_ps(block_sum[r * kb + b]);
-      if (b < whole) {
-        acc[r][b % 8] = _mm256_fmadd_ps(total, product, acc[r][b % 8]);
-        correction[r][b % 8] = _mm256_fmadd_ps(bsum, szp, correction[r][b % 8]);
-      } else {  // y + ((p * D) - block_sum * (sb * zp)), rounded step by step
-        y[r] = _mm256_add_ps(y[r], _mm256_sub_ps(_mm256_mul_ps(product, total), _mm256_mul_ps(bsum, szp)));
+        for (int h = 0; h < 2; ++h) y[r][h] = _mm256_sub_ps(lane_sums(acc[r][h]), lane_sums(correction[r][h]));
+    int32_t sums[MR];
+    if constexpr (Signed8)
+      for (int r = 0; r < MR; ++r) sums[r] = qa_sums[(m0 + r) * kb + b];
+    __m256i dot[MR][2];
+    block_sums<S, Signed8, MR>(codes + b * bytes, qa, b * bs, groups, steps, sums, dot);
+    for (int h = 0; h < 2; ++h) {
+      const __m256 sb = _mm256_load_ps(sb_panel + b * kPanel + 8 * h);
+      const __m256 szp = _mm256_load_ps(szp_panel + b * kPanel + 8 * h);
+      for (int r = 0; r < MR; ++r) {
+        const __m256 product = _mm256_mul_ps(_mm256_set1_ps(scale_a[r * kb + b]), sb);
+        const __m256 total = _mm256_cvtepi32_ps(dot[r][h]), bsum = _mm256_set1_ps(block_sum[r * kb + b]);
+        if (b < whole) {
+          acc[r][h][b % 8] = _mm256_fmadd_ps(total, product, acc[r][h][b % 8]);
+          correction[r][h][b % 8] = _mm256_fmadd_ps(bsum, szp, correction[r][h][b % 8]);
+        } else {  // y + ((p * D) - block_sum * (sb * zp)), rounded step by step
+          y[r][h] = _mm256_add_ps(y[r][h], _mm256_sub_ps(_mm256_mul_ps(product, total), _mm256_mul_ps(bsum, szp)));
+        }
       }
     }
   }
   if (whole == kb)
-    for (int r = 0; r < MR; ++r) y[r] = _mm256_sub_ps(lane_sums(acc[r]), lane_sums(correction[r]));
+    for (int r = 0; r < MR; ++r)
+      for (int h = 0; h < 2; ++h) y[r][h] = _mm256_sub_ps(lane_sums(acc[r][h]), lane_sums(correction[r][h]));
   const int64_t n0 = p * kPanel, cols = min_i64(kPanel, w.N - n0);
   for (int r = 0; r < MR; ++r) {
-    alignas(32) float out[8];
-    _mm256_store_ps(out, y[r]);
+    alignas(32) float out[16];
+    _mm256_store_ps(out, y[r][0]);
+    _mm256_store_ps(out + 8, y[r][1]);
     float* row = Y + (m0 + r) * w.N + n0;
     for (int64_t c = 0; c < cols; ++c) row[c] = bias ? out[c] + bias[n0 + c] : out[c];
   }
 }
 
-template <int S, bool Signed8>
+template <int S, bool Signed8, int Groups>
 void panels_rows(const QuantizedA& a, const NBitsWeight& w, int64_t p0, int64_t p1, const int32_t* qa_sums,
                  const float* bias, float* Y) {
-  const int64_t steps = Signed8 ? 1 : max_i64(1, int16_steps(w.bits) / (8 / S));  // in vectors of 8/S quads
+  const int64_t steps = Signed8 ? 1 : max_i64(1, int16_steps(w.bits) / (8 / S));  // in groups of 8/S quads
   for (int64_t p = p0; p < p1; ++p)
     for (int64_t m0 = 0; m0 < a.M; m0 += 4) {
       switch (min_i64(4, a.M - m0)) {
-        case 1: panel_rows<S, Signed8, 1>(a, m0, w, p, steps, qa_sums, bias, Y); break;
-        case 2: panel_rows<S, Signed8, 2>(a, m0, w, p, steps, qa_sums, bias, Y); break;
-        case 3: panel_rows<S, Signed8, 3>(a, m0, w, p, steps, qa_sums, bias, Y); break;
-        default: panel_rows<S, Signed8, 4>(a, m0, w, p, steps, qa_sums, bias, Y);
+        case 1: panel_rows<S, Signed8, 1, Groups>(a, m0, w, p, steps, qa_sums, bias, Y); break;
+        case 2: panel_rows<S, Signed8, 2, Groups>(a, m0, w, p, steps, qa_sums, bias, Y); break;
+        case 3: panel_rows<S, Signed8, 3, Groups>(a, m0, w, p, steps, qa_sums, bias, Y); break;
+        default: panel_rows<S, Signed8, 4, Groups>(a, m0, w, p, steps, qa_sums, bias, Y);
       }
     }
+}
+
+// Blocks of 32 codes (the usual size) with a compile-time group count.
+template <int S, bool Signed8>
+void panels_rows_sized(const QuantizedA& a, const NBitsWeight& w, int64_t p0, int64_t p1, const int32_t* qa_sums,
+                       const float* bias, float* Y) {
+  if (w.block_size == 32) return panels_rows<S, Signed8, 8 / (8 / S)>(a, w, p0, p1, qa_sums, bias, Y);
+  panels_rows<S, Signed8, 0>(a, w, p0, p1, qa_sums, bias, Y);
 }
 
 }  // namespace
@@ -184,7 +234,7 @@ void panels_rows(const QuantizedA& a, const NBitsWeight& w, int64_t p0, int64_t 
 namespace avx2 {
 
 const NBitsInt8Layout kQuadPanels = {
-    .name = "avx2 quads x8", .panel_columns = kPanel, .packed_bytes = packed_bytes, .pack = pack};
+    .name = "avx2 quads x16", .panel_columns = kPanel, .packed_bytes = packed_bytes, .pack = pack};
 
 void nbits_rows_int8_packed(const QuantizedA& a, const NBitsWeight& w, int64_t n0, int64_t n1, const float* bias,
                             float* Y) {
@@ -201,34 +251,28 @@ void nbits_rows_int8_packed(const QuantizedA& a, const NBitsWeight& w, int64_t n
         for (int64_t j = 0; j < bs; ++j) s += q[j];
         sums[m * kb + b] = s;
       }
-    return panels_rows<8, true>(a, w, p0, p1, sums, bias, Y);
+    return panels_rows_sized<8, true>(a, w, p0, p1, sums, bias, Y);
   }
   switch (storage_bits(w.bits)) {
-    case 2: return panels_rows<2, false>(a, w, p0, p1, nullptr, bias, Y);
-    case 4: return panels_rows<4, false>(a, w, p0, p1, nullptr, bias, Y);
-    default: return panels_rows<8, false>(a, w, p0, p1, nullptr, bias, Y);
+    case 2: return panels_rows_sized<2, false>(a, w, p0, p1, nullptr, bias, Y);
+    case 4: return panels_rows_sized<4, false>(a, w, p0, p1, nullptr, bias, Y);
+    default: return panels_rows_sized<8, false>(a, w, p0, p1, nullptr, bias, Y);
   }
 }
 
 void nbits_panel_from_packed(const NBitsWeight& w, int64_t n0, uint8_t* panel) {
-  const int64_t kb = w.k_blocks, bs = w.block_size, S = storage_bits(w.bits), Q = 8 / S, vectors = bs / 4 / Q;
+  const int64_t kb = w.k_blocks, bs = w.block_size, S = storage_bits(w.bits), Q = 8 / S;
   const __m256i mask = _mm256_set1_epi8(static_cast<char>((1 << S) - 1));
-  for (int64_t half = 0; half < 2; ++half) {
-    const int64_t p = n0 / kPanel + half;
-    if (p >= panels_of(w)) {  // past N: codes 0 (their scales are 0 too)
-      for (int64_t q = 0; q < kb * bs / 4; ++q) std::memset(panel + q * 64 + 32 * half, 0, 32);
-      continue;
-    }
-    const uint8_t* codes = w.packed->codes + p * kb * bs * S;
-    for (int64_t v = 0; v < kb * vectors; ++v) {
-      const __m256i packed_codes = _mm256_load_si256(reinterpret_cast<const __m256i*>(codes + 32 * v));
+  const uint8_t* codes = w.packed->codes + n0 / kPanel * kb * block_bytes(w);
+  for (int64_t g = 0; g < kb * bs / 4 / Q; ++g)
+    for (int64_t half = 0; half < 2; ++half) {
+      const __m256i packed_codes = _mm256_load_si256(reinterpret_cast<const __m256i*>(codes + 64 * g + 32 * half));
       for (int64_t j = 0; j < Q; ++j) {
         const __m256i quad =
             S == 8 ? packed_codes : _mm256_and_si256(_mm256_srli_epi16(packed_codes, static_cast<int>(S * j)), mask);
-        _mm256_storeu_si256(reinterpret_cast<__m256i*>(panel + (v * Q + j) * 64 + 32 * half), quad);
+        _mm256_storeu_si256(reinterpret_cast<__m256i*>(panel + (g * Q + j) * 64 + 32 * half), quad);
       }
     }
-  }
 }
 
 }  // namespace avx2
