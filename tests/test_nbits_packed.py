@@ -21,8 +21,9 @@ def _same_bits(y, expected, what):
 
 @pytest.mark.parametrize("bits", BITS)
 def test_packed_equals_unpacked_bit_for_bit(bits):
-    """Every width x block sizes 16..512 x rows 1-7 (the packed few-row kernel: passes of 4 rows and
-    their tails) and 8, 9, 21 (the GEMM with its panel taken from the packed codes) x every
+    """Every width x block sizes 16..512 x rows 1-15 (the packed few-row kernel: passes of 4 rows and
+    their tails; 8-bit codes from 8 rows on take the GEMM) and 16, 21 (the GEMM with its panel taken
+    from the packed codes: groups of 4 rows and a tail) x every
     zero-point form, K from 1 to 19 blocks (whole groups of 8 blocks and blocks left over, the
     float32 order's two parts), N from 1 to 41 (panels of 8 and a column tail, tasks of 16): the
     held weight (packed) gives the bits of matmul_nbits (codes read as they are), within the tight
@@ -31,7 +32,7 @@ def test_packed_equals_unpacked_bit_for_bit(bits):
     with kernel_entry("nbits", "avx2") as entry:
         assert entry == "avx2"
         for block_size in (16, 32, 64, 128, 512):
-            for M in (1, 2, 3, 4, 5, 7, 8, 9, 21):
+            for M in (1, 2, 3, 4, 5, 7, 8, 9, 15, 16, 21):
                 zp = ZP_FORMS[int(rng.integers(0, len(ZP_FORMS)))]
                 K = block_size * int(rng.integers(1, 20)) - int(rng.integers(0, block_size // 2 + 1))
                 case = Case(

@@ -227,12 +227,16 @@ void nbits_rows_int8_kind(const QuantizedA& a, const NBitsWeight& w, int64_t n0,
 //
 // Per quad of k, a 4 x 16 tile does 2 loads of codes, 4 broadcasts of A, 8 vpmaddubsw and 8 int16
 // adds for 256 multiply-adds: the widening, conversion and scaling run once per `steps` quads.
-constexpr int64_t kInt8GemmMinRows = 8;
+constexpr int64_t kInt8GemmMinRows = 8;  // below it the per-row kernel (codes unpacked once per 4 rows) wins
 
 // Whether w comes packed in this entry's layout (nbits_packed_avx2.cpp).
-inline bool is_packed(const NBitsWeight& w) {
-  return w.packed && w.packed->layout == &avx2::kQuadPanels;
-}  // below it the per-row kernel (codes unpacked once per 4 rows) wins
+inline bool is_packed(const NBitsWeight& w) { return w.packed && w.packed->layout == &avx2::kQuadPanels; }
+
+// Whether M rows of A against a packed w take the packed few-row kernel rather than the GEMM: below
+// 16 rows (8 for 8-bit codes, whose sums are widened every quad), where it measured faster (one
+// thread, Zen 3: 4-bit blocks of 32 at 12 rows 3.17 ms against the GEMM's 3.30, at 16 rows 4.37
+// against 4.16).
+inline bool packed_few_rows(int64_t M, const NBitsWeight& w) { return is_packed(w) && M < (w.bits == 8 ? 8 : 16); }
 
 // The int16 sums of quads [q0, q1) of the tile, widened to int32 with vpmaddwd: out[r][v] for
 // rows r < MR and the two 8-column vectors v of the panel.
@@ -479,8 +483,8 @@ void nbits_int8_gemm(const QuantizedA& a, const NBitsWeight& w, int64_t n0, int6
 
 void nbits_rows_int8_avx2(const QuantizedA& a, const NBitsWeight& w, int64_t n0, int64_t n1, const float* bias,
                           float* Y) {
+  if (packed_few_rows(a.M, w)) return avx2::nbits_rows_int8_packed(a, w, n0, n1, bias, Y);
   if (a.M >= kInt8GemmMinRows) return nbits_int8_gemm(a, w, n0, n1, bias, Y);
-  if (is_packed(w)) return avx2::nbits_rows_int8_packed(a, w, n0, n1, bias, Y);
   if (w.bits == 8) return nbits_rows_int8_kind<8>(a, w, n0, n1, bias, Y);
   if (w.bits == 3) return nbits_rows_int8_kind<4>(a, w, n0, n1, bias, Y);  // as 4-bit codes, qa as for 4-bit
   if (w.bits == 2 && w.block_size >= 32) return nbits_rows_int8_kind<2>(a, w, n0, n1, bias, Y);  // qa in quarters order
@@ -504,6 +508,7 @@ void nbits_prepare_int8_avx2(int8_t* qa, int64_t M, const NBitsWeight& w) {
   // A copy of (part of) qa. thread_local like the kernels' buffers: a local one would need an
   // exception cleanup (and with it the personality routine's weak DW.ref symbol).
   thread_local Scratch copy_storage;
+  if (packed_few_rows(M, w)) return;  // the packed few-row kernel reads A as it is
   if (M >= kInt8GemmMinRows) {
     int8_t* const group = copy_storage.get<int8_t>(4 * padded);
     for (int64_t g = 0; g + 4 <= M; g += 4) {
@@ -514,7 +519,6 @@ void nbits_prepare_int8_avx2(int8_t* qa, int64_t M, const NBitsWeight& w) {
     }
     return;
   }
-  if (is_packed(w)) return;  // the packed few-row kernel reads A as it is
   if (w.bits == 2 && w.block_size >= 32) {
     int8_t* const natural = copy_storage.get<int8_t>(M * padded);
     std::memcpy(natural, qa, static_cast<size_t>(M * padded));

@@ -23,6 +23,7 @@
 #include <immintrin.h>
 
 #include <cstring>
+#include <type_traits>
 
 #include "nbits_avx2.h"
 #include "nbits_avx2_common.h"
@@ -31,6 +32,9 @@ namespace qmm {
 namespace {
 
 constexpr int64_t kPanel = 16;  // columns per panel: two halves of 8, one 32-byte vector each
+// From this many rows of A, level 4's float32 order is the GEMM's (docs/matmul_nbits.md; the
+// kernels of every table switch there: kInt8GemmMinRows in nbits_int8_avx2.cpp).
+constexpr int64_t kInOrderRows = 8;
 constexpr int64_t kMaxBlockSize = 4096;  // the int32 block sums stay below 2^31 (127 * 255 * 4096)
 
 int64_t storage_bits(int64_t bits) { return bits == 2 ? 2 : bits <= 4 ? 4 : 8; }
@@ -148,8 +152,10 @@ inline void block_sums(const uint8_t* block, const int8_t* const qa[MR], int64_t
 }
 
 // Rows m0 .. m0+MR-1 of A against panel p (16 columns); Groups: groups of quads per block when
-// known at compile time (0: at run time).
-template <int S, bool Signed8, int MR, int Groups>
+// known at compile time (0: at run time). InOrder: the float32 order of 8+ rows (the GEMM's: per
+// output, blocks in order, y = fma(D, p, y) then y = fnmadd(block_sum, sb * zp, y)); else that of
+// fewer rows (residues mod 8, then the blocks left over).
+template <int S, bool Signed8, int MR, int Groups, bool InOrder>
 void panel_rows(const QuantizedA& a, int64_t m0, const NBitsWeight& w, int64_t p, int64_t steps, const int32_t* qa_sums,
                 const float* bias, float* Y) {
   constexpr int Q = 8 / S;
@@ -168,9 +174,11 @@ void panel_rows(const QuantizedA& a, int64_t m0, const NBitsWeight& w, int64_t p
   for (int r = 0; r < MR; ++r)
     for (int h = 0; h < 2; ++h)
       for (int i = 0; i < 8; ++i) acc[r][h][i] = correction[r][h][i] = _mm256_setzero_ps();
-  const int64_t whole = kb / 8 * 8;
+  const int64_t whole = InOrder ? 0 : kb / 8 * 8;
+  if constexpr (InOrder)
+    for (int r = 0; r < MR; ++r) y[r][0] = y[r][1] = _mm256_setzero_ps();
   for (int64_t b = 0; b < kb; ++b) {
-    if (b == whole)
+    if (!InOrder && b == whole)
       for (int r = 0; r < MR; ++r)
         for (int h = 0; h < 2; ++h) y[r][h] = _mm256_sub_ps(lane_sums(acc[r][h]), lane_sums(correction[r][h]));
     int32_t sums[MR];
@@ -184,7 +192,9 @@ void panel_rows(const QuantizedA& a, int64_t m0, const NBitsWeight& w, int64_t p
       for (int r = 0; r < MR; ++r) {
         const __m256 product = _mm256_mul_ps(_mm256_set1_ps(scale_a[r * kb + b]), sb);
         const __m256 total = _mm256_cvtepi32_ps(dot[r][h]), bsum = _mm256_set1_ps(block_sum[r * kb + b]);
-        if (b < whole) {
+        if constexpr (InOrder) {
+          y[r][h] = _mm256_fnmadd_ps(bsum, szp, _mm256_fmadd_ps(total, product, y[r][h]));
+        } else if (b < whole) {
           acc[r][h][b % 8] = _mm256_fmadd_ps(total, product, acc[r][h][b % 8]);
           correction[r][h][b % 8] = _mm256_fmadd_ps(bsum, szp, correction[r][h][b % 8]);
         } else {  // y + ((p * D) - block_sum * (sb * zp)), rounded step by step
@@ -193,7 +203,7 @@ void panel_rows(const QuantizedA& a, int64_t m0, const NBitsWeight& w, int64_t p
       }
     }
   }
-  if (whole == kb)
+  if (!InOrder && whole == kb)
     for (int r = 0; r < MR; ++r)
       for (int h = 0; h < 2; ++h) y[r][h] = _mm256_sub_ps(lane_sums(acc[r][h]), lane_sums(correction[r][h]));
   const int64_t n0 = p * kPanel, cols = min_i64(kPanel, w.N - n0);
@@ -210,15 +220,20 @@ template <int S, bool Signed8, int Groups>
 void panels_rows(const QuantizedA& a, const NBitsWeight& w, int64_t p0, int64_t p1, const int32_t* qa_sums,
                  const float* bias, float* Y) {
   const int64_t steps = Signed8 ? 1 : max_i64(1, int16_steps(w.bits) / (8 / S));  // in groups of 8/S quads
-  for (int64_t p = p0; p < p1; ++p)
-    for (int64_t m0 = 0; m0 < a.M; m0 += 4) {
-      switch (min_i64(4, a.M - m0)) {
-        case 1: panel_rows<S, Signed8, 1, Groups>(a, m0, w, p, steps, qa_sums, bias, Y); break;
-        case 2: panel_rows<S, Signed8, 2, Groups>(a, m0, w, p, steps, qa_sums, bias, Y); break;
-        case 3: panel_rows<S, Signed8, 3, Groups>(a, m0, w, p, steps, qa_sums, bias, Y); break;
-        default: panel_rows<S, Signed8, 4, Groups>(a, m0, w, p, steps, qa_sums, bias, Y);
+  auto pass = [&](auto in_order) {
+    constexpr bool InOrder = decltype(in_order)::value;
+    for (int64_t p = p0; p < p1; ++p)
+      for (int64_t m0 = 0; m0 < a.M; m0 += 4) {
+        switch (min_i64(4, a.M - m0)) {
+          case 1: panel_rows<S, Signed8, 1, Groups, InOrder>(a, m0, w, p, steps, qa_sums, bias, Y); break;
+          case 2: panel_rows<S, Signed8, 2, Groups, InOrder>(a, m0, w, p, steps, qa_sums, bias, Y); break;
+          case 3: panel_rows<S, Signed8, 3, Groups, InOrder>(a, m0, w, p, steps, qa_sums, bias, Y); break;
+          default: panel_rows<S, Signed8, 4, Groups, InOrder>(a, m0, w, p, steps, qa_sums, bias, Y);
+        }
       }
-    }
+  };
+  if (a.M >= kInOrderRows) pass(std::true_type{});
+  else pass(std::false_type{});
 }
 
 // Blocks of 32 codes (the usual size) with a compile-time group count.
