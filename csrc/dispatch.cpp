@@ -206,9 +206,10 @@ std::string self_test(const Float8Dispatch& f) {
 // 2^24), so that any summation order gives the one exact result.
 std::string self_test(const NBitsDispatch& e) {
   // Rows around the decode/prefill crossover (12) and the AMX row groups (16, 32); columns around
-  // 16- and 32-column tasks; K with a partial last block; widths 2, 3, 4, 8.
-  static const int64_t shapes[][4] = {
-      {1, 64, 20, 4}, {5, 80, 33, 2}, {13, 64, 40, 8}, {17, 96, 33, 4}, {33, 64, 17, 3}};
+  // 16- and 32-column tasks; K with a partial last block; widths 2, 3, 4, 8 (8-bit also below 8
+  // rows: the packed kernels' c - 128 codes).
+  static const int64_t shapes[][4] = {{1, 64, 20, 4},  {5, 80, 33, 2},  {3, 96, 24, 8},
+                                      {13, 64, 40, 8}, {17, 96, 33, 4}, {33, 64, 17, 3}};
   uint32_t state = 777;
   for (const auto& s : shapes) {
     const int64_t M = s[0], K = s[1], N = s[2], bits = s[3], bs = 32, kb = (K + bs - 1) / bs;
@@ -240,13 +241,19 @@ std::string self_test(const NBitsDispatch& e) {
         expected[m * N + n] = static_cast<float>(sum);  // exact
       }
     const NBitsWeight w{codes.data(), N, K, bits, bs, kb, row_bytes, scales.data(), nullptr, zp.data()};
-    for (int level : {0, 4}) {
+    // Level 4 also on the weight packed in the entry's layout, where it has one.
+    const PackedNBits packed = pack_nbits_int8(e, w);
+    const NBitsPackedInt8 view = packed.view();
+    NBitsWeight packed_w = w;
+    packed_w.packed = &view;
+    for (int level : {0, 4, 5}) {
+      if (level == 5 && !packed.layout) continue;
       std::fill(y.begin(), y.end(), 0.0f);
       if (level == 0) matmul_nbits_f32(e, a.data(), M, w, bias.data(), y.data());
-      else matmul_nbits_int8(e, a.data(), M, w, bias.data(), y.data());
+      else matmul_nbits_int8(e, a.data(), M, level == 5 ? packed_w : w, bias.data(), y.data());
       if (std::memcmp(y.data(), expected.data(), y.size() * sizeof(float)) != 0)
-        return "level " + std::to_string(level) + " differs from the exact result at " + shape_text(M, K, N) + " " +
-               std::to_string(bits) + "-bit";
+        return "level " + std::string(level == 5 ? "4 (packed weight)" : std::to_string(level)) +
+               " differs from the exact result at " + shape_text(M, K, N) + " " + std::to_string(bits) + "-bit";
     }
   }
   return {};

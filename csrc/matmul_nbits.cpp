@@ -170,6 +170,53 @@ void matmul_nbits_int8(const NBitsDispatch& kernels, const float* A, int64_t M, 
   });
 }
 
+namespace {
+
+constexpr int64_t kQuadsMaxBlockSize = 4096;  // 127 * 255 * 4096 < 2^31
+
+int64_t quads_packed_bytes(const NBitsWeight& w) {
+  if (w.g_idx || w.block_size > kQuadsMaxBlockSize || w.block_size % 8) return 0;
+  return (w.N + kQuadsPanel - 1) / kQuadsPanel * w.k_blocks * quads_block_bytes(w);
+}
+
+void quads_pack(const NBitsWeight& w, int64_t p0, int64_t p1, uint8_t* codes, float* scales,
+                float* scaled_zero_points) {
+  const int64_t kb = w.k_blocks, bs = w.block_size, padded = kb * bs, S = quads_storage_bits(w.bits), Q = 8 / S;
+  const int64_t groups = bs / 4 / Q;  // groups of Q quads per block: 64 bytes each
+  std::vector<uint8_t> columns(static_cast<size_t>(kQuadsPanel * padded));
+  for (int64_t p = p0; p < p1; ++p) {
+    for (int64_t c = 0; c < kQuadsPanel; ++c) {
+      const int64_t n = p * kQuadsPanel + c;
+      uint8_t* column = columns.data() + c * padded;
+      if (n < w.N) decode_nbits(w.codes + n * w.row_bytes, w.bits, padded, column);
+      else std::memset(column, 0, static_cast<size_t>(padded));  // past N: code 0 (scale 0 below)
+      if (w.bits == 8)
+        for (int64_t k = 0; k < padded; ++k) column[k] ^= 0x80;
+    }
+    uint8_t* out = codes + (p - p0) * kb * quads_block_bytes(w);
+    for (int64_t b = 0; b < kb; ++b)
+      for (int64_t g = 0; g < groups; ++g, out += 64)
+        for (int64_t c = 0; c < kQuadsPanel; ++c)
+          for (int64_t i = 0; i < 4; ++i) {
+            const uint8_t* column = columns.data() + c * padded + b * bs + i;
+            unsigned byte = 0;
+            for (int64_t j = 0; j < Q; ++j) byte |= unsigned{column[4 * (g * Q + j)]} << (S * j);
+            out[4 * c + i] = static_cast<uint8_t>(byte);
+          }
+    for (int64_t b = 0; b < kb; ++b)
+      for (int64_t c = 0; c < kQuadsPanel; ++c) {
+        const int64_t n = p * kQuadsPanel + c, at = ((p - p0) * kb + b) * kQuadsPanel + c;
+        scales[at] = n < w.N ? w.scales[n * kb + b] : 0.0f;
+        scaled_zero_points[at] = n < w.N ? w.scales[n * kb + b] * zero_point(w, n * kb + b) : 0.0f;
+      }
+  }
+}
+
+}  // namespace
+
+const NBitsInt8Layout kNBitsQuads16 = {
+    .name = "quads x16", .panel_columns = kQuadsPanel, .packed_bytes = quads_packed_bytes, .pack = quads_pack};
+
 PackedNBits pack_nbits_int8(const NBitsDispatch& kernels, const NBitsWeight& w) {
   PackedNBits packed;
   const NBitsInt8Layout* layout = kernels.int8_layout;

@@ -65,6 +65,23 @@ struct NBitsPackedInt8 {
   const float* scaled_zero_points;  // [panels, k_blocks, panel_columns]: scale * zero point
 };
 
+// The layout of the x86 entries' level-4 kernels (avx2, avx512_vnni and the AMX entries, which run
+// the VNNI kernels on few rows), "quads x16": panels of 16 columns; per panel, per block, per quad
+// of k (k = 4q .. 4q+3 of the block) 64 bytes,
+//   byte 4c + i = the code of column c at k = 4q + i,
+// each code S bits wide (quads_storage_bits: S = 2 for 2-bit codes, 4 for 3- and 4-bit, 8 for 5- to
+// 8-bit), a group of 8 / S consecutive quads sharing one 64-byte run (quad j of the group in bits
+// [S j, S j + S) of each byte); 8-bit codes held as c ^ 0x80 (c - 128 as int8). A panel's blocks
+// follow each other. A shift and a mask give one quad of codes of 16 columns (an AVX2 kernel reads
+// the run as two halves of 8 columns), which one broadcast of four int8 of A meets in
+// vpmaddubsw / vpdpbusd: each column's block sum comes out in its own int32 lane. Block sizes up
+// to 4096 (every int32 block sum stays below 2^31), no g_idx. Packed by portable code (matmul_nbits.cpp).
+extern const NBitsInt8Layout kNBitsQuads16;
+constexpr int64_t kQuadsPanel = 16;
+static inline int64_t quads_storage_bits(int64_t bits) { return bits == 2 ? 2 : bits <= 4 ? 4 : 8; }
+// Bytes of one panel's codes per block: block_size / 4 quads x 64 bytes x S / 8.
+static inline int64_t quads_block_bytes(const NBitsWeight& w) { return w.block_size * quads_storage_bits(w.bits) * 2; }
+
 // Helpers kernel files share are static inline (see requantize.h).
 // x rounded to float16 or bfloat16 (nearest even; float16 overflows to infinity, NaN stays NaN) and
 // back, as numpy's / ml_dtypes' astype do; x itself for float32. Scalar: kernels vectorize their own.

@@ -1,4 +1,4 @@
-"""test_nbits_packed.py: MatMulNBits level 4 on a weight packed once for the kernel entry (the AVX2 entry's "avx2 quads x16" layout): the same bits as the codes read as they are, on every path; packing follows set_isa."""
+"""test_nbits_packed.py: MatMulNBits level 4 on a weight packed once for the kernel entry (the "quads x16" layout of the avx2, avx512_vnni and amx entries): the same bits as the codes read as they are, on every path; packing follows set_isa."""
 
 import numpy as np
 import pytest
@@ -10,6 +10,22 @@ from quantmatmul import MatMulNBits, _core, matmul_nbits
 
 pytestmark = pytest.mark.skipif("avx2" not in quantmatmul.available_isas(), reason="no AVX2 entry on this CPU")
 
+# The entries whose level-4 kernels read the layout: avx2, and the AVX-512 VNNI kernels (the
+# avx512_vnni entry; the amx entry runs them below 16 rows), native where the CPU has them, else
+# emulated. (The avx512bf16 and amxbf16 entries run the same level-4 kernels.)
+_HERE = quantmatmul.available_isas() + quantmatmul.emulated_isas()
+ENTRIES = [
+    (level, hidden)
+    for level, hidden in [
+        ("avx2", ()),
+        ("avx512_vnni", ("avx512_bf16",)),
+        ("avx512_vnni-emulated", ("avx512_bf16",)),
+        ("amx", ("amx_bf16",)),
+        ("amx-emulated", ("amx_bf16",)),
+    ]
+    if level in _HERE
+]
+
 
 def _held(case, **kw):
     return MatMulNBits(case.B, case.scales, case.zero_points, case.g_idx, case.bias, **case.kw, **kw)
@@ -19,18 +35,20 @@ def _same_bits(y, expected, what):
     assert np.array_equal(y.view(np.uint32), expected.view(np.uint32)), what
 
 
+@pytest.mark.parametrize("entry", ENTRIES, ids=[level for level, _ in ENTRIES])
 @pytest.mark.parametrize("bits", BITS)
-def test_packed_equals_unpacked_bit_for_bit(bits):
+def test_packed_equals_unpacked_bit_for_bit(bits, entry):
     """Every width x block sizes 16..512 x rows 1-15 (the packed few-row kernel: passes of 4 rows and
     their tails; 8-bit codes from 8 rows on take the GEMM) and 16, 21 (the GEMM with its panel taken
-    from the packed codes: groups of 4 rows and a tail) x every
+    from the packed codes: groups of 4 rows and a tail; the VNNI kernels read it below 8 rows) x every
     zero-point form, K from 1 to 19 blocks (whole groups of 8 blocks and blocks left over, the
     float32 order's two parts), N from 1 to 41 (panels of 8 and a column tail, tasks of 16): the
     held weight (packed) gives the bits of matmul_nbits (codes read as they are), within the tight
     tolerance of the exact product of the level's operands."""
     rng = np.random.default_rng(6100 + bits)
-    with kernel_entry("nbits", "avx2") as entry:
-        assert entry == "avx2"
+    level, hidden = entry
+    with kernel_entry("nbits", level, hidden) as name:
+        assert name == level
         for block_size in (16, 32, 64, 128, 512):
             for M in (1, 2, 3, 4, 5, 7, 8, 9, 15, 16, 21):
                 zp = ZP_FORMS[int(rng.integers(0, len(ZP_FORMS)))]
@@ -46,15 +64,16 @@ def test_packed_equals_unpacked_bit_for_bit(bits):
                     bias=bool(rng.integers(0, 2)),
                 )
                 held = _held(case, accuracy_level=4)
-                assert held._weights.packed is not None and held._weights.packed.layout == "avx2 quads x16"
+                assert held._weights.packed is not None and held._weights.packed.layout == "quads x16"
                 y = held(case.A)
                 _same_bits(y, case.run(4), f"{case} packed vs unpacked")
                 y_eff, tol = tight_tolerance(case, 4)
                 assert_within(y, y_eff, tol, f"{case} tight")
 
 
+@pytest.mark.parametrize("entry", ENTRIES, ids=[level for level, _ in ENTRIES])
 @pytest.mark.parametrize("bits", [2, 4, 7, 8])
-def test_packed_extreme_codes_and_nonfinite_rows(bits):
+def test_packed_extreme_codes_and_nonfinite_rows(bits, entry):
     """Codes at their maximum against qa = +-127 (8-bit: |c - 128| * 127 pair sums near 2^15, and
     the + 128 * sum qa that makes them sum qa * c), a row with a NaN block and a row of infinities
     (scale NaN, qa 0): the unpacked kernels' bits, NaN where they give NaN."""
@@ -69,10 +88,11 @@ def test_packed_extreme_codes_and_nonfinite_rows(bits):
             A[0, block_size : 2 * block_size] = np.nan
             if M > 2:
                 A[2] = np.inf
-            with kernel_entry("nbits", "avx2"):
+            with kernel_entry("nbits", *entry):
                 held = MatMulNBits(B, scales, K=K, N=N, bits=bits, block_size=block_size, accuracy_level=4)
+                assert held._weights.packed is not None
                 y = held(A)
-            expected = matmul_nbits(A, B, scales, K=K, N=N, bits=bits, block_size=block_size, accuracy_level=4)
+                expected = matmul_nbits(A, B, scales, K=K, N=N, bits=bits, block_size=block_size, accuracy_level=4)
             assert np.isnan(y[0]).all()
             _same_bits(y, expected, f"bits {bits} block {block_size} M {M}")
 

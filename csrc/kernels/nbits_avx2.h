@@ -18,10 +18,10 @@ void nbits_rows(const float* A, int64_t M, const NBitsWeight& w, int64_t n0, int
 void nbits_rows_int8(const QuantizedA& a, const NBitsWeight& w, int64_t n0, int64_t n1, const float* bias, float* Y);
 void nbits_prepare_int8(int8_t* qa, int64_t M, const NBitsWeight& w);
 
-// Level 4 on a weight packed in kQuadPanels (nbits_packed_avx2.cpp), which nbits_rows_int8 calls:
-// the few-row kernel (A as quantize_a_int8 writes it, columns [n0, n1) with n0 a multiple of 8), and
-// the GEMM's panel of columns n0 .. n0+15 as quads of bytes, [k/4][16 columns][4 codes].
-extern const NBitsInt8Layout kQuadPanels;
+// Level 4 on a weight packed in kNBitsQuads16 (matmul_nbits.h; nbits_packed_avx2.cpp), which
+// nbits_rows_int8 calls: the few-row kernel (A as quantize_a_int8 writes it, columns [n0, n1) with n0
+// a multiple of 16), and the GEMM's panel of columns n0 .. n0+15 as quads of bytes,
+// [k/4][16 columns][4 codes].
 void nbits_rows_int8_packed(const QuantizedA& a, const NBitsWeight& w, int64_t n0, int64_t n1, const float* bias,
                             float* Y);
 void nbits_panel_from_packed(const NBitsWeight& w, int64_t n0, uint8_t* panel);

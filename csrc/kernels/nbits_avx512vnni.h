@@ -15,12 +15,15 @@
 // nbits_decode_panel16: the codes of columns n0 .. n0 + cols - 1 (cols <= 16, zeros past them), k0 ..
 // k1 - 1 (k0 a multiple of 64, k1 <= k_blocks * block_size), as [quad (k - k0) / 4][16 columns][4
 // codes], k1 - k0 rounded up to 64: one 64-byte row per quad (the VNNI GEMM's panel, an AMX B
-// tile's rows); 8-bit codes as c - 128 (int8).
+// tile's rows); 8-bit codes as c - 128 (int8). nbits_rows_int8_packed (nbits_packed_avx512vnni.cpp):
+// the few-row kernel on a weight packed in kNBitsQuads16, which nbits_rows_int8 calls below 8 rows.
 namespace qmm::avx512_vnni {
 
 void nbits_rows_int8(const QuantizedA& a, const NBitsWeight& w, int64_t n0, int64_t n1, const float* bias, float* Y);
 void nbits_prepare_int8(int8_t* qa, int64_t M, const NBitsWeight& w);
 void nbits_decode_panel16(const NBitsWeight& w, int64_t n0, int64_t cols, int64_t k0, int64_t k1, uint8_t* panel);
+void nbits_rows_int8_packed(const QuantizedA& a, const NBitsWeight& w, int64_t n0, int64_t n1, const float* bias,
+                            float* Y);
 
 }  // namespace qmm::avx512_vnni
 
@@ -30,5 +33,7 @@ namespace qmm::avx512_vnni_emulated {
 void nbits_rows_int8(const QuantizedA& a, const NBitsWeight& w, int64_t n0, int64_t n1, const float* bias, float* Y);
 void nbits_prepare_int8(int8_t* qa, int64_t M, const NBitsWeight& w);
 void nbits_decode_panel16(const NBitsWeight& w, int64_t n0, int64_t cols, int64_t k0, int64_t k1, uint8_t* panel);
+void nbits_rows_int8_packed(const QuantizedA& a, const NBitsWeight& w, int64_t n0, int64_t n1, const float* bias,
+                            float* Y);
 
 }  // namespace qmm::avx512_vnni_emulated

@@ -73,6 +73,7 @@ const NBitsDispatch kNBitsEntry = {
     .prepare_int8 = tiles::nbits_prepare_int8,
     .prepare_f32 = prepare_bf16,
     .int8_tiling = tiles::kNBitsTiling,
+    .int8_layout = &kNBitsQuads16,  // read by the VNNI kernels below 8 rows
 };
 
 }  // namespace QMM_KERNEL_NS

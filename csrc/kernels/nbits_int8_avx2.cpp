@@ -230,7 +230,7 @@ void nbits_rows_int8_kind(const QuantizedA& a, const NBitsWeight& w, int64_t n0,
 constexpr int64_t kInt8GemmMinRows = 8;  // below it the per-row kernel (codes unpacked once per 4 rows) wins
 
 // Whether w comes packed in this entry's layout (nbits_packed_avx2.cpp).
-inline bool is_packed(const NBitsWeight& w) { return w.packed && w.packed->layout == &avx2::kQuadPanels; }
+inline bool is_packed(const NBitsWeight& w) { return w.packed && w.packed->layout == &kNBitsQuads16; }
 
 // Whether M rows of A against a packed w take the packed few-row kernel rather than the GEMM: below
 // 16 rows (8 for 8-bit codes, whose sums are widened every quad), where it measured faster (one

@@ -490,6 +490,7 @@ void nbits_decode_panel16(const NBitsWeight& w, int64_t n0, int64_t cols, int64_
 
 void nbits_rows_int8(const QuantizedA& a, const NBitsWeight& w, int64_t n0, int64_t n1, const float* bias, float* Y) {
   if (a.M >= kGemmMinRows) return gemm(a, w, n0, n1, bias, Y);
+  if (w.packed && w.packed->layout == &kNBitsQuads16) return nbits_rows_int8_packed(a, w, n0, n1, bias, Y);
   switch (w.bits) {
     case 2: return decode_rows<2>(a, w, n0, n1, bias, Y);
     case 3: return decode_rows<3>(a, w, n0, n1, bias, Y);

@@ -1,25 +1,20 @@
-// nbits_packed_avx2.cpp: AVX2 MatMulNBits level 4 on a weight packed once in quads of 16 columns (the avx2 entry's int8 layout): the packer and the few-row kernel.
+// nbits_packed_avx2.cpp: AVX2 MatMulNBits level 4 on a weight packed once in the "quads x16" layout (kNBitsQuads16, matmul_nbits.h): the few-row kernel and the GEMM's panel from it.
 //
-// Layout "avx2 quads x16" (kQuadPanels): panels of 16 columns, two halves of 8. Per panel, per
-// block, per quad of k (k = 4q .. 4q+3 of the block) and half, 32 bytes,
-//   byte 4c + i = the code of column 8 half + c at k = 4q + i,
-// each code S bits wide (S = 2 for 2-bit codes, 4 for 3- and 4-bit, 8 for 5- to 8-bit): a group of
-// 8 / S consecutive quads shares one vector per half (quad j of the group in bits [S j, S j + S) of
-// each byte), the group's two vectors adjacent; 8-bit codes are held as c - 128 (int8). A panel's
-// blocks follow each other; its scales and scale * zero point are 16 floats per block (0 for
-// columns past N). So a load, a shift and a mask give one quad of codes for 8 columns, and one
-// broadcast of four int8 of A meets both halves in vpmaddubsw: each column's block sum comes out
-// in its own int32 lane, with no reduction across lanes (the row-wise kernel of nbits_int8_avx2.cpp
-// reduces 8 blocks' vectors with hadds, which took most of its time). Codes past K meet qa = 0,
-// whatever they hold. The int8 GEMM (8+ rows) takes its [k/4][16 columns][4 codes] byte panel from
-// a panel of this layout by the same shifts and masks (nbits_panel_from_packed).
+// Each 64-byte run of the layout is read as two vectors, the halves of 8 columns. A load, a shift
+// and a mask give one quad of codes for 8 columns, and one broadcast of four int8 of A meets both
+// halves in vpmaddubsw: each column's block sum comes out in its own int32 lane, with no reduction
+// across lanes (the row-wise kernel of nbits_int8_avx2.cpp reduces 8 blocks' vectors with hadds,
+// which took most of its time). Codes past K meet qa = 0, whatever they hold. The int8 GEMM (16+
+// rows) takes its [k/4][16 columns][4 codes] byte panel from a panel of the layout by the same
+// shifts and masks (nbits_panel_from_packed).
 //
 // The block sums are exact (vpmaddubsw pair sums added in int16 for at most int16_steps(bits)
 // quads, then widened; 8-bit codes as |c - 128| x (qa with the sign of c - 128), widened per quad,
-// plus 128 * sum qa so that the sum is sum qa * c). The float32 epilogue is the few-row order of
-// docs/matmul_nbits.md ("Float32 order of level 4": lane i of the row-wise kernel's vectors takes
-// blocks b = i mod 8), computed with one vector per residue and the columns in the lanes, so the
-// results are those of the unpacked kernels bit for bit (tests/test_nbits_packed.py).
+// plus 128 * sum qa so that the sum is sum qa * c). The float32 epilogue is the order of
+// docs/matmul_nbits.md ("Float32 order of level 4"): below 8 rows, lane i of the row-wise kernel's
+// vectors takes blocks b = i mod 8, here one vector per residue with the columns in the lanes; from
+// 8 rows, the GEMM's blocks in order. So the results are those of the unpacked kernels (and of the
+// other x86 tables) bit for bit (tests/test_nbits_packed.py).
 #include <immintrin.h>
 
 #include <cstring>
@@ -31,57 +26,14 @@
 namespace qmm {
 namespace {
 
-constexpr int64_t kPanel = 16;  // columns per panel: two halves of 8, one 32-byte vector each
+constexpr int64_t kPanel = kQuadsPanel;
 // From this many rows of A, level 4's float32 order is the GEMM's (docs/matmul_nbits.md; the
 // kernels of every table switch there: kInt8GemmMinRows in nbits_int8_avx2.cpp).
 constexpr int64_t kInOrderRows = 8;
-constexpr int64_t kMaxBlockSize = 4096;  // the int32 block sums stay below 2^31 (127 * 255 * 4096)
 
-int64_t storage_bits(int64_t bits) { return bits == 2 ? 2 : bits <= 4 ? 4 : 8; }
-
+int64_t storage_bits(int64_t bits) { return quads_storage_bits(bits); }
 int64_t panels_of(const NBitsWeight& w) { return (w.N + kPanel - 1) / kPanel; }
-
-// Bytes of one panel's codes per block: bs / 4 quads x 64 bytes x S / 8.
-int64_t block_bytes(const NBitsWeight& w) { return w.block_size * storage_bits(w.bits) * 2; }
-
-int64_t packed_bytes(const NBitsWeight& w) {
-  if (w.g_idx || w.block_size > kMaxBlockSize || w.block_size % 8) return 0;
-  return panels_of(w) * w.k_blocks * block_bytes(w);
-}
-
-void pack(const NBitsWeight& w, int64_t p0, int64_t p1, uint8_t* codes, float* scales, float* scaled_zero_points) {
-  const int64_t kb = w.k_blocks, bs = w.block_size, padded = kb * bs, S = storage_bits(w.bits), Q = 8 / S;
-  const int64_t groups = bs / 4 / Q;  // groups of Q quads per block: two vectors each
-  thread_local Scratch columns_storage;
-  uint8_t* const columns = columns_storage.get<uint8_t>(kPanel * padded);
-  for (int64_t p = p0; p < p1; ++p) {
-    for (int64_t c = 0; c < kPanel; ++c) {
-      const int64_t n = p * kPanel + c;
-      uint8_t* column = columns + c * padded;
-      if (n < w.N) decode_nbits(w.codes + n * w.row_bytes, w.bits, padded, column);
-      else std::memset(column, w.bits == 8 ? 0x80 : 0, static_cast<size_t>(padded));  // code 0 (c - 128 = 0 for 8-bit)
-      if (w.bits == 8)
-        for (int64_t k = 0; k < padded; ++k) column[k] ^= 0x80;
-    }
-    uint8_t* out = codes + (p - p0) * kb * block_bytes(w);
-    for (int64_t b = 0; b < kb; ++b)
-      for (int64_t g = 0; g < groups; ++g)
-        for (int64_t half = 0; half < 2; ++half, out += 32)
-          for (int64_t c = 0; c < 8; ++c)
-            for (int64_t i = 0; i < 4; ++i) {
-              const uint8_t* column = columns + (8 * half + c) * padded + b * bs + i;
-              unsigned byte = 0;
-              for (int64_t j = 0; j < Q; ++j) byte |= unsigned{column[4 * (g * Q + j)]} << (S * j);
-              out[4 * c + i] = static_cast<uint8_t>(byte);
-            }
-    for (int64_t b = 0; b < kb; ++b)
-      for (int64_t c = 0; c < kPanel; ++c) {
-        const int64_t n = p * kPanel + c, at = ((p - p0) * kb + b) * kPanel + c;
-        scales[at] = n < w.N ? w.scales[n * kb + b] : 0.0f;
-        scaled_zero_points[at] = n < w.N ? w.scales[n * kb + b] * zero_point(w, n * kb + b) : 0.0f;
-      }
-  }
-}
+int64_t block_bytes(const NBitsWeight& w) { return quads_block_bytes(w); }
 
 // The row-wise kernel's horizontal_sum, with the lanes in 8 vectors: (v0 + v4 + v2 + v6) + (v1 + v5 + v3 + v7)
 // in the order ((v0 + v4) + (v2 + v6)) + ((v1 + v5) + (v3 + v7)).
@@ -247,9 +199,6 @@ void panels_rows_sized(const QuantizedA& a, const NBitsWeight& w, int64_t p0, in
 }  // namespace
 
 namespace avx2 {
-
-const NBitsInt8Layout kQuadPanels = {
-    .name = "avx2 quads x16", .panel_columns = kPanel, .packed_bytes = packed_bytes, .pack = pack};
 
 void nbits_rows_int8_packed(const QuantizedA& a, const NBitsWeight& w, int64_t n0, int64_t n1, const float* bias,
                             float* Y) {

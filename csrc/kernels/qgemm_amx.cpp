@@ -168,6 +168,7 @@ const NBitsDispatch kNBits = {
     .prepare_int8 = QMM_KERNEL_NS::nbits_prepare_int8,
     .prepare_f32 = f32::nbits_prepare_f32,
     .int8_tiling = QMM_KERNEL_NS::kNBitsTiling,
+    .int8_layout = &kNBitsQuads16,  // read by the VNNI kernels below 8 rows
 };
 
 }  // namespace

@@ -214,7 +214,7 @@ const NBitsDispatch kNBits = {
     .rows_int8 = avx2::nbits_rows_int8,
     .prepare_int8 = avx2::nbits_prepare_int8,
     .prepare_f32 = avx2::nbits_prepare_f32,
-    .int8_layout = &avx2::kQuadPanels,
+    .int8_layout = &kNBitsQuads16,
 };
 const Float8Dispatch kFloat8 = {.info = kInfo, .a_group = kSgemmGroup, .sgemm_rows = sgemm_rows_avx2};
 

@@ -70,6 +70,7 @@ const NBitsDispatch kNBits = {
     .rows_int8 = QMM_KERNEL_NS::nbits_rows_int8,
     .prepare_int8 = QMM_KERNEL_NS::nbits_prepare_int8,
     .prepare_f32 = QMM_KERNEL_NS::nbits_prepare_f32,
+    .int8_layout = &kNBitsQuads16,  // read below 8 rows (nbits_packed_avx512vnni.cpp)
 };
 
 }  // namespace

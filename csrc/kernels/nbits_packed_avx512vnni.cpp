@@ -1,0 +1,137 @@
+// nbits_packed_avx512vnni.cpp: AVX-512 VNNI MatMulNBits level 4 on a weight packed once in the "quads x16" layout (kNBitsQuads16, matmul_nbits.h): the few-row kernel (the avx512_vnni and AMX tables below 8 rows).
+//
+// Each 64-byte run of the layout is one zmm: a shift and a mask (8-bit codes: an xor with 0x80)
+// give one quad of codes of the panel's 16 columns as bytes, and one broadcast of four int8 of A
+// meets them in vpdpbusd (uint8 codes x int8 qa, exact in int32 for every width): each column's
+// block sum comes out in its own int32 lane, with no reduction across lanes (the per-column kernel
+// of nbits_int8_avx512vnni.cpp folds eight blocks' 16-lane sums with shuffles, per column). Codes
+// past K meet qa = 0, whatever they hold.
+//
+// The float32 epilogue is the few-row order of docs/matmul_nbits.md ("Float32 order of level 4":
+// lane i of the AVX2 row-wise kernel's vectors takes blocks b = i mod 8; then the blocks left
+// over), here one vector per residue with the columns in the lanes, so the results are those of
+// the unpacked kernels and of the AVX2 table bit for bit (tests/test_nbits_packed.py). Built twice
+// like nbits_int8_avx512vnni.cpp: natively and over SIMDe (QMM_EMULATED).
+#include "avx512_intrinsics.h"
+
+#include <cstdint>
+#include <cstring>
+
+#include "matmul_nbits.h"
+#include "nbits_avx2_common.h"
+#include "nbits_avx512vnni.h"
+
+namespace qmm {
+namespace {
+
+constexpr int64_t kPanel = kQuadsPanel;
+
+// The row-wise kernels' horizontal_sum with the lanes in 8 vectors: ((v0 + v4) + (v2 + v6)) + ((v1 + v5) + (v3 + v7)).
+inline __m512 lane_sums(const __m512 v[8]) {
+  const __m512 s0 = _mm512_add_ps(v[0], v[4]), s1 = _mm512_add_ps(v[1], v[5]);
+  const __m512 s2 = _mm512_add_ps(v[2], v[6]), s3 = _mm512_add_ps(v[3], v[7]);
+  return _mm512_add_ps(_mm512_add_ps(s0, s2), _mm512_add_ps(s1, s3));
+}
+
+// Rows m0 .. m0+MR-1 of A against panel p (16 columns). S: the codes' width in the layout; Eight:
+// 8-bit codes (held as c ^ 0x80); Groups: groups of 8 / S quads per block when known at compile
+// time (0: at run time).
+template <int S, bool Eight, int MR, int Groups>
+void panel_rows(const QuantizedA& a, int64_t m0, const NBitsWeight& w, int64_t p, const float* bias, float* Y) {
+  constexpr int Q = 8 / S;
+  const int64_t kb = w.k_blocks, bs = w.block_size, padded = kb * bs, bytes = quads_block_bytes(w);
+  const int64_t groups = Groups ? Groups : bs / 4 / Q;
+  const NBitsPackedInt8& packed = *w.packed;
+  const uint8_t* codes = packed.codes + p * kb * bytes;
+  const float* sb_panel = packed.scales + p * kb * kPanel;
+  const float* szp_panel = packed.scaled_zero_points + p * kb * kPanel;
+  const int8_t* qa[MR];
+  for (int r = 0; r < MR; ++r) qa[r] = a.qa + (m0 + r) * padded;
+  const float* scale_a = a.scale + m0 * kb;
+  const float* block_sum = a.block_sum + m0 * kb;
+  const __m512i mask = _mm512_set1_epi8(static_cast<char>((1 << S) - 1)), flip = _mm512_set1_epi8(-128);
+  __m512 acc[MR][8], correction[MR][8], y[MR];
+  for (int r = 0; r < MR; ++r)
+    for (int i = 0; i < 8; ++i) acc[r][i] = correction[r][i] = _mm512_setzero_ps();
+  const int64_t whole = kb / 8 * 8;
+  for (int64_t b = 0; b < kb; ++b) {
+    if (b == whole)
+      for (int r = 0; r < MR; ++r) y[r] = _mm512_sub_ps(lane_sums(acc[r]), lane_sums(correction[r]));
+    __m512i dot[MR];
+    for (int r = 0; r < MR; ++r) dot[r] = _mm512_setzero_si512();
+    const uint8_t* block = codes + b * bytes;
+    for (int64_t g = 0; g < groups; ++g) {
+      const __m512i run = _mm512_load_si512(reinterpret_cast<const void*>(block + 64 * g));
+      for (int j = 0; j < Q; ++j) {
+        __m512i quad;
+        if constexpr (Eight) quad = _mm512_xor_si512(run, flip);  // c - 128 back to c
+        else if constexpr (S == 8) quad = run;
+        else quad = _mm512_and_si512(j ? _mm512_srli_epi16(run, S * j) : run, mask);
+        const int64_t k = b * bs + 4 * (g * Q + j);
+        for (int r = 0; r < MR; ++r) {
+          int32_t four;
+          std::memcpy(&four, qa[r] + k, 4);
+          dot[r] = _mm512_dpbusd_epi32(dot[r], quad, _mm512_set1_epi32(four));
+        }
+      }
+    }
+    const __m512 sb = _mm512_load_ps(sb_panel + b * kPanel), szp = _mm512_load_ps(szp_panel + b * kPanel);
+    for (int r = 0; r < MR; ++r) {
+      const __m512 product = _mm512_mul_ps(_mm512_set1_ps(scale_a[r * kb + b]), sb);
+      const __m512 total = _mm512_cvtepi32_ps(dot[r]), bsum = _mm512_set1_ps(block_sum[r * kb + b]);
+      if (b < whole) {
+        acc[r][b % 8] = _mm512_fmadd_ps(total, product, acc[r][b % 8]);
+        correction[r][b % 8] = _mm512_fmadd_ps(bsum, szp, correction[r][b % 8]);
+      } else {  // y + ((p * D) - block_sum * (sb * zp)), rounded step by step
+        y[r] = _mm512_add_ps(y[r], _mm512_sub_ps(_mm512_mul_ps(product, total), _mm512_mul_ps(bsum, szp)));
+      }
+    }
+  }
+  if (whole == kb)
+    for (int r = 0; r < MR; ++r) y[r] = _mm512_sub_ps(lane_sums(acc[r]), lane_sums(correction[r]));
+  const int64_t n0 = p * kPanel, cols = min_i64(kPanel, w.N - n0);
+  for (int r = 0; r < MR; ++r) {
+    alignas(64) float out[16];
+    _mm512_store_ps(out, y[r]);
+    float* row = Y + (m0 + r) * w.N + n0;
+    for (int64_t c = 0; c < cols; ++c) row[c] = bias ? out[c] + bias[n0 + c] : out[c];
+  }
+}
+
+template <int S, bool Eight, int Groups>
+void panels_rows(const QuantizedA& a, const NBitsWeight& w, int64_t p0, int64_t p1, const float* bias, float* Y) {
+  for (int64_t p = p0; p < p1; ++p)
+    for (int64_t m0 = 0; m0 < a.M; m0 += 4) {
+      switch (min_i64(4, a.M - m0)) {
+        case 1: panel_rows<S, Eight, 1, Groups>(a, m0, w, p, bias, Y); break;
+        case 2: panel_rows<S, Eight, 2, Groups>(a, m0, w, p, bias, Y); break;
+        case 3: panel_rows<S, Eight, 3, Groups>(a, m0, w, p, bias, Y); break;
+        default: panel_rows<S, Eight, 4, Groups>(a, m0, w, p, bias, Y);
+      }
+    }
+}
+
+// Blocks of 32 codes (the usual size) with a compile-time group count.
+template <int S, bool Eight = false>
+void panels_rows_sized(const QuantizedA& a, const NBitsWeight& w, int64_t p0, int64_t p1, const float* bias, float* Y) {
+  if (w.block_size == 32) return panels_rows<S, Eight, S>(a, w, p0, p1, bias, Y);  // 8 quads: S groups of 8 / S
+  panels_rows<S, Eight, 0>(a, w, p0, p1, bias, Y);
+}
+
+}  // namespace
+
+namespace QMM_KERNEL_NS {
+
+void nbits_rows_int8_packed(const QuantizedA& a, const NBitsWeight& w, int64_t n0, int64_t n1, const float* bias,
+                            float* Y) {
+  const int64_t p0 = n0 / kPanel, p1 = (n1 + kPanel - 1) / kPanel;  // n0: a multiple of the panel (the driver's tasks)
+  if (w.bits == 8) return panels_rows_sized<8, true>(a, w, p0, p1, bias, Y);
+  switch (quads_storage_bits(w.bits)) {
+    case 2: return panels_rows_sized<2>(a, w, p0, p1, bias, Y);
+    case 4: return panels_rows_sized<4>(a, w, p0, p1, bias, Y);
+    default: return panels_rows_sized<8>(a, w, p0, p1, bias, Y);
+  }
+}
+
+}  // namespace QMM_KERNEL_NS
+}  // namespace qmm
