@@ -477,6 +477,7 @@ void gemm(const QuantizedA& a, const NBitsWeight& w, int64_t n0, int64_t n1, con
 namespace QMM_KERNEL_NS {
 
 void nbits_decode_panel16(const NBitsWeight& w, int64_t n0, int64_t cols, int64_t k0, int64_t k1, uint8_t* panel) {
+  if (w.packed && w.packed->layout == &kNBitsQuads16) return nbits_panel16_from_packed(w, n0, cols, k0, k1, panel);
   switch (w.bits) {
     case 2: return decode_panel<2>(w, n0, cols, k0, k1, panel);
     case 3: return decode_panel<3>(w, n0, cols, k0, k1, panel);

@@ -133,5 +133,26 @@ void nbits_rows_int8_packed(const QuantizedA& a, const NBitsWeight& w, int64_t n
   }
 }
 
+void nbits_panel16_from_packed(const NBitsWeight& w, int64_t n0, int64_t cols, int64_t k0, int64_t k1, uint8_t* panel) {
+  const int64_t kb = w.k_blocks, bs = w.block_size, bytes = quads_block_bytes(w), S = quads_storage_bits(w.bits);
+  const int64_t Q = 8 / S;
+  const uint8_t* codes = w.packed->codes + n0 / kPanel * kb * bytes;
+  const __m512i mask = _mm512_set1_epi8(static_cast<char>((1 << S) - 1));
+  // The panel's columns from cols on are zero (as nbits_decode_panel16 writes them): 4 bytes each.
+  alignas(64) int32_t keep_lanes[16];
+  for (int c = 0; c < 16; ++c) keep_lanes[c] = c < cols ? -1 : 0;
+  const __m512i keep = _mm512_load_si512(reinterpret_cast<const void*>(keep_lanes));
+  for (int64_t k = k0; k < k1; k += 4) {
+    const int64_t b = k / bs, quad = (k % bs) / 4;
+    const __m512i run = _mm512_load_si512(reinterpret_cast<const void*>(codes + b * bytes + 64 * (quad / Q)));
+    const int shift = static_cast<int>(S * (quad % Q));
+    const __m512i codes_of_quad =
+        S == 8 ? run : _mm512_and_si512(_mm512_srl_epi16(run, _mm_cvtsi32_si128(shift)), mask);
+    _mm512_storeu_si512(panel + (k - k0) / 4 * 64, _mm512_and_si512(codes_of_quad, keep));
+  }
+  for (int64_t k = k1; k < k0 + (k1 - k0 + 63) / 64 * 64; k += 4)  // the rounding up to 64: zeros
+    _mm512_storeu_si512(panel + (k - k0) / 4 * 64, _mm512_setzero_si512());
+}
+
 }  // namespace QMM_KERNEL_NS
 }  // namespace qmm
