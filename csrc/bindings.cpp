@@ -129,20 +129,47 @@ qmm::NBitsWeight nbits_weight(const In& codes, int64_t K, int64_t bits, int64_t 
                           g_idx ? static_cast<const int32_t*>(g_idx->data()) : nullptr};
 }
 
-using NBitsProduct = void (*)(const float*, int64_t, const qmm::NBitsWeight&, const float*, float*);
+// The same for a weight held only packed: its shape from the packed form, no codes.
+qmm::NBitsWeight nbits_weight(const qmm::PackedNBits& packed, const In& scales, const In& zero_points, int operands,
+                              const std::optional<In>& g_idx) {
+  const bool integer_zero_points = zero_points.dtype() == nb::dtype<uint8_t>();
+  return qmm::NBitsWeight{nullptr,
+                          packed.N,
+                          packed.K,
+                          packed.bits,
+                          packed.block_size,
+                          packed.k_blocks,
+                          packed.row_bytes,
+                          static_cast<const float*>(scales.data()),
+                          integer_zero_points ? nullptr : static_cast<const float*>(zero_points.data()),
+                          integer_zero_points ? static_cast<const uint8_t*>(zero_points.data()) : nullptr,
+                          static_cast<qmm::NBitsOperands>(operands),
+                          g_idx ? static_cast<const int32_t*>(g_idx->data()) : nullptr};
+}
 
-template <NBitsProduct product>
-nb::ndarray<nb::numpy> matmul_nbits_binding(const In& A, const In& codes, int64_t K, int64_t bits, int64_t block_size,
-                                            const In& scales, const In& zero_points, std::optional<In> bias,
-                                            int operands, std::optional<In> g_idx, const qmm::PackedNBits* packed) {
+using NBitsProduct = void (*)(const qmm::NBitsDispatch&, const float*, int64_t, const qmm::NBitsWeight&, const float*,
+                              float*);
+
+// codes may be None where packed is given and the entry in use reads its layout: its kernels then
+// never read the codes (a MatMulNBits at level 4 holds only the packed form).
+template <NBitsProduct product, bool level4>
+nb::ndarray<nb::numpy> matmul_nbits_binding(const In& A, std::optional<In> codes, int64_t K, int64_t bits,
+                                            int64_t block_size, const In& scales, const In& zero_points,
+                                            std::optional<In> bias, int operands, std::optional<In> g_idx,
+                                            const qmm::PackedNBits* packed) {
+  const qmm::NBitsDispatch& entry = qmm::nbits_kernels();  // one entry for the check and the call
+  const bool use_packed = packed && packed->layout && packed->layout == entry.int8_layout;
+  if (!codes && !(level4 && use_packed && !g_idx))
+    throw nb::value_error("matmul_nbits: the codes are needed: the kernels in use do not read the packed weight");
   const int64_t M = static_cast<int64_t>(A.shape(0));
-  qmm::NBitsWeight w = nbits_weight(codes, K, bits, block_size, scales, zero_points, operands, g_idx);
-  const qmm::NBitsPackedInt8 view = packed && packed->layout ? packed->view() : qmm::NBitsPackedInt8{};
-  if (packed && packed->layout) w.packed = &view;
+  qmm::NBitsWeight w = codes ? nbits_weight(*codes, K, bits, block_size, scales, zero_points, operands, g_idx)
+                             : nbits_weight(*packed, scales, zero_points, operands, g_idx);
+  const qmm::NBitsPackedInt8 view = use_packed ? packed->view() : qmm::NBitsPackedInt8{};
+  if (use_packed) w.packed = &view;
   NewArray<float> y({M, w.N});
   {
     nb::gil_scoped_release release;
-    product(static_cast<const float*>(A.data()), M, w, bias ? static_cast<const float*>(bias->data()) : nullptr,
+    product(entry, static_cast<const float*>(A.data()), M, w, bias ? static_cast<const float*>(bias->data()) : nullptr,
             y.data());
   }
   return y.array();
@@ -438,19 +465,30 @@ void bind_matmul_nbits(nb::module_& m) {
   // float32, level 4 with A quantized to int8 per block as ONNX Runtime does.
   // operands (matmul_nbits_f32): 0 float32 (levels 0/1), 1 float16, 2 bfloat16 (levels 2/3: W is
   // rounded here; A must arrive rounded already).
-  m.def("matmul_nbits_f32", matmul_nbits_binding<qmm::matmul_nbits_f32>, nb::arg("A"), nb::arg("codes"), nb::arg("K"),
-        nb::arg("bits"), nb::arg("block_size"), nb::arg("scales"), nb::arg("zero_points"), nb::arg("bias").none(),
-        nb::arg("operands") = 0, nb::arg("g_idx").none() = nb::none(), nb::arg("packed").none() = nb::none());
+  m.def("matmul_nbits_f32", matmul_nbits_binding<qmm::matmul_nbits_f32, false>, nb::arg("A"), nb::arg("codes").none(),
+        nb::arg("K"), nb::arg("bits"), nb::arg("block_size"), nb::arg("scales"), nb::arg("zero_points"),
+        nb::arg("bias").none(), nb::arg("operands") = 0, nb::arg("g_idx").none() = nb::none(),
+        nb::arg("packed").none() = nb::none());
   // packed: the weight packed by pack_nbits_int8 (the kernels of an entry with its layout read it).
-  m.def("matmul_nbits_int8", matmul_nbits_binding<qmm::matmul_nbits_int8>, nb::arg("A"), nb::arg("codes"), nb::arg("K"),
-        nb::arg("bits"), nb::arg("block_size"), nb::arg("scales"), nb::arg("zero_points"), nb::arg("bias").none(),
-        nb::arg("operands") = 0, nb::arg("g_idx").none() = nb::none(), nb::arg("packed").none() = nb::none());
+  m.def("matmul_nbits_int8", matmul_nbits_binding<qmm::matmul_nbits_int8, true>, nb::arg("A"), nb::arg("codes").none(),
+        nb::arg("K"), nb::arg("bits"), nb::arg("block_size"), nb::arg("scales"), nb::arg("zero_points"),
+        nb::arg("bias").none(), nb::arg("operands") = 0, nb::arg("g_idx").none() = nb::none(),
+        nb::arg("packed").none() = nb::none());
 
   // Level 4's constant weight packed for the entry in use (its int8 layout), or None where that entry
   // has no layout or its layout does not take this weight (g_idx, block sizes above 4096).
   nb::class_<qmm::PackedNBits>(m, "PackedNBits", "A MatMulNBits weight packed for one kernel entry's level-4 kernels")
       .def_prop_ro("layout", [](const qmm::PackedNBits& p) { return std::string(p.layout->name); })
       .def_prop_ro("nbytes", &qmm::PackedNBits::bytes);
+  // The codes [N, row_bytes] of a packed weight, as they were given to pack_nbits_int8.
+  m.def("unpack_nbits_int8", [](const qmm::PackedNBits& packed) {
+    NewArray<uint8_t> codes({packed.N, packed.row_bytes});
+    {
+      nb::gil_scoped_release release;
+      qmm::unpack_nbits_int8(packed, codes.data());
+    }
+    return codes.array();
+  });
   m.def("nbits_int8_layout", []() -> std::optional<std::string> {
     const qmm::NBitsInt8Layout* layout = qmm::nbits_kernels().int8_layout;
     return layout ? std::optional<std::string>(layout->name) : std::nullopt;

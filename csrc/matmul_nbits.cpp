@@ -212,10 +212,45 @@ void quads_pack(const NBitsWeight& w, int64_t p0, int64_t p1, uint8_t* codes, fl
   }
 }
 
+void quads_unpack(const NBitsWeight& w, const uint8_t* packed_codes, uint8_t* codes) {
+  const int64_t kb = w.k_blocks, bs = w.block_size, padded = kb * bs, S = quads_storage_bits(w.bits), Q = 8 / S;
+  const int64_t bytes = quads_block_bytes(w);
+  const unsigned mask = (1u << S) - 1;
+  std::memset(codes, 0, static_cast<size_t>(w.N * w.row_bytes));
+  for (int64_t n = 0; n < w.N; ++n) {
+    const uint8_t* panel = packed_codes + n / kQuadsPanel * kb * bytes;
+    const int64_t c = n % kQuadsPanel;
+    uint8_t* row = codes + n * w.row_bytes;
+    for (int64_t k = 0; k < padded; ++k) {
+      const int64_t quad = (k % bs) / 4;
+      unsigned code = (panel[k / bs * bytes + 64 * (quad / Q) + 4 * c + k % 4] >> (S * (quad % Q))) & mask;
+      if (w.bits == 8) code ^= 0x80;
+      for (int64_t i = 0; i < w.bits; ++i) {  // LSB-first bitstream
+        const int64_t bit = k * w.bits + i;
+        row[bit / 8] = static_cast<uint8_t>(row[bit / 8] | (((code >> i) & 1u) << (bit % 8)));
+      }
+    }
+  }
+}
+
 }  // namespace
 
-const NBitsInt8Layout kNBitsQuads16 = {
-    .name = "quads x16", .panel_columns = kQuadsPanel, .packed_bytes = quads_packed_bytes, .pack = quads_pack};
+const NBitsInt8Layout kNBitsQuads16 = {.name = "quads x16",
+                                       .panel_columns = kQuadsPanel,
+                                       .packed_bytes = quads_packed_bytes,
+                                       .pack = quads_pack,
+                                       .unpack = quads_unpack};
+
+void unpack_nbits_int8(const PackedNBits& packed, uint8_t* codes) {
+  NBitsWeight w{};
+  w.N = packed.N;
+  w.K = packed.K;
+  w.bits = packed.bits;
+  w.block_size = packed.block_size;
+  w.k_blocks = packed.k_blocks;
+  w.row_bytes = packed.row_bytes;
+  packed.layout->unpack(w, packed.codes.get(), codes);
+}
 
 PackedNBits pack_nbits_int8(const NBitsDispatch& kernels, const NBitsWeight& w) {
   PackedNBits packed;
@@ -225,6 +260,12 @@ PackedNBits pack_nbits_int8(const NBitsDispatch& kernels, const NBitsWeight& w) 
   const int64_t panels = (w.N + layout->panel_columns - 1) / layout->panel_columns;
   const int64_t per_panel = bytes / panels, floats_per_panel = w.k_blocks * layout->panel_columns;
   packed.layout = layout;
+  packed.N = w.N;
+  packed.K = w.K;
+  packed.bits = w.bits;
+  packed.block_size = w.block_size;
+  packed.k_blocks = w.k_blocks;
+  packed.row_bytes = w.row_bytes;
   packed.code_bytes = bytes;
   packed.float_count = panels * floats_per_panel;
   packed.codes = alloc_buffer<uint8_t>(static_cast<size_t>(bytes));

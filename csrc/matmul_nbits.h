@@ -56,6 +56,9 @@ struct NBitsInt8Layout {
   int64_t (*packed_bytes)(const NBitsWeight& w);
   // Panels [p0, p1) of w into codes, scales and scaled_zero_points (each at panel p0's place).
   void (*pack)(const NBitsWeight& w, int64_t p0, int64_t p1, uint8_t* codes, float* scales, float* scaled_zero_points);
+  // The inverse for the codes: w's rows (w.codes' layout, N x row_bytes) from the packed codes,
+  // bit for bit (codes past K included), so a holder may keep only the packed form.
+  void (*unpack)(const NBitsWeight& w, const uint8_t* packed_codes, uint8_t* codes);
 };
 
 struct NBitsPackedInt8 {
@@ -178,6 +181,7 @@ struct PackedNBits {
   Buffer<uint8_t> codes;
   Buffer<float> scales, scaled_zero_points;
   int64_t code_bytes = 0, float_count = 0;
+  int64_t N = 0, K = 0, bits = 0, block_size = 0, k_blocks = 0, row_bytes = 0;  // the weight's shape
   NBitsPackedInt8 view() const { return {layout, codes.get(), scales.get(), scaled_zero_points.get()}; }
   size_t bytes() const {
     return static_cast<size_t>(code_bytes) + 2 * sizeof(float) * static_cast<size_t>(float_count);
@@ -185,6 +189,8 @@ struct PackedNBits {
 };
 struct NBitsDispatch;
 PackedNBits pack_nbits_int8(const NBitsDispatch& kernels, const NBitsWeight& w);
+// The codes [N, row_bytes] of the weight `packed` holds, as they were (layout->unpack).
+void unpack_nbits_int8(const PackedNBits& packed, uint8_t* codes);
 
 // The two drivers on a given entry instead of the selected one (the self-test of csrc/dispatch.cpp).
 void matmul_nbits_f32(const NBitsDispatch& kernels, const float* A, int64_t M, const NBitsWeight& w, const float* bias,

@@ -64,7 +64,7 @@ def test_packed_equals_unpacked_bit_for_bit(bits, entry):
                     bias=bool(rng.integers(0, 2)),
                 )
                 held = _held(case, accuracy_level=4)
-                assert held._weights.packed is not None and held._weights.packed.layout == "quads x16"
+                assert held._packed is not None and held._packed.layout == "quads x16"
                 y = held(case.A)
                 _same_bits(y, case.run(4), f"{case} packed vs unpacked")
                 y_eff, tol = tight_tolerance(case, 4)
@@ -90,7 +90,7 @@ def test_packed_extreme_codes_and_nonfinite_rows(bits, entry):
                 A[2] = np.inf
             with kernel_entry("nbits", *entry):
                 held = MatMulNBits(B, scales, K=K, N=N, bits=bits, block_size=block_size, accuracy_level=4)
-                assert held._weights.packed is not None
+                assert held._packed is not None
                 y = held(A)
                 expected = matmul_nbits(A, B, scales, K=K, N=N, bits=bits, block_size=block_size, accuracy_level=4)
             assert np.isnan(y[0]).all()
@@ -98,42 +98,81 @@ def test_packed_extreme_codes_and_nonfinite_rows(bits, entry):
 
 
 def test_packing_follows_the_entry():
-    """Packed for the entry in use when constructed; after set_isa to an entry without the layout
-    (portable) the weight is not read packed (None), and the result is that entry's; back at avx2 it
-    is packed again. A packed weight handed to the core under another entry is ignored there."""
+    """Packed for the entry in use when constructed, and then held only packed (the codes dropped);
+    after set_isa to an entry without the layout (portable) the codes come back from the packed
+    form, bit for bit, and the result is that entry's; back at avx2 it is packed again."""
     rng = np.random.default_rng(6300)
     case = Case(rng, 4, 32, K=200, N=30, batch=(3,), zp="packed", bias=True)
     with kernel_entry("nbits", "avx2"):
         held = _held(case, accuracy_level=4)
-        packed_bytes = held._weights.packed.nbytes
-        assert packed_bytes > 0 and held.nbytes >= packed_bytes + held._weights.B.nbytes
+        codes, packed, layout = held._held
+        assert codes is None and layout == "quads x16" and held.nbytes >= packed.nbytes > case.B.nbytes
+        assert held.nbytes < 2 * packed.nbytes  # codes not held twice
+        _same_bits(held(case.A), case.run(4), "avx2")
     with kernel_entry("nbits", "portable") as entry:
         assert entry == "portable" and _core.nbits_int8_layout() is None
         y = held(case.A)
-        assert held._weights.packed is None
+        codes, packed, layout = held._held
+        assert packed is None and layout is None
+        assert np.array_equal(codes, case.B.reshape(case.N, -1))
         _same_bits(y, case.run(4), "portable, held vs function")
-        w = held._weights
-        args = (case.A, w.B, w.K, w.bits, w.block_size, w.scales, w.kernel_zero_points, None)
-        with kernel_entry("nbits", "avx2"):
-            packed = _core.pack_nbits_int8(w.B, w.K, w.bits, w.block_size, w.scales, w.kernel_zero_points)
-        _same_bits(_core.matmul_nbits_int8(*args, packed=packed), _core.matmul_nbits_int8(*args), "ignored")
     with kernel_entry("nbits", "avx2"):
         y = held(case.A)
-        assert held._weights.packed is not None
+        assert held._packed is not None and held._held[0] is None
         _same_bits(y, case.run(4), "avx2 again")
+
+
+@pytest.mark.parametrize("bits", BITS)
+def test_unpack_restores_the_codes(bits):
+    """The packed form holds every code, those past K included (whatever they hold): unpacking
+    gives the codes back byte for byte; the inputs are not modified."""
+    rng = np.random.default_rng(6500 + bits)
+    for block_size in (16, 32, 128):
+        N, kb = int(rng.integers(1, 40)), int(rng.integers(1, 6))
+        B = rng.integers(0, 256, (N, kb * block_size * bits // 8), dtype=np.uint8)
+        before = B.copy()
+        scales = rng.uniform(0.5, 2.0, (N, kb)).astype(np.float32)
+        zero_points = rng.integers(0, 2**bits, (N, kb)).astype(np.uint8)
+        K = kb * block_size - int(rng.integers(0, block_size))
+        with kernel_entry("nbits", "avx2"):
+            packed = _core.pack_nbits_int8(B, K, bits, block_size, scales, zero_points)
+        assert packed.layout == "quads x16"
+        assert np.array_equal(_core.unpack_nbits_int8(packed), B) and np.array_equal(B, before)
+
+
+def test_codes_are_needed_where_the_kernels_do_not_read_the_packed_weight():
+    """Without the codes, a call under an entry of another layout (or none) is refused with a clear
+    error, never run on absent codes."""
+    rng = np.random.default_rng(6600)
+    case = Case(rng, 4, 32, K=64, N=16, batch=(2,))
+    B = case.B.reshape(case.N, -1)
+    scales = case.scales.reshape(case.N, -1).astype(np.float32)
+    zero_points = np.full(scales.shape, 8, np.uint8)
+    with kernel_entry("nbits", "avx2"):
+        packed = _core.pack_nbits_int8(B, case.K, 4, 32, scales, zero_points)
+        y = _core.matmul_nbits_int8(case.A, None, case.K, 4, 32, scales, zero_points, None, packed=packed)
+        _same_bits(y, _core.matmul_nbits_int8(case.A, B, case.K, 4, 32, scales, zero_points, None), "no codes")
+    with kernel_entry("nbits", "portable"):
+        with pytest.raises(ValueError, match="matmul_nbits: the codes are needed"):
+            _core.matmul_nbits_int8(case.A, None, case.K, 4, 32, scales, zero_points, None, packed=packed)
 
 
 def test_weights_the_layout_does_not_take():
     """No packing for g_idx (level 4 runs through the float kernels there), for block sizes above
-    4096 (the int32 block sums could overflow), or at levels 0-3; those weights run as before."""
+    4096 (the int32 block sums could overflow), or at levels 0-3; those weights keep their codes and
+    run as before."""
     rng = np.random.default_rng(6400)
     with kernel_entry("nbits", "avx2"):
         g = Case(rng, 4, 32, K=96, N=9, batch=(2,), g="random")
-        assert _held(g, accuracy_level=4)._weights.packed is None
+        held = _held(g, accuracy_level=4)
+        assert held._packed is None and held._held[0] is not None
+        _same_bits(held(g.A), g.run(4), "g_idx")
         big = Case(rng, 4, 8192, K=8192, N=3, batch=(2,))
         held = _held(big, accuracy_level=4)
-        assert held._weights.packed is None
+        assert held._packed is None
         _same_bits(held(big.A), big.run(4), "block 8192")
-        assert _held(Case(rng, 4, 32, K=64, N=8, batch=(1,)), accuracy_level=0)._weights.packed is None
-        w = _held(Case(rng, 4, 4096, K=4096, N=3, batch=(1,)), accuracy_level=4)._weights
-        assert w.packed is not None
+        level0 = Case(rng, 4, 32, K=64, N=8, batch=(1,))
+        held = _held(level0, accuracy_level=0)
+        assert held._packed is None
+        _same_bits(held(level0.A), level0.run(0), "level 0")
+        assert _held(Case(rng, 4, 4096, K=4096, N=3, batch=(1,)), accuracy_level=4)._packed is not None

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import copy
+
 import ml_dtypes
 import numpy as np
 
@@ -111,9 +113,12 @@ class MatMulNBits:
 
     ``w = MatMulNBits(B, scales, zero_points=None, g_idx=None, bias=None, *, K, N, bits=4, block_size,
     accuracy_level=0)`` takes exactly :func:`matmul_nbits`'s weight arguments (A's dtype is the
-    scales' dtype); ``w(A)`` returns what ``matmul_nbits(A, B, scales, ...)`` returns. The codes
-    are copied once, and scales and zero points are held as float32 [N, k_blocks], so a call does
-    no weight validation or conversion. ``MatMulNBits.from_float(W, bits=..., block_size=...,
+    scales' dtype); ``w(A)`` returns what ``matmul_nbits(A, B, scales, ...)`` returns, bit for bit.
+    The codes are copied once, and scales and zero points are held as float32 [N, k_blocks], so a
+    call does no weight validation or conversion. At accuracy level 4 (without g_idx) the codes are
+    held instead packed for the kernels in use (docs/matmul_nbits.md, "Level 4 on a packed
+    weight"; about the same bytes), packed again if ``set_isa`` later selects kernels that read
+    another layout. ``MatMulNBits.from_float(W, bits=..., block_size=...,
     method=...)`` quantizes a float [K, N] weight with :func:`quantize_nbits` first.
 
     Examples
@@ -135,24 +140,38 @@ class MatMulNBits:
         self.accuracy_level = _level(fn, accuracy_level)
         self.dtype = _float_array(fn, "scales", scales).dtype
         self._weights = _Weights(fn, B, scales, zero_points, g_idx, K, N, bits, block_size, self.dtype)
-        self._weights.B = np.array(self._weights.B, order="C")  # a private contiguous copy of the codes
         self._bias = _bias(fn, bias, self.dtype, N)
         self.K, self.N, self.bits, self.block_size = K, N, bits, block_size
-        self._packed_for = None  # the kernel layout the weight was last packed for (level 4)
-        self._pack_for_kernels()
+        # What is held of the codes, replaced as one tuple (calls on other threads see one state):
+        # (codes or None, the weight packed for a kernel layout or None, that layout's name or None).
+        # At level 4 without g_idx the codes are packed once for the active kernel entry's layout and
+        # then held only packed (as ONNX Runtime prepacks); set_isa to an entry of another layout
+        # (or none) packs again, or restores the codes, from the packed form.
+        self._held = (np.array(self._weights.B, order="C"), None, None)  # a private contiguous copy
+        self._weights.B = None
+        self._for_kernels()
 
-    def _pack_for_kernels(self):
-        """Level 4 without g_idx: the codes packed once more in the layout the active kernel entry's
-        int8 kernels read (csrc/matmul_nbits.h, NBitsInt8Layout), again after set_isa picks an entry with
-        another layout; none where the entry has no layout or it does not take this weight."""
+    def _for_kernels(self):
+        """(codes, packed) for a call now: packed (re)made for the active entry's level-4 layout
+        (csrc/matmul_nbits.h, NBitsInt8Layout) where it has one that takes this weight, else codes."""
+        codes, packed, layout = self._held
         w = self._weights
         if self.accuracy_level != 4 or w.g_idx is not None:
-            return
-        layout = _core.nbits_int8_layout()
-        if layout != self._packed_for:
-            w.packed = None if layout is None else _core.pack_nbits_int8(
-                w.B, w.K, w.bits, w.block_size, np.ascontiguousarray(w.scales), w.kernel_zero_points)
-            self._packed_for = layout
+            return codes, None
+        current = _core.nbits_int8_layout()
+        if current != layout:
+            if codes is None:
+                codes = _core.unpack_nbits_int8(packed)
+            packed = None if current is None else _core.pack_nbits_int8(
+                codes, w.K, w.bits, w.block_size, np.ascontiguousarray(w.scales), w.kernel_zero_points)
+            self._held = (None if packed is not None else codes, packed, current)
+            codes = self._held[0]
+        return codes, packed
+
+    @property
+    def _packed(self):
+        """The weight packed for the kernels (level 4), or None."""
+        return self._held[1]
 
     @classmethod
     def from_float(cls, W, *, bits=4, block_size=32, method="rtn", symmetric=False, bias=None, accuracy_level=0):
@@ -167,13 +186,16 @@ class MatMulNBits:
         """Bytes held: the codes, float32 scales, the zero points (uint8, or float32 when given as floats), the
         bias, and at level 4 the weight packed for the kernels (codes, scales and scaled zero points)."""
         w = self._weights
-        held = w.B.nbytes + w.scales.nbytes + w.kernel_zero_points.nbytes
-        held += 0 if w.packed is None else w.packed.nbytes
+        codes, packed, _ = self._held
+        held = w.scales.nbytes + w.kernel_zero_points.nbytes
+        held += (0 if codes is None else codes.nbytes) + (0 if packed is None else packed.nbytes)
         return held + (0 if self._bias is None else self._bias.nbytes)
 
     def __call__(self, A) -> np.ndarray:
-        self._pack_for_kernels()
-        return _apply(_activations(self._FN, A, self.K, self.dtype), self._weights, self._bias, self.accuracy_level)
+        A = _activations(self._FN, A, self.K, self.dtype)
+        w = copy.copy(self._weights)  # this call's codes: another thread's set_isa may change what is held
+        w.B, w.packed = self._for_kernels()
+        return _apply(A, w, self._bias, self.accuracy_level)
 
     def __repr__(self) -> str:
         return (f"MatMulNBits(K={self.K}, N={self.N}, bits={self.bits}, block_size={self.block_size}, "
@@ -281,7 +303,7 @@ class _Weights:
         self.K, self.N, self.bits, self.block_size = K, N, bits, block_size
         kb = self.k_blocks = -(-K // block_size)
         self.padded_K = kb * block_size
-        self.packed = None  # level 4: the weight packed for the kernels (MatMulNBits sets it)
+        self.packed = None  # level 4: the weight packed for the kernels (MatMulNBits sets it, and may drop B)
         layout = f"K={K}, bits={bits}, block_size={block_size}"
 
         B = np.asarray(B)
@@ -439,7 +461,8 @@ def _quantize_a(a32, block_size, k_blocks):
 def _product_int8(a2, w, bias):
     """Level 4: float32 [M, N], bias added; docs/matmul_nbits.md."""
     if w.g_idx is None:  # the C++ kernels (csrc/matmul_nbits.h): A quantized there exactly as below
-        return _core.matmul_nbits_int8(np.ascontiguousarray(a2, dtype=_F32), np.ascontiguousarray(w.B), w.K, w.bits,
+        codes = None if w.B is None else np.ascontiguousarray(w.B)  # None: held only packed (MatMulNBits)
+        return _core.matmul_nbits_int8(np.ascontiguousarray(a2, dtype=_F32), codes, w.K, w.bits,
                                        w.block_size, np.ascontiguousarray(w.scales),
                                        w.kernel_zero_points,
                                        None if bias is None else np.ascontiguousarray(bias, dtype=_F32),
