@@ -160,14 +160,21 @@ void matmul_nbits_int8(const NBitsDispatch& kernels, const float* A, int64_t M, 
   const int64_t groups = tiled ? M / tiling.row_group : 0;
   const int64_t wanted = (2 * static_cast<int64_t>(get_num_threads()) + column_tasks - 1) / column_tasks;
   const int64_t ranges = std::max<int64_t>(1, std::min(groups, wanted));
-  parallel_for(column_tasks * ranges, [&](int64_t task) {
-    const int64_t n0 = task / ranges * columns, range = task % ranges;
-    const int64_t m0 = range * groups / ranges * tiling.row_group;
-    const int64_t m1 = range + 1 == ranges ? M : (range + 1) * groups / ranges * tiling.row_group;
-    const QuantizedA view{a.qa + m0 * padded, a.scale + m0 * w.k_blocks, a.block_sum + m0 * w.k_blocks, m1 - m0,
-                          padded};
-    rows_int8(view, w, n0, std::min(w.N, n0 + columns), bias, Y + m0 * w.N);
-  });
+  // About 30 multiply-adds per nanosecond on one thread (AVX2 on a decode; wider tables do more):
+  // a small call stays on fewer threads.
+  const double task_ns = static_cast<double>(columns) * static_cast<double>(w.K) * static_cast<double>(M) /
+                         static_cast<double>(ranges) / 30.0;
+  parallel_for(
+      column_tasks * ranges,
+      [&](int64_t task) {
+        const int64_t n0 = task / ranges * columns, range = task % ranges;
+        const int64_t m0 = range * groups / ranges * tiling.row_group;
+        const int64_t m1 = range + 1 == ranges ? M : (range + 1) * groups / ranges * tiling.row_group;
+        const QuantizedA view{a.qa + m0 * padded, a.scale + m0 * w.k_blocks, a.block_sum + m0 * w.k_blocks, m1 - m0,
+                              padded};
+        rows_int8(view, w, n0, std::min(w.N, n0 + columns), bias, Y + m0 * w.N);
+      },
+      tasks_worth_a_thread(task_ns));
 }
 
 namespace {
@@ -305,10 +312,16 @@ void matmul_nbits_f32(const NBitsDispatch& kernels, const float* A, int64_t M, c
   // rows: the entry's panel width.
   const int64_t columns_per_task = M <= 12 ? 64 : kernels.rows_prefill_columns > 0 ? kernels.rows_prefill_columns : 16;
   const int64_t tasks = (w.N + columns_per_task - 1) / columns_per_task;
-  parallel_for(tasks, [&](int64_t task) {
-    const int64_t n0 = task * columns_per_task;
-    rows(A, M, w, n0, std::min(w.N, n0 + columns_per_task), bias, Y);
-  });
+  // About 15 multiply-adds per nanosecond on one thread (AVX2 level 0 on a decode).
+  const double task_ns =
+      static_cast<double>(columns_per_task) * static_cast<double>(w.K) * static_cast<double>(M) / 15.0;
+  parallel_for(
+      tasks,
+      [&](int64_t task) {
+        const int64_t n0 = task * columns_per_task;
+        rows(A, M, w, n0, std::min(w.N, n0 + columns_per_task), bias, Y);
+      },
+      tasks_worth_a_thread(task_ns));
 }
 
 }  // namespace qmm

@@ -1,6 +1,7 @@
 // thread_pool.cpp: the persistent worker pool behind parallel_for (condition variables, one job at a time).
 #include "thread_pool.h"
 
+#include <algorithm>
 #include <atomic>
 #include <condition_variable>
 #include <cstdlib>
@@ -43,8 +44,9 @@ class Pool {
   int threads() const { return threads_.load(); }
   void set_threads(int n) { threads_.store(n < 1 ? 1 : n); }
 
-  void run(int64_t count, const std::function<void(int64_t)>& task) {
-    const int want = static_cast<int>(std::min<int64_t>(threads(), count));
+  void run(int64_t count, const std::function<void(int64_t)>& task, int64_t min_per_thread) {
+    const int64_t by_work = std::max<int64_t>(1, count / std::max<int64_t>(1, min_per_thread));
+    const int want = static_cast<int>(std::min<int64_t>(threads(), std::min(count, by_work)));
     if (want <= 1 || t_inside_task) {
       for (int64_t i = 0; i < count; ++i) task(i);
       return;
@@ -57,14 +59,16 @@ class Pool {
       count_ = count;
       next_.store(0);
       helpers_ = want - 1;
-      pending_ = want - 1;
       ++generation_;
     }
     wake_.notify_all();
-    work();  // the caller works too
+    work();  // the caller works too, until no task is left to take
+    // Then it waits for the helpers still running a task, not for those not yet awake: a small job
+    // is over without them (waking a thread takes tens of microseconds on a busy or virtual
+    // machine, more than such a job), and one that wakes after the job is closed goes back to sleep.
     std::unique_lock<std::mutex> lock(mutex_);
-    done_.wait(lock, [&] { return pending_ == 0; });
-    task_ = nullptr;
+    done_.wait(lock, [&] { return active_ == 0; });
+    task_ = nullptr;  // closed: no helper joins it any more
   }
 
  private:
@@ -91,11 +95,12 @@ class Pool {
         std::unique_lock<std::mutex> lock(mutex_);
         wake_.wait(lock, [&] { return generation_ != seen; });
         seen = generation_;
-        if (index >= helpers_) continue;  // this job wants fewer helpers
+        if (index >= helpers_ || task_ == nullptr) continue;  // fewer helpers wanted, or the job is over
+        ++active_;
       }
       work();
       std::lock_guard<std::mutex> lock(mutex_);
-      if (--pending_ == 0) done_.notify_one();
+      if (--active_ == 0) done_.notify_one();
     }
   }
 
@@ -106,7 +111,7 @@ class Pool {
   const std::function<void(int64_t)>* task_ = nullptr;
   int64_t count_ = 0;
   std::atomic<int64_t> next_{0};
-  int helpers_ = 0, pending_ = 0;
+  int helpers_ = 0, active_ = 0;  // active_: helpers inside the current job's work()
   uint64_t generation_ = 0;
 };
 
@@ -114,6 +119,8 @@ class Pool {
 
 int get_num_threads() { return Pool::instance().threads(); }
 void set_num_threads(int n) { Pool::instance().set_threads(n); }
-void parallel_for(int64_t count, const std::function<void(int64_t)>& task) { Pool::instance().run(count, task); }
+void parallel_for(int64_t count, const std::function<void(int64_t)>& task, int64_t min_per_thread) {
+  Pool::instance().run(count, task, min_per_thread);
+}
 
 }  // namespace qmm

@@ -14,7 +14,17 @@ void set_num_threads(int n);
 // Runs task(i) for i in [0, count) on up to get_num_threads() threads (the calling thread takes part)
 // and returns when all are done. Tasks are handed out dynamically, so uneven tasks balance. Safe to
 // call from several threads at once: concurrent calls are serialized on the pool, and a call made
-// from inside a task runs inline.
-void parallel_for(int64_t count, const std::function<void(int64_t)>& task);
+// from inside a task runs inline. The caller waits for the tasks, not for helpers that are not
+// awake yet. min_per_thread: wake only as many helpers as leave each thread at least that many
+// tasks (a small job is quicker done by fewer threads than by waking more).
+void parallel_for(int64_t count, const std::function<void(int64_t)>& task, int64_t min_per_thread = 1);
+
+// The tasks per thread worth waking a helper for, where one task takes about task_ns nanoseconds
+// on one thread: enough for about 20 microseconds each (a wake-up costs a few, and more on virtual
+// machines).
+inline int64_t tasks_worth_a_thread(double task_ns) {
+  const double tasks = 20000.0 / (task_ns > 1.0 ? task_ns : 1.0);
+  return tasks < 1.0 ? 1 : static_cast<int64_t>(tasks);
+}
 
 }  // namespace qmm

@@ -268,8 +268,9 @@ def test_the_core_refuses_a_weight_packed_in_another_layout():
 
 
 def test_a_matmul_nbits_weight_runs_under_every_table():
-    """MatMulNBits keeps its codes in ONNX Runtime's layout: any entry reads them; built under one
-    level and run under another, it gives the bits of the entry in use."""
+    """MatMulNBits keeps its codes in ONNX Runtime's layout, or at level 4 packed for the x86
+    entries' layout (restored for an entry without it): built under one level and run under
+    another, it gives the bits of the entry in use."""
     rng = np.random.default_rng(12)
     W = rng.normal(size=(256, 40)).astype(f32)
     A = rng.normal(size=(3, 256)).astype(f32)
@@ -341,6 +342,41 @@ def test_concurrent_calls_from_python_threads():
     for t in threads:
         t.join()
     assert not errors, errors[0]
+
+
+def test_back_to_back_jobs_on_more_threads_than_cores():
+    """Jobs of a few hundred microseconds, one after another from several Python threads, on more
+    pool threads than this machine has cores: helpers wake late and find their job over (the
+    caller waits for running tasks only) or join the next one; every result is the one-thread
+    result."""
+    rng = np.random.default_rng(3)
+    weights = [qm.MatMulNBits.from_float(rng.normal(size=(1024, 2048)).astype(f32), bits=b, block_size=32,
+                                         accuracy_level=level) for b, level in ((4, 4), (8, 4), (4, 0))]
+    inputs = [rng.normal(size=(m, 1024)).astype(f32) for m in (1, 3)]
+    before = qm.get_num_threads()
+    try:
+        qm.set_num_threads(1)
+        expected = [[w(a) for a in inputs] for w in weights]
+        qm.set_num_threads(6)
+        errors = []
+
+        def worker(seed):
+            try:
+                order = np.random.default_rng(seed).integers(0, len(weights) * len(inputs), 40)
+                for i in order:
+                    w, a = divmod(int(i), len(inputs))
+                    assert np.array_equal(weights[w](inputs[a]), expected[w][a]), (w, a)
+            except BaseException as error:  # noqa: BLE001 - reported below
+                errors.append(error)
+
+        threads = [threading.Thread(target=worker, args=(s,)) for s in range(3)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        assert not errors, errors[0]
+    finally:
+        qm.set_num_threads(before)
 
 
 # --------------------------------------------------------------------------------------------------
