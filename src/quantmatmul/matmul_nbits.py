@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import copy
-
 import ml_dtypes
 import numpy as np
 
@@ -105,7 +103,7 @@ def matmul_nbits(A, B, scales, zero_points=None, g_idx=None, bias=None, *, K, N,
     level = _level(fn, accuracy_level)
     A = _activations(fn, A, K, None)
     w = _Weights(fn, B, scales, zero_points, g_idx, K, N, bits, block_size, A.dtype)
-    return _apply(A, w, _bias(fn, bias, A.dtype, N), level)
+    return _apply(A, w, _bias(fn, bias, A.dtype, N), level, w.B)
 
 
 class MatMulNBits:
@@ -148,7 +146,7 @@ class MatMulNBits:
         # then held only packed (as ONNX Runtime prepacks); set_isa to an entry of another layout
         # (or none) packs again, or restores the codes, from the packed form.
         self._held = (np.array(self._weights.B, order="C"), None, None)  # a private contiguous copy
-        self._weights.B = None
+        self._weights.B = None  # held in _held
         self._for_kernels()
 
     def _for_kernels(self):
@@ -192,10 +190,9 @@ class MatMulNBits:
         return held + (0 if self._bias is None else self._bias.nbytes)
 
     def __call__(self, A) -> np.ndarray:
-        A = _activations(self._FN, A, self.K, self.dtype)
-        w = copy.copy(self._weights)  # this call's codes: another thread's set_isa may change what is held
-        w.B, w.packed = self._for_kernels()
-        return _apply(A, w, self._bias, self.accuracy_level)
+        codes, packed = self._for_kernels()  # this call's: another thread's set_isa may change what is held
+        return _apply(_activations(self._FN, A, self.K, self.dtype), self._weights, self._bias, self.accuracy_level,
+                      codes, packed)
 
     def __repr__(self) -> str:
         return (f"MatMulNBits(K={self.K}, N={self.N}, bits={self.bits}, block_size={self.block_size}, "
@@ -231,17 +228,21 @@ def _bias(fn, bias, dtype, N):
     return bias
 
 
-def _apply(A, w, bias, level):
-    """The product for validated operands: A [..., K] times the weight, in A's dtype."""
+def _apply(A, w, bias, level, codes, packed=None):
+    """The product for validated operands: A [..., K] times the weight (its codes as given, or None
+    with `packed`, the weight packed for the kernels), in A's dtype."""
     out_shape = A.shape[:-1] + (w.N,)
     a2 = A.reshape(-1, w.K)
+    if A.dtype == _F32 and w.g_idx is None and level in (0, 1, 4) and a2.shape[0]:  # all in C++: no numpy warnings
+        y = _product_int8(a2, w, codes, packed, bias) if level == 4 else _product_float(a2, w, codes, bias, None)
+        return y.reshape(out_shape)
     with np.errstate(all="ignore"):
         if a2.shape[0] == 0:
             y = np.zeros((0, w.N), _F32)
         elif level == 4:
-            y = _product_int8(a2, w, bias)
+            y = _product_int8(a2, w, codes, packed, bias)
         else:
-            y = _product_float(a2, w, bias, {2: np.float16, 3: _BF16}.get(level))
+            y = _product_float(a2, w, codes, bias, {2: np.float16, 3: _BF16}.get(level))
         return y.astype(A.dtype).reshape(out_shape)
 
 
@@ -303,7 +304,6 @@ class _Weights:
         self.K, self.N, self.bits, self.block_size = K, N, bits, block_size
         kb = self.k_blocks = -(-K // block_size)
         self.padded_K = kb * block_size
-        self.packed = None  # level 4: the weight packed for the kernels (MatMulNBits sets it, and may drop B)
         layout = f"K={K}, bits={bits}, block_size={block_size}"
 
         B = np.asarray(B)
@@ -417,7 +417,7 @@ def _round_to(x, dtype):
     return x.astype(dtype).astype(_F32)
 
 
-def _product_float(a2, w, bias, compute_dtype):
+def _product_float(a2, w, codes, bias, compute_dtype):
     """Levels 0-3: float32 [M, N]; with compute_dtype, A and each dequantized W are rounded to it first."""
     a32 = a2.astype(_F32)
     if compute_dtype is not None:
@@ -425,7 +425,7 @@ def _product_float(a2, w, bias, compute_dtype):
     # Levels 0-3: the C++ kernels (csrc/matmul_nbits.h), W rounded there for levels 2 and 3.
     operands = {None: 0, np.dtype(np.float16): 1, np.dtype(ml_dtypes.bfloat16): 2}[
         None if compute_dtype is None else np.dtype(compute_dtype)]
-    return _core.matmul_nbits_f32(np.ascontiguousarray(a32), np.ascontiguousarray(w.B), w.K, w.bits, w.block_size,
+    return _core.matmul_nbits_f32(np.ascontiguousarray(a32), np.ascontiguousarray(codes), w.K, w.bits, w.block_size,
                                   np.ascontiguousarray(w.scales), w.kernel_zero_points,
                                   None if bias is None else np.ascontiguousarray(bias, dtype=_F32), operands,
                                   w.kernel_g_idx)
@@ -458,19 +458,19 @@ def _quantize_a(a32, block_size, k_blocks):
     return qa.astype(_F32), scale.astype(_F32)
 
 
-def _product_int8(a2, w, bias):
+def _product_int8(a2, w, codes, packed, bias):
     """Level 4: float32 [M, N], bias added; docs/matmul_nbits.md."""
     if w.g_idx is None:  # the C++ kernels (csrc/matmul_nbits.h): A quantized there exactly as below
-        codes = None if w.B is None else np.ascontiguousarray(w.B)  # None: held only packed (MatMulNBits)
+        codes = None if codes is None else np.ascontiguousarray(codes)  # None: held only packed (MatMulNBits)
         return _core.matmul_nbits_int8(np.ascontiguousarray(a2, dtype=_F32), codes, w.K, w.bits,
                                        w.block_size, np.ascontiguousarray(w.scales),
                                        w.kernel_zero_points,
                                        None if bias is None else np.ascontiguousarray(bias, dtype=_F32),
-                                       packed=w.packed)
+                                       packed=packed)
     # A non-trivial g_idx changes the scales inside an A block, so the integer form does not factor:
     # the dequantized int8 A (float32 qa * scale_a) times W through the float32 kernels, an order the
     # level-4 bound covers.
     M, kb, bs = a2.shape[0], w.k_blocks, w.block_size
     qa, scale_a = _quantize_a(a2.astype(_F32), bs, kb)
     a_fq = (qa * scale_a[:, :, None]).reshape(M, w.padded_K)[:, : w.K]
-    return _product_float(a_fq, w, bias, None)
+    return _product_float(a_fq, w, codes, bias, None)
