@@ -63,7 +63,8 @@ test-asan: $(VENV)/.test-deps
 		-C build-dir=build/asan-{wheel_tag} ".[test]"
 	cd tests && LD_PRELOAD=$(SANITIZERS) ASAN_OPTIONS=detect_leaks=0 UBSAN_OPTIONS=print_stacktrace=1 \
 		../$(ASAN)/bin/python -m pytest -q -p no:cacheprovider test_native.py test_qlinear_matmul.py \
-		test_matmul_nbits.py test_amx.py test_float8_pairs.py test_nbits_bf16.py test_quantize_nbits_core.py \
+		test_matmul_nbits.py test_nbits_packed.py test_amx.py test_float8_pairs.py test_nbits_bf16.py \
+		test_quantize_nbits_core.py \
 		-k "not onnxruntime and not shared_symbols"
 
 # The same suite against the newest release of every peer and tool (no constraints), in its own
