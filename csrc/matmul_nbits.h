@@ -84,6 +84,18 @@ constexpr int64_t kQuadsPanel = 16;
 static inline int64_t quads_storage_bits(int64_t bits) { return bits == 2 ? 2 : bits <= 4 ? 4 : 8; }
 // Bytes of one panel's codes per block: block_size / 4 quads x 64 bytes x S / 8.
 static inline int64_t quads_block_bytes(const NBitsWeight& w) { return w.block_size * quads_storage_bits(w.bits) * 2; }
+// Panel p of w.packed: its codes (k_blocks runs of quads_block_bytes), and per block its 16 scales
+// and 16 scaled zero points.
+struct QuadsPanel {
+  const uint8_t* codes;
+  const float* scales;
+  const float* scaled_zero_points;
+};
+static inline QuadsPanel quads_panel(const NBitsWeight& w, int64_t p) {
+  const int64_t floats = p * w.k_blocks * kQuadsPanel;
+  return {w.packed->codes + p * w.k_blocks * quads_block_bytes(w), w.packed->scales + floats,
+          w.packed->scaled_zero_points + floats};
+}
 
 // Helpers kernel files share are static inline (see requantize.h).
 // x rounded to float16 or bfloat16 (nearest even; float16 overflows to infinity, NaN stays NaN) and

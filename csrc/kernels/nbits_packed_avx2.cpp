@@ -113,10 +113,9 @@ void panel_rows(const QuantizedA& a, int64_t m0, const NBitsWeight& w, int64_t p
   constexpr int Q = 8 / S;
   const int64_t kb = w.k_blocks, bs = w.block_size, padded = kb * bs, bytes = block_bytes(w);
   const int64_t groups = Groups ? Groups : bs / 4 / Q;
-  const NBitsPackedInt8& packed = *w.packed;
-  const uint8_t* codes = packed.codes + p * kb * bytes;
-  const float* sb_panel = packed.scales + p * kb * kPanel;
-  const float* szp_panel = packed.scaled_zero_points + p * kb * kPanel;
+  const QuadsPanel panel = quads_panel(w, p);
+  const uint8_t* codes = panel.codes;
+  const float *sb_panel = panel.scales, *szp_panel = panel.scaled_zero_points;
   const int8_t* qa[MR];
   for (int r = 0; r < MR; ++r) qa[r] = a.qa + (m0 + r) * padded;
   const float* scale_a = a.scale + m0 * kb;
@@ -227,7 +226,7 @@ void nbits_rows_int8_packed(const QuantizedA& a, const NBitsWeight& w, int64_t n
 void nbits_panel_from_packed(const NBitsWeight& w, int64_t n0, uint8_t* panel) {
   const int64_t kb = w.k_blocks, bs = w.block_size, S = storage_bits(w.bits), Q = 8 / S;
   const __m256i mask = _mm256_set1_epi8(static_cast<char>((1 << S) - 1));
-  const uint8_t* codes = w.packed->codes + n0 / kPanel * kb * block_bytes(w);
+  const uint8_t* codes = quads_panel(w, n0 / kPanel).codes;
   for (int64_t g = 0; g < kb * bs / 4 / Q; ++g)
     for (int64_t half = 0; half < 2; ++half) {
       const __m256i packed_codes = _mm256_load_si256(reinterpret_cast<const __m256i*>(codes + 64 * g + 32 * half));

@@ -41,10 +41,9 @@ void panel_rows(const QuantizedA& a, int64_t m0, const NBitsWeight& w, int64_t p
   constexpr int Q = 8 / S;
   const int64_t kb = w.k_blocks, bs = w.block_size, padded = kb * bs, bytes = quads_block_bytes(w);
   const int64_t groups = Groups ? Groups : bs / 4 / Q;
-  const NBitsPackedInt8& packed = *w.packed;
-  const uint8_t* codes = packed.codes + p * kb * bytes;
-  const float* sb_panel = packed.scales + p * kb * kPanel;
-  const float* szp_panel = packed.scaled_zero_points + p * kb * kPanel;
+  const QuadsPanel panel = quads_panel(w, p);
+  const uint8_t* codes = panel.codes;
+  const float *sb_panel = panel.scales, *szp_panel = panel.scaled_zero_points;
   const int8_t* qa[MR];
   for (int r = 0; r < MR; ++r) qa[r] = a.qa + (m0 + r) * padded;
   const float* scale_a = a.scale + m0 * kb;
@@ -136,7 +135,7 @@ void nbits_rows_int8_packed(const QuantizedA& a, const NBitsWeight& w, int64_t n
 void nbits_panel16_from_packed(const NBitsWeight& w, int64_t n0, int64_t cols, int64_t k0, int64_t k1, uint8_t* panel) {
   const int64_t kb = w.k_blocks, bs = w.block_size, bytes = quads_block_bytes(w), S = quads_storage_bits(w.bits);
   const int64_t Q = 8 / S;
-  const uint8_t* codes = w.packed->codes + n0 / kPanel * kb * bytes;
+  const uint8_t* codes = quads_panel(w, n0 / kPanel).codes;
   const __m512i mask = _mm512_set1_epi8(static_cast<char>((1 << S) - 1));
   // The panel's columns from cols on are zero (as nbits_decode_panel16 writes them): 4 bytes each.
   alignas(64) int32_t keep_lanes[16];
