@@ -169,14 +169,21 @@ void accumulate(const QGemmProblem& p, Epilogue&& epilogue) {
   };
 
   if (p.b_packed) {  // a constant weight: tasks over (matrix, row block, column block)
-    parallel_for(p.batch * row_blocks * col_blocks, [&](int64_t task) {
-      const int64_t bt = task / (row_blocks * col_blocks);
-      const int64_t m0 = (task / col_blocks) % row_blocks * block_rows;
-      const int64_t panel0 = task % col_blocks * panels_per_task;
-      const int64_t ib = p.b_index[bt];
-      compute_block(bt, m0, panel0, p.b_packed->matrix(ib) + panel0 * panel_bytes,
-                    p.b_packed->colsum.data() + ib * N + panel0 * nr);
-    });
+    // About 100 multiply-adds per nanosecond on one thread (AVX2 at many rows; fewer on one row): a
+    // small product stays on fewer threads.
+    const double task_ns = static_cast<double>(std::min(block_rows, M)) * static_cast<double>(K) *
+                           static_cast<double>(panels_per_task * nr) / 100.0;
+    parallel_for(
+        p.batch * row_blocks * col_blocks,
+        [&](int64_t task) {
+          const int64_t bt = task / (row_blocks * col_blocks);
+          const int64_t m0 = (task / col_blocks) % row_blocks * block_rows;
+          const int64_t panel0 = task % col_blocks * panels_per_task;
+          const int64_t ib = p.b_index[bt];
+          compute_block(bt, m0, panel0, p.b_packed->matrix(ib) + panel0 * panel_bytes,
+                        p.b_packed->colsum.data() + ib * N + panel0 * nr);
+        },
+        tasks_worth_a_thread(task_ns));
     return;
   }
   // b given per call: each task packs its own columns into a cache-sized buffer, then sweeps every
