@@ -418,35 +418,31 @@ void nbits_int8_gemm(const QuantizedA& a, const NBitsWeight& w, int64_t n0, int6
   zero_floats(sb, kb * 16);  // columns past N keep scale 0
   zero_floats(szb, kb * 16);
   zero_floats(acc, M * 16);
-  for (int64_t c = 0; c < 16; ++c) {
-    uint8_t* column = columns + c * decoded_len;
-    if (packed) {  // the panel comes from the packed codes below; only the scales are read here
-      if (c < cols)
-        for (int64_t b = 0; b < kb; ++b) {
-          const int64_t n = n0 + c;
-          sb[b * 16 + c] = w.scales[n * kb + b];
-          szb[b * 16 + c] = w.scales[n * kb + b] * (zero_point(w, n * kb + b) - (signed8 ? 128.0f : 0.0f));
-        }
-      continue;
-    }
-    if (c >= cols) {  // past N: codes 0 (their scales are 0 too)
-      std::memset(column, 0, static_cast<size_t>(decoded_len));
-      continue;
-    }
+  for (int64_t c = 0; c < cols; ++c) {
     const int64_t n = n0 + c;
-    decode_padded_column(w, n, column);
-    if (signed8)  // c - 128, and the zero point likewise: (c - 128) - (zp - 128) = c - zp
-      for (int64_t k = 0; k < padded; ++k) column[k] ^= 0x80;
     for (int64_t b = 0; b < kb; ++b) {
       sb[b * 16 + c] = w.scales[n * kb + b];
       szb[b * 16 + c] = w.scales[n * kb + b] * (zero_point(w, n * kb + b) - (signed8 ? 128.0f : 0.0f));
     }
   }
-  if (packed) avx2::nbits_panel_from_packed(w, n0, panel);
-  for (int half = 0; half < 2 && !packed; ++half) {
-    const uint8_t* rows[8];
-    for (int c = 0; c < 8; ++c) rows[c] = columns + (8 * half + c) * decoded_len;
-    for (int64_t k = 0; k < decoded_len; k += 32) transpose_8x32(rows, k, panel + 32 * half);
+  if (packed) {  // the panel by shifts and masks of the packed codes (8-bit ones held as c - 128)
+    avx2::nbits_panel_from_packed(w, n0, panel);
+  } else {
+    for (int64_t c = 0; c < 16; ++c) {
+      uint8_t* column = columns + c * decoded_len;
+      if (c >= cols) {  // past N: codes 0 (their scales are 0 too)
+        std::memset(column, 0, static_cast<size_t>(decoded_len));
+        continue;
+      }
+      decode_padded_column(w, n0 + c, column);
+      if (signed8)  // c - 128, and the zero point likewise: (c - 128) - (zp - 128) = c - zp
+        for (int64_t k = 0; k < padded; ++k) column[k] ^= 0x80;
+    }
+    for (int half = 0; half < 2; ++half) {
+      const uint8_t* rows[8];
+      for (int c = 0; c < 8; ++c) rows[c] = columns + (8 * half + c) * decoded_len;
+      for (int64_t k = 0; k < decoded_len; k += 32) transpose_8x32(rows, k, panel + 32 * half);
+    }
   }
   const int64_t quads_per_block = bs / 4, steps = signed8 ? quads_per_block : int16_steps(w.bits);
   const int64_t chunk = max_i64(1, 256 / bs);  // blocks per pass: 16 KB of codes at most stay in L1
