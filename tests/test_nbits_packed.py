@@ -1,5 +1,8 @@
 """test_nbits_packed.py: MatMulNBits level 4 on a weight packed once for the kernel entry (the "quads x16" layout of the avx2, avx512_vnni and amx entries): the same bits as the codes read as they are, on every path; packing follows set_isa."""
 
+import copy
+import pickle
+
 import numpy as np
 import pytest
 from conftest import kernel_entry
@@ -176,3 +179,19 @@ def test_weights_the_layout_does_not_take():
         assert held._packed is None
         _same_bits(held(level0.A), level0.run(0), "level 0")
         assert _held(Case(rng, 4, 4096, K=4096, N=3, batch=(1,)), accuracy_level=4)._packed is not None
+
+
+def test_pickle_and_deepcopy_give_the_same_results():
+    """A held weight (packed, codes dropped) pickles and deep-copies with its codes; the copy packs
+    them again for the kernels in use, also under another entry, with the original's bits."""
+    rng = np.random.default_rng(6700)
+    case = Case(rng, 4, 32, K=160, N=40, batch=(3,), zp="packed", bias=True)
+    with kernel_entry("nbits", "avx2"):
+        held = _held(case, accuracy_level=4)
+        expected = held(case.A)
+        for clone in (pickle.loads(pickle.dumps(held)), copy.deepcopy(held)):
+            assert clone._held[1] is None or clone._held[1] is not held._held[1]
+            _same_bits(clone(case.A), expected, "copy")
+            assert clone._packed is not None and clone._held[0] is None
+    with kernel_entry("nbits", "portable"):
+        _same_bits(pickle.loads(pickle.dumps(held))(case.A), case.run(4), "copy under portable")

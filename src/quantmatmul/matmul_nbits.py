@@ -171,6 +171,17 @@ class MatMulNBits:
         """The weight packed for the kernels (level 4), or None."""
         return self._held[1]
 
+    def __getstate__(self):
+        """Pickling and copy.deepcopy: the codes as given (from the packed form where only that is
+        held); the copy packs them again for its own kernels on first use."""
+        state = self.__dict__.copy()
+        codes, packed, _ = self._held
+        state["_held"] = (_core.unpack_nbits_int8(packed) if codes is None else codes, None, None)
+        return state
+
+    def __setstate__(self, state):
+        self.__dict__.update(state)
+
     @classmethod
     def from_float(cls, W, *, bits=4, block_size=32, method="rtn", symmetric=False, bias=None, accuracy_level=0):
         """Quantize a float [K, N] weight with :func:`quantize_nbits` and hold the result."""
