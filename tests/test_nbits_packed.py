@@ -41,11 +41,12 @@ def _same_bits(y, expected, what):
 @pytest.mark.parametrize("entry", ENTRIES, ids=[level for level, _ in ENTRIES])
 @pytest.mark.parametrize("bits", BITS)
 def test_packed_equals_unpacked_bit_for_bit(bits, entry):
-    """Every width x block sizes 16..512 x rows 1-15 (the packed few-row kernel: passes of 4 rows and
-    their tails; 8-bit codes from 8 rows on take the GEMM) and 16, 21 (the GEMM with its panel taken
-    from the packed codes: groups of 4 rows and a tail; the VNNI kernels read it below 8 rows) x every
-    zero-point form, K from 1 to 19 blocks (whole groups of 8 blocks and blocks left over, the
-    float32 order's two parts), N from 1 to 41 (panels of 8 and a column tail, tasks of 16): the
+    """Every width x block sizes 16..512 x rows 1-15 (AVX2's packed few-row kernel: passes of 4 rows
+    and their tails, both float32 orders; 8-bit codes from 8 rows on take the GEMM; the VNNI
+    few-row kernel below 8 rows, its GEMM from 8) and 16, 21 (the GEMMs, and the AMX tiles, with
+    their panels taken from the packed codes) x every zero-point form, K from 1 to 19 blocks (whole
+    groups of 8 blocks and blocks left over, the float32 order's two parts), N from 1 to 41 (panels
+    of 16 and a column tail; tasks of 16 and 32 columns): the
     held weight (packed) gives the bits of matmul_nbits (codes read as they are), within the tight
     tolerance of the exact product of the level's operands."""
     rng = np.random.default_rng(6100 + bits)
