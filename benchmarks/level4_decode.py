@@ -6,10 +6,10 @@ Usage: python benchmarks/level4_decode.py LEVELS THREADS REPEAT OUT.json
 The held weight (MatMulNBits) reads its packed form ("quads x16") where the level's kernels have one.
 """
 
-import json
 import sys
 
-import quantmatmul as qm
+from levels import per_level
+
 from quantmatmul import bench
 
 C = bench.NBitsCase
@@ -33,16 +33,12 @@ CASES = [
 
 
 def main(levels: str, threads: str, repeat: str, path: str) -> None:
-    report = {}
-    for t in (int(x) for x in threads.split(",")):
-        for level in levels.split(","):
-            qm.set_isa(level)
-            print(f"== {level}, {t} threads: {qm.cpu_info()['kernels']}", flush=True)
-            report[f"{level}/{t}"] = bench.run_nbits(
-                CASES, threads=t, repeat=int(repeat), progress=lambda s: print(s, flush=True)
-            )
-    with open(path, "w") as f:
-        json.dump(report, f, indent=1)
+    per_level(
+        levels,
+        threads,
+        path,
+        lambda t, progress: bench.run_nbits(CASES, threads=t, repeat=int(repeat), progress=progress),
+    )
 
 
 if __name__ == "__main__":

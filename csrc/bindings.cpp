@@ -110,41 +110,29 @@ class NewArray {
   std::vector<size_t> shape_;
 };
 
-// The weight's arrays as the kernels take them (no copies: they must outlive its use).
-qmm::NBitsWeight nbits_weight(const In& codes, int64_t K, int64_t bits, int64_t block_size, const In& scales,
-                              const In& zero_points, int operands, const std::optional<In>& g_idx) {
-  const int64_t N = static_cast<int64_t>(codes.shape(0));
+// The weight's arrays as the kernels take them (no copies: they must outlive its use); codes may be
+// null (a weight held only packed), its rows' count and bytes then given by the packed form.
+qmm::NBitsWeight nbits_weight(const uint8_t* codes, int64_t N, int64_t row_bytes, int64_t K, int64_t bits,
+                              int64_t block_size, const In& scales, const In& zero_points, int operands,
+                              const std::optional<In>& g_idx) {
   const bool integer_zero_points = zero_points.dtype() == nb::dtype<uint8_t>();
-  return qmm::NBitsWeight{static_cast<const uint8_t*>(codes.data()),
+  return qmm::NBitsWeight{codes,
                           N,
                           K,
                           bits,
                           block_size,
                           static_cast<int64_t>(scales.shape(1)),
-                          static_cast<int64_t>(codes.shape(1)),
+                          row_bytes,
                           static_cast<const float*>(scales.data()),
                           integer_zero_points ? nullptr : static_cast<const float*>(zero_points.data()),
                           integer_zero_points ? static_cast<const uint8_t*>(zero_points.data()) : nullptr,
                           static_cast<qmm::NBitsOperands>(operands),
                           g_idx ? static_cast<const int32_t*>(g_idx->data()) : nullptr};
 }
-
-// The same for a weight held only packed: its shape from the packed form, no codes.
-qmm::NBitsWeight nbits_weight(const qmm::PackedNBits& packed, const In& scales, const In& zero_points, int operands,
-                              const std::optional<In>& g_idx) {
-  const bool integer_zero_points = zero_points.dtype() == nb::dtype<uint8_t>();
-  return qmm::NBitsWeight{nullptr,
-                          packed.N,
-                          packed.K,
-                          packed.bits,
-                          packed.block_size,
-                          packed.k_blocks,
-                          packed.row_bytes,
-                          static_cast<const float*>(scales.data()),
-                          integer_zero_points ? nullptr : static_cast<const float*>(zero_points.data()),
-                          integer_zero_points ? static_cast<const uint8_t*>(zero_points.data()) : nullptr,
-                          static_cast<qmm::NBitsOperands>(operands),
-                          g_idx ? static_cast<const int32_t*>(g_idx->data()) : nullptr};
+qmm::NBitsWeight nbits_weight(const In& codes, int64_t K, int64_t bits, int64_t block_size, const In& scales,
+                              const In& zero_points, int operands, const std::optional<In>& g_idx) {
+  return nbits_weight(static_cast<const uint8_t*>(codes.data()), static_cast<int64_t>(codes.shape(0)),
+                      static_cast<int64_t>(codes.shape(1)), K, bits, block_size, scales, zero_points, operands, g_idx);
 }
 
 using NBitsProduct = void (*)(const qmm::NBitsDispatch&, const float*, int64_t, const qmm::NBitsWeight&, const float*,
@@ -163,7 +151,8 @@ nb::ndarray<nb::numpy> matmul_nbits_binding(const In& A, std::optional<In> codes
     throw nb::value_error("matmul_nbits: the codes are needed: the kernels in use do not read the packed weight");
   const int64_t M = static_cast<int64_t>(A.shape(0));
   qmm::NBitsWeight w = codes ? nbits_weight(*codes, K, bits, block_size, scales, zero_points, operands, g_idx)
-                             : nbits_weight(*packed, scales, zero_points, operands, g_idx);
+                             : nbits_weight(nullptr, packed->N, packed->row_bytes, packed->K, packed->bits,
+                                            packed->block_size, scales, zero_points, operands, g_idx);
   const qmm::NBitsPackedInt8 view = use_packed ? packed->view() : qmm::NBitsPackedInt8{};
   if (use_packed) w.packed = &view;
   NewArray<float> y({M, w.N});

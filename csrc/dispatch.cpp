@@ -219,10 +219,9 @@ std::string self_test(const NBitsDispatch& e) {
     std::vector<int64_t> q(static_cast<size_t>(N * K));
     for (int64_t n = 0; n < N; ++n)
       for (int64_t k = 0; k < K; ++k) {  // LSB-first bitstream per column
-        const int64_t code = lcg(state) & ((1 << bits) - 1), bit = k * bits;
+        const int64_t code = lcg(state) & ((1 << bits) - 1);
         q[n * K + k] = code;
-        for (int64_t i = 0; i < bits; ++i)
-          codes[n * row_bytes + (bit + i) / 8] |= static_cast<uint8_t>(((code >> i) & 1) << ((bit + i) % 8));
+        encode_nbits_code(codes.data() + n * row_bytes, bits, k, static_cast<unsigned>(code));
       }
     for (size_t i = 0; i < zp.size(); ++i) {
       zp[i] = static_cast<uint8_t>(lcg(state) & ((1 << bits) - 1));

@@ -232,10 +232,7 @@ void quads_unpack(const NBitsWeight& w, const uint8_t* packed_codes, uint8_t* co
       const int64_t quad = (k % bs) / 4;
       unsigned code = (panel[k / bs * bytes + 64 * (quad / Q) + 4 * c + k % 4] >> (S * (quad % Q))) & mask;
       if (w.bits == 8) code ^= 0x80;
-      for (int64_t i = 0; i < w.bits; ++i) {  // LSB-first bitstream
-        const int64_t bit = k * w.bits + i;
-        row[bit / 8] = static_cast<uint8_t>(row[bit / 8] | (((code >> i) & 1u) << (bit % 8)));
-      }
+      encode_nbits_code(row, w.bits, k, code);
     }
   }
 }

@@ -121,6 +121,15 @@ static inline float zero_point(const NBitsWeight& w, int64_t index) {
   return w.zero_points_u8 ? static_cast<float>(w.zero_points_u8[index]) : w.zero_points[index];
 }
 
+// Sets code k of one LSB-first bitstream of `bits`-bit codes (the inverse of decode_nbits; the
+// row's bits there start at zero).
+static inline void encode_nbits_code(uint8_t* row, int64_t bits, int64_t k, unsigned code) {
+  for (int64_t i = 0; i < bits; ++i) {
+    const int64_t bit = k * bits + i;
+    row[bit / 8] = static_cast<uint8_t>(row[bit / 8] | (((code >> i) & 1u) << (bit % 8)));
+  }
+}
+
 // Writes the first `count` codes of one LSB-first bitstream as bytes.
 void decode_nbits(const uint8_t* row, int64_t bits, int64_t count, uint8_t* out);
 // Writes codes first .. first+count-1 of one LSB-first bitstream as bytes.

@@ -66,6 +66,11 @@ inline float horizontal_sum(__m256 v) {
   return _mm_cvtss_f32(_mm_add_ss(t, _mm_shuffle_ps(t, t, 1)));
 }
 
+// Level 4: from this many rows of A the unpacked kernels take the int8 GEMM (below it the per-row
+// kernel, codes unpacked once per 4 rows, wins), and the float32 order is the GEMM's
+// (docs/matmul_nbits.md), which the packed few-row kernel then follows too.
+constexpr int64_t kInt8GemmMinRows = 8;
+
 // How many vpmaddubsw results (u8 codes of `bits` bits x s8 qa, |qa| <= 127: pair sums of at most
 // 2 * 127 * (2^bits - 1)) add up in int16 without overflow: 8 for 4-bit codes, 43 for 2-bit, 1 for 7-bit.
 constexpr int64_t int16_steps(int64_t bits) { return 32767 / (254 * ((int64_t{1} << bits) - 1)); }

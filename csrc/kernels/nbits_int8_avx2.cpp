@@ -227,7 +227,6 @@ void nbits_rows_int8_kind(const QuantizedA& a, const NBitsWeight& w, int64_t n0,
 //
 // Per quad of k, a 4 x 16 tile does 2 loads of codes, 4 broadcasts of A, 8 vpmaddubsw and 8 int16
 // adds for 256 multiply-adds: the widening, conversion and scaling run once per `steps` quads.
-constexpr int64_t kInt8GemmMinRows = 8;  // below it the per-row kernel (codes unpacked once per 4 rows) wins
 
 // Whether w comes packed in this entry's layout (nbits_packed_avx2.cpp).
 inline bool is_packed(const NBitsWeight& w) { return w.packed && w.packed->layout == &kNBitsQuads16; }

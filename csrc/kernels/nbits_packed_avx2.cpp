@@ -27,13 +27,6 @@ namespace qmm {
 namespace {
 
 constexpr int64_t kPanel = kQuadsPanel;
-// From this many rows of A, level 4's float32 order is the GEMM's (docs/matmul_nbits.md; the
-// kernels of every table switch there: kInt8GemmMinRows in nbits_int8_avx2.cpp).
-constexpr int64_t kInOrderRows = 8;
-
-int64_t storage_bits(int64_t bits) { return quads_storage_bits(bits); }
-int64_t panels_of(const NBitsWeight& w) { return (w.N + kPanel - 1) / kPanel; }
-int64_t block_bytes(const NBitsWeight& w) { return quads_block_bytes(w); }
 
 // The row-wise kernel's horizontal_sum, with the lanes in 8 vectors: (v0 + v4 + v2 + v6) + (v1 + v5 + v3 + v7)
 // in the order ((v0 + v4) + (v2 + v6)) + ((v1 + v5) + (v3 + v7)).
@@ -111,7 +104,7 @@ template <int S, bool Signed8, int MR, int Groups, bool InOrder>
 void panel_rows(const QuantizedA& a, int64_t m0, const NBitsWeight& w, int64_t p, int64_t steps, const int32_t* qa_sums,
                 const float* bias, float* Y) {
   constexpr int Q = 8 / S;
-  const int64_t kb = w.k_blocks, bs = w.block_size, padded = kb * bs, bytes = block_bytes(w);
+  const int64_t kb = w.k_blocks, bs = w.block_size, padded = kb * bs, bytes = quads_block_bytes(w);
   const int64_t groups = Groups ? Groups : bs / 4 / Q;
   const QuadsPanel panel = quads_panel(w, p);
   const uint8_t* codes = panel.codes;
@@ -183,7 +176,7 @@ void panels_rows(const QuantizedA& a, const NBitsWeight& w, int64_t p0, int64_t 
         }
       }
   };
-  if (a.M >= kInOrderRows) pass(std::true_type{});
+  if (a.M >= kInt8GemmMinRows) pass(std::true_type{});  // from there, the GEMM's order
   else pass(std::false_type{});
 }
 
@@ -216,7 +209,7 @@ void nbits_rows_int8_packed(const QuantizedA& a, const NBitsWeight& w, int64_t n
       }
     return panels_rows_sized<8, true>(a, w, p0, p1, sums, bias, Y);
   }
-  switch (storage_bits(w.bits)) {
+  switch (quads_storage_bits(w.bits)) {
     case 2: return panels_rows_sized<2, false>(a, w, p0, p1, nullptr, bias, Y);
     case 4: return panels_rows_sized<4, false>(a, w, p0, p1, nullptr, bias, Y);
     default: return panels_rows_sized<8, false>(a, w, p0, p1, nullptr, bias, Y);
@@ -224,7 +217,7 @@ void nbits_rows_int8_packed(const QuantizedA& a, const NBitsWeight& w, int64_t n
 }
 
 void nbits_panel_from_packed(const NBitsWeight& w, int64_t n0, uint8_t* panel) {
-  const int64_t kb = w.k_blocks, bs = w.block_size, S = storage_bits(w.bits), Q = 8 / S;
+  const int64_t kb = w.k_blocks, bs = w.block_size, S = quads_storage_bits(w.bits), Q = 8 / S;
   const __m256i mask = _mm256_set1_epi8(static_cast<char>((1 << S) - 1));
   const uint8_t* codes = quads_panel(w, n0 / kPanel).codes;
   for (int64_t g = 0; g < kb * bs / 4 / Q; ++g)
