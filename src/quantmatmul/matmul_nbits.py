@@ -115,7 +115,7 @@ class MatMulNBits:
     The codes are copied once, and scales and zero points are held as float32 [N, k_blocks], so a
     call does no weight validation or conversion. At accuracy level 4 (without g_idx) the codes are
     held instead packed for the kernels in use (docs/matmul_nbits.md, "Level 4 on a packed
-    weight"; about the same bytes), packed again if ``set_isa`` later selects kernels that read
+    weight": the codes' bytes for 2-, 4- and 8-bit codes, plus 8 bytes per block and column), packed again if ``set_isa`` later selects kernels that read
     another layout. ``MatMulNBits.from_float(W, bits=..., block_size=...,
     method=...)`` quantizes a float [K, N] weight with :func:`quantize_nbits` first.
 
