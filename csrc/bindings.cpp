@@ -138,22 +138,23 @@ qmm::NBitsWeight nbits_weight(const In& codes, int64_t K, int64_t bits, int64_t 
 using NBitsProduct = void (*)(const qmm::NBitsDispatch&, const float*, int64_t, const qmm::NBitsWeight&, const float*,
                               float*);
 
-// codes may be None where packed is given and the entry in use reads its layout: its kernels then
-// never read the codes (a MatMulNBits at level 4 holds only the packed form).
+// codes may be None where packed is given and the entry in use reads its layout at this level: its
+// kernels then never read the codes (a MatMulNBits at levels 0, 1 and 4 holds only the packed form).
 template <NBitsProduct product, bool level4>
 nb::ndarray<nb::numpy> matmul_nbits_binding(const In& A, std::optional<In> codes, int64_t K, int64_t bits,
                                             int64_t block_size, const In& scales, const In& zero_points,
                                             std::optional<In> bias, int operands, std::optional<In> g_idx,
                                             const qmm::PackedNBits* packed) {
   const qmm::NBitsDispatch& entry = qmm::nbits_kernels();  // one entry for the check and the call
-  const bool use_packed = packed && packed->layout && packed->layout == entry.int8_layout;
-  if (!codes && !(level4 && use_packed && !g_idx))
+  const int level = level4 ? 4 : operands == 0 ? 0 : 2;  // levels 0 and 1 compute alike; so do 2 and 3 here
+  const bool use_packed = packed && packed->layout && packed->layout == qmm::nbits_layout(entry, level) && !g_idx;
+  if (!codes && !use_packed)
     throw nb::value_error("matmul_nbits: the codes are needed: the kernels in use do not read the packed weight");
   const int64_t M = static_cast<int64_t>(A.shape(0));
   qmm::NBitsWeight w = codes ? nbits_weight(*codes, K, bits, block_size, scales, zero_points, operands, g_idx)
                              : nbits_weight(nullptr, packed->N, packed->row_bytes, packed->K, packed->bits,
                                             packed->block_size, scales, zero_points, operands, g_idx);
-  const qmm::NBitsPackedInt8 view = use_packed ? packed->view() : qmm::NBitsPackedInt8{};
+  const qmm::NBitsPacked view = use_packed ? packed->view() : qmm::NBitsPacked{};
   if (use_packed) w.packed = &view;
   NewArray<float> y({M, w.N});
   {
@@ -458,45 +459,49 @@ void bind_matmul_nbits(nb::module_& m) {
         nb::arg("K"), nb::arg("bits"), nb::arg("block_size"), nb::arg("scales"), nb::arg("zero_points"),
         nb::arg("bias").none(), nb::arg("operands") = 0, nb::arg("g_idx").none() = nb::none(),
         nb::arg("packed").none() = nb::none());
-  // packed: the weight packed by pack_nbits_int8 (the kernels of an entry with its layout read it).
+  // packed: the weight packed by pack_nbits_weight (the kernels of an entry with its layout read it).
   m.def("matmul_nbits_int8", matmul_nbits_binding<qmm::matmul_nbits_int8, true>, nb::arg("A"), nb::arg("codes").none(),
         nb::arg("K"), nb::arg("bits"), nb::arg("block_size"), nb::arg("scales"), nb::arg("zero_points"),
         nb::arg("bias").none(), nb::arg("operands") = 0, nb::arg("g_idx").none() = nb::none(),
         nb::arg("packed").none() = nb::none());
 
-  // Level 4's constant weight packed for the entry in use (its int8 layout), or None where that entry
-  // has no layout or its layout does not take this weight (g_idx, block sizes above 4096).
-  nb::class_<qmm::PackedNBits>(m, "PackedNBits", "A MatMulNBits weight packed for one kernel entry's level-4 kernels")
+  // A constant weight packed for the entry in use at an accuracy level (its layout for that level:
+  // nbits_layout, dispatch.h), or None where that entry has no layout there or its layout does not
+  // take this weight (g_idx, block sizes above 4096).
+  nb::class_<qmm::PackedNBits>(m, "PackedNBits", "A MatMulNBits weight packed for one kernel entry's kernels at a level")
       .def_prop_ro("layout", [](const qmm::PackedNBits& p) { return std::string(p.layout->name); })
       .def_prop_ro("nbytes", &qmm::PackedNBits::bytes);
-  // The codes [N, row_bytes] of a packed weight, as they were given to pack_nbits_int8.
-  m.def("unpack_nbits_int8", [](const qmm::PackedNBits& packed) {
+  // The codes [N, row_bytes] of a packed weight, as they were given to pack_nbits_weight.
+  m.def("unpack_nbits_weight", [](const qmm::PackedNBits& packed) {
     NewArray<uint8_t> codes({packed.N, packed.row_bytes});
     {
       nb::gil_scoped_release release;
-      qmm::unpack_nbits_int8(packed, codes.data());
+      qmm::unpack_nbits_weight(packed, codes.data());
     }
     return codes.array();
   });
-  m.def("nbits_int8_layout", []() -> std::optional<std::string> {
-    const qmm::NBitsInt8Layout* layout = qmm::nbits_kernels().int8_layout;
-    return layout ? std::optional<std::string>(layout->name) : std::nullopt;
-  });
   m.def(
-      "pack_nbits_int8",
-      [](const In& codes, int64_t K, int64_t bits, int64_t block_size, const In& scales,
-         const In& zero_points) -> std::optional<qmm::PackedNBits> {
+      "nbits_weight_layout",
+      [](int level) -> std::optional<std::string> {
+        const qmm::NBitsLayout* layout = qmm::nbits_layout(qmm::nbits_kernels(), level);
+        return layout ? std::optional<std::string>(layout->name) : std::nullopt;
+      },
+      nb::arg("level"));
+  m.def(
+      "pack_nbits_weight",
+      [](const In& codes, int64_t K, int64_t bits, int64_t block_size, const In& scales, const In& zero_points,
+         int level) -> std::optional<qmm::PackedNBits> {
         const qmm::NBitsWeight w = nbits_weight(codes, K, bits, block_size, scales, zero_points, 0, std::nullopt);
         qmm::PackedNBits packed;
         {
           nb::gil_scoped_release release;
-          packed = qmm::pack_nbits_int8(qmm::nbits_kernels(), w);
+          packed = qmm::pack_nbits_weight(qmm::nbits_layout(qmm::nbits_kernels(), level), w);
         }
         if (!packed.layout) return std::nullopt;
         return packed;
       },
       nb::arg("codes"), nb::arg("K"), nb::arg("bits"), nb::arg("block_size"), nb::arg("scales"),
-      nb::arg("zero_points"));
+      nb::arg("zero_points"), nb::arg("level"));
 
   // The first `count` codes of each row of a contiguous uint8 [rows, bytes] array of LSB-first bitstreams.
   m.def("decode_nbits", [](const In& data, int64_t bits, int64_t count) {

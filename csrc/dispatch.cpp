@@ -240,20 +240,21 @@ std::string self_test(const NBitsDispatch& e) {
         expected[m * N + n] = static_cast<float>(sum);  // exact
       }
     const NBitsWeight w{codes.data(), N, K, bits, bs, kb, row_bytes, scales.data(), nullptr, zp.data()};
-    // Level 4 also on the weight packed in the entry's layout, where it has one.
-    const PackedNBits packed = pack_nbits_int8(e, w);
-    const NBitsPackedInt8 view = packed.view();
-    NBitsWeight packed_w = w;
-    packed_w.packed = &view;
-    for (int level : {0, 4, 5}) {
-      if (level == 5 && !packed.layout) continue;
-      std::fill(y.begin(), y.end(), 0.0f);
-      if (level == 0) matmul_nbits_f32(e, a.data(), M, w, bias.data(), y.data());
-      else matmul_nbits_int8(e, a.data(), M, level == 5 ? packed_w : w, bias.data(), y.data());
-      if (std::memcmp(y.data(), expected.data(), y.size() * sizeof(float)) != 0)
-        return "level " + std::string(level == 5 ? "4 (packed weight)" : std::to_string(level)) +
-               " differs from the exact result at " + shape_text(M, K, N) + " " + std::to_string(bits) + "-bit";
-    }
+    // Each level also on the weight packed in the entry's layout for it, where it has one.
+    for (int level : {0, 4})
+      for (bool pack : {false, true}) {
+        const PackedNBits packed = pack ? pack_nbits_weight(nbits_layout(e, level), w) : PackedNBits{};
+        if (pack && !packed.layout) continue;
+        const NBitsPacked view = packed.view();
+        NBitsWeight weight = w;
+        if (pack) weight.packed = &view;
+        std::fill(y.begin(), y.end(), 0.0f);
+        if (level == 0) matmul_nbits_f32(e, a.data(), M, weight, bias.data(), y.data());
+        else matmul_nbits_int8(e, a.data(), M, weight, bias.data(), y.data());
+        if (std::memcmp(y.data(), expected.data(), y.size() * sizeof(float)) != 0)
+          return "level " + std::to_string(level) + (pack ? " (packed weight)" : "") +
+                 " differs from the exact result at " + shape_text(M, K, N) + " " + std::to_string(bits) + "-bit";
+      }
   }
   return {};
 }

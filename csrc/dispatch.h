@@ -63,10 +63,18 @@ struct NBitsDispatch {
   NBitsPrepareInt8 prepare_int8;  // may be null
   NBitsPrepareF32 prepare_f32;    // may be null
   NBitsInt8Tiling int8_tiling;    // level 4's tasks (zero: 16 columns over all rows)
-  // The layout its level-4 kernels read a packed weight in (NBitsWeight::packed), or null (none:
-  // they read the codes as they are). Its panels divide every task's columns.
-  const NBitsInt8Layout* int8_layout;
+  // The layouts its level-4 kernels and its levels 0/1 kernels read a packed weight in
+  // (NBitsWeight::packed), or null (none: they read the codes as they are). Their panels divide
+  // every task's columns.
+  const NBitsLayout* int8_layout;
+  const NBitsLayout* f32_layout;
 };
+
+// The layout an entry's kernels at accuracy level `level` read a constant weight in, or null
+// (levels 2/3: none; their rounding reads the codes).
+inline const NBitsLayout* nbits_layout(const NBitsDispatch& e, int level) {
+  return level == 4 ? e.int8_layout : level <= 1 ? e.f32_layout : nullptr;
+}
 
 struct Float8Dispatch {
   EntryInfo info;

@@ -186,8 +186,7 @@ int64_t quads_packed_bytes(const NBitsWeight& w) {
   return (w.N + kQuadsPanel - 1) / kQuadsPanel * w.k_blocks * quads_block_bytes(w);
 }
 
-void quads_pack(const NBitsWeight& w, int64_t p0, int64_t p1, uint8_t* codes, float* scales,
-                float* scaled_zero_points) {
+void quads_pack(const NBitsWeight& w, int64_t p0, int64_t p1, uint8_t* codes) {
   const int64_t kb = w.k_blocks, bs = w.block_size, padded = kb * bs, S = quads_storage_bits(w.bits), Q = 8 / S;
   const int64_t groups = bs / 4 / Q;  // groups of Q quads per block: 64 bytes each
   std::vector<uint8_t> columns(static_cast<size_t>(kQuadsPanel * padded));
@@ -196,7 +195,7 @@ void quads_pack(const NBitsWeight& w, int64_t p0, int64_t p1, uint8_t* codes, fl
       const int64_t n = p * kQuadsPanel + c;
       uint8_t* column = columns.data() + c * padded;
       if (n < w.N) decode_nbits(w.codes + n * w.row_bytes, w.bits, padded, column);
-      else std::memset(column, 0, static_cast<size_t>(padded));  // past N: code 0 (scale 0 below)
+      else std::memset(column, 0, static_cast<size_t>(padded));  // past N: code 0 (scale 0 there: quads_block_data)
       if (w.bits == 8)
         for (int64_t k = 0; k < padded; ++k) column[k] ^= 0x80;
     }
@@ -210,12 +209,6 @@ void quads_pack(const NBitsWeight& w, int64_t p0, int64_t p1, uint8_t* codes, fl
             for (int64_t j = 0; j < Q; ++j) byte |= unsigned{column[4 * (g * Q + j)]} << (S * j);
             out[4 * c + i] = static_cast<uint8_t>(byte);
           }
-    for (int64_t b = 0; b < kb; ++b)
-      for (int64_t c = 0; c < kQuadsPanel; ++c) {
-        const int64_t n = p * kQuadsPanel + c, at = ((p - p0) * kb + b) * kQuadsPanel + c;
-        scales[at] = n < w.N ? w.scales[n * kb + b] : 0.0f;
-        scaled_zero_points[at] = n < w.N ? w.scales[n * kb + b] * zero_point(w, n * kb + b) : 0.0f;
-      }
   }
 }
 
@@ -239,13 +232,13 @@ void quads_unpack(const NBitsWeight& w, const uint8_t* packed_codes, uint8_t* co
 
 }  // namespace
 
-const NBitsInt8Layout kNBitsQuads16 = {.name = "quads x16",
+const NBitsLayout kNBitsQuads16 = {.name = "quads x16",
                                        .panel_columns = kQuadsPanel,
                                        .packed_bytes = quads_packed_bytes,
                                        .pack = quads_pack,
                                        .unpack = quads_unpack};
 
-void unpack_nbits_int8(const PackedNBits& packed, uint8_t* codes) {
+void unpack_nbits_weight(const PackedNBits& packed, uint8_t* codes) {
   NBitsWeight w{};
   w.N = packed.N;
   w.K = packed.K;
@@ -256,13 +249,12 @@ void unpack_nbits_int8(const PackedNBits& packed, uint8_t* codes) {
   packed.layout->unpack(w, packed.codes.get(), codes);
 }
 
-PackedNBits pack_nbits_int8(const NBitsDispatch& kernels, const NBitsWeight& w) {
+PackedNBits pack_nbits_weight(const NBitsLayout* layout, const NBitsWeight& w) {
   PackedNBits packed;
-  const NBitsInt8Layout* layout = kernels.int8_layout;
   const int64_t bytes = layout ? layout->packed_bytes(w) : 0;
   if (bytes == 0) return packed;
   const int64_t panels = (w.N + layout->panel_columns - 1) / layout->panel_columns;
-  const int64_t per_panel = bytes / panels, floats_per_panel = w.k_blocks * layout->panel_columns;
+  const int64_t per_panel = bytes / panels;
   packed.layout = layout;
   packed.N = w.N;
   packed.K = w.K;
@@ -271,16 +263,12 @@ PackedNBits pack_nbits_int8(const NBitsDispatch& kernels, const NBitsWeight& w) 
   packed.k_blocks = w.k_blocks;
   packed.row_bytes = w.row_bytes;
   packed.code_bytes = bytes;
-  packed.float_count = panels * floats_per_panel;
   packed.codes = alloc_buffer<uint8_t>(static_cast<size_t>(bytes));
-  packed.scales = alloc_buffer<float>(static_cast<size_t>(packed.float_count));
-  packed.scaled_zero_points = alloc_buffer<float>(static_cast<size_t>(packed.float_count));
   // Tasks of whole panels, about 64 KB of codes each.
   const int64_t step = std::max<int64_t>(1, 65536 / std::max<int64_t>(per_panel, 1));
   parallel_for((panels + step - 1) / step, [&](int64_t task) {
     const int64_t p0 = task * step, p1 = std::min(panels, p0 + step);
-    layout->pack(w, p0, p1, packed.codes.get() + p0 * per_panel, packed.scales.get() + p0 * floats_per_panel,
-                 packed.scaled_zero_points.get() + p0 * floats_per_panel);
+    layout->pack(w, p0, p1, packed.codes.get() + p0 * per_panel);
   });
   return packed;
 }

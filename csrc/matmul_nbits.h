@@ -26,7 +26,7 @@ namespace qmm {
 // (level 2) or bfloat16 (level 3), nearest even, the products and sums still float32.
 enum class NBitsOperands : int { kFloat32 = 0, kFloat16 = 1, kBFloat16 = 2 };
 
-struct NBitsPackedInt8;
+struct NBitsPacked;
 
 struct NBitsWeight {
   const uint8_t* codes;  // [N, row_bytes]: row n holds k_blocks * block_size codes of `bits` bits
@@ -42,30 +42,28 @@ struct NBitsWeight {
   const int32_t* g_idx = nullptr;
   // Level 4: the same weight repacked once for one entry's kernels (below), or null. An entry reads
   // it only where its layout is the entry's own (NBitsDispatch::int8_layout); else it reads codes.
-  const NBitsPackedInt8* packed = nullptr;
+  const NBitsPacked* packed = nullptr;
 };
 
-// A layout an entry's level-4 kernels read a constant weight in, packed once (MatMulNBits does it
-// when constructed at level 4). Per panel of `panel_columns` columns: the codes (packed_bytes(w)
-// / panels bytes of them), and per block the panel's scales and scale * zero point (one float32
-// product each, as every kernel forms it), zero for columns past N.
-struct NBitsInt8Layout {
+// A layout an entry's kernels read a constant weight's codes in, packed once (MatMulNBits does it
+// when constructed, at the levels whose kernels read it), in panels of `panel_columns` columns.
+// Only the codes: the kernels take the scales and zero points from the weight as it is, so a
+// holder of the packed codes keeps no second copy of them.
+struct NBitsLayout {
   const char* name;
   int64_t panel_columns;
   // Bytes of packed codes for w; 0 where the layout does not take w (its kernels read w.codes).
   int64_t (*packed_bytes)(const NBitsWeight& w);
-  // Panels [p0, p1) of w into codes, scales and scaled_zero_points (each at panel p0's place).
-  void (*pack)(const NBitsWeight& w, int64_t p0, int64_t p1, uint8_t* codes, float* scales, float* scaled_zero_points);
+  // Panels [p0, p1) of w's codes into codes (at panel p0's place).
+  void (*pack)(const NBitsWeight& w, int64_t p0, int64_t p1, uint8_t* codes);
   // The inverse for the codes: w's rows (w.codes' layout, N x row_bytes) from the packed codes,
   // bit for bit (codes past K included), so a holder may keep only the packed form.
   void (*unpack)(const NBitsWeight& w, const uint8_t* packed_codes, uint8_t* codes);
 };
 
-struct NBitsPackedInt8 {
-  const NBitsInt8Layout* layout;
+struct NBitsPacked {
+  const NBitsLayout* layout;
   const uint8_t* codes;  // packed_bytes(w)
-  const float* scales;  // [panels, k_blocks, panel_columns]
-  const float* scaled_zero_points;  // [panels, k_blocks, panel_columns]: scale * zero point
 };
 
 // The layout of the x86 entries' level-4 kernels (avx2, avx512_vnni and the AMX entries, which run
@@ -79,22 +77,53 @@ struct NBitsPackedInt8 {
 // the run as two halves of 8 columns), which one broadcast of four int8 of A meets in
 // vpmaddubsw / vpdpbusd: each column's block sum comes out in its own int32 lane. Block sizes up
 // to 4096 (every int32 block sum stays below 2^31), no g_idx. Packed by portable code (matmul_nbits.cpp).
-extern const NBitsInt8Layout kNBitsQuads16;
+extern const NBitsLayout kNBitsQuads16;
 constexpr int64_t kQuadsPanel = 16;
 static inline int64_t quads_storage_bits(int64_t bits) { return bits == 2 ? 2 : bits <= 4 ? 4 : 8; }
 // Bytes of one panel's codes per block: block_size / 4 quads x 64 bytes x S / 8.
 static inline int64_t quads_block_bytes(const NBitsWeight& w) { return w.block_size * quads_storage_bits(w.bits) * 2; }
-// Panel p of w.packed: its codes (k_blocks runs of quads_block_bytes), and per block its 16 scales
-// and 16 scaled zero points.
+// A panel of the layout as its kernels read it: the codes (k_blocks runs of quads_block_bytes), and
+// per block the 16 columns' scales and scale * zero point (one float32 product, as every kernel
+// forms it), [k_blocks][16] each, zeros past N.
 struct QuadsPanel {
   const uint8_t* codes;
   const float* scales;
   const float* scaled_zero_points;
 };
-static inline QuadsPanel quads_panel(const NBitsWeight& w, int64_t p) {
-  const int64_t floats = p * w.k_blocks * kQuadsPanel;
-  return {w.packed->codes + p * w.k_blocks * quads_block_bytes(w), w.packed->scales + floats,
-          w.packed->scaled_zero_points + floats};
+// The per-block data of columns [n0, n0 + 16) from w's scales and zero points, into scales and
+// scaled_zero_points ([k_blocks][16] each). Built per call (2 * 16 floats per block of the panel:
+// a few percent of a decode's work), so that a packed weight holds nothing but its codes beside
+// the weight's own scales and zero points.
+static inline void quads_block_data(const NBitsWeight& w, int64_t n0, float* scales, float* scaled_zero_points) {
+  const int64_t kb = w.k_blocks, cols = w.N - n0 < kQuadsPanel ? w.N - n0 : kQuadsPanel;  // no std::min: kernel files
+  for (int64_t c = 0; c < kQuadsPanel; ++c) {  // each column's row of scales and zero points in order
+    const float* s = w.scales + (n0 + c) * kb;
+    if (c >= cols) {
+      for (int64_t b = 0; b < kb; ++b) scales[b * kQuadsPanel + c] = scaled_zero_points[b * kQuadsPanel + c] = 0.0f;
+    } else if (w.zero_points_u8) {
+      const uint8_t* z = w.zero_points_u8 + (n0 + c) * kb;
+      for (int64_t b = 0; b < kb; ++b) {
+        scales[b * kQuadsPanel + c] = s[b];
+        scaled_zero_points[b * kQuadsPanel + c] = s[b] * static_cast<float>(z[b]);
+      }
+    } else {
+      const float* z = w.zero_points + (n0 + c) * kb;
+      for (int64_t b = 0; b < kb; ++b) {
+        scales[b * kQuadsPanel + c] = s[b];
+        scaled_zero_points[b * kQuadsPanel + c] = s[b] * z[b];
+      }
+    }
+  }
+}
+// The codes of panel p of w.packed.
+static inline const uint8_t* quads_panel_codes(const NBitsWeight& w, int64_t p) {
+  return w.packed->codes + p * w.k_blocks * quads_block_bytes(w);
+}
+// Panel p of w.packed with its per-block data built in room (2 * 16 * k_blocks floats).
+static inline QuadsPanel quads_panel(const NBitsWeight& w, int64_t p, float* room) {
+  float* const scaled_zero_points = room + kQuadsPanel * w.k_blocks;
+  quads_block_data(w, p * kQuadsPanel, room, scaled_zero_points);
+  return {quads_panel_codes(w, p), room, scaled_zero_points};
 }
 
 // Helpers kernel files share are static inline (see requantize.h).
@@ -194,24 +223,20 @@ static inline void prepare_share(int64_t count, int64_t part, int64_t parts, int
 // exact integer dot products per block, float32 elsewhere (docs/matmul_nbits.md, level 4).
 void matmul_nbits_int8(const float* A, int64_t M, const NBitsWeight& w, const float* bias, float* Y);
 
-// A constant weight packed for an entry's level-4 kernels (NBitsDispatch::int8_layout), its panels
-// packed in parallel; layout is null (nothing held) where the entry has no layout or its layout does
-// not take w. w.packed = &packed.view() then reaches the kernels of entries with that layout.
+// A constant weight packed in `layout` (an entry's: nbits_layout(entry, level), dispatch.h), its
+// panels packed in parallel; layout is null (nothing held) where that is null or does not take w. w.packed = &packed.view() then reaches the kernels of entries with that layout.
 struct PackedNBits {
-  const NBitsInt8Layout* layout = nullptr;
+  const NBitsLayout* layout = nullptr;
   Buffer<uint8_t> codes;
-  Buffer<float> scales, scaled_zero_points;
-  int64_t code_bytes = 0, float_count = 0;
+  int64_t code_bytes = 0;
   int64_t N = 0, K = 0, bits = 0, block_size = 0, k_blocks = 0, row_bytes = 0;  // the weight's shape
-  NBitsPackedInt8 view() const { return {layout, codes.get(), scales.get(), scaled_zero_points.get()}; }
-  size_t bytes() const {
-    return static_cast<size_t>(code_bytes) + 2 * sizeof(float) * static_cast<size_t>(float_count);
-  }
+  NBitsPacked view() const { return {layout, codes.get()}; }
+  size_t bytes() const { return static_cast<size_t>(code_bytes); }
 };
+PackedNBits pack_nbits_weight(const NBitsLayout* layout, const NBitsWeight& w);
 struct NBitsDispatch;
-PackedNBits pack_nbits_int8(const NBitsDispatch& kernels, const NBitsWeight& w);
 // The codes [N, row_bytes] of the weight `packed` holds, as they were (layout->unpack).
-void unpack_nbits_int8(const PackedNBits& packed, uint8_t* codes);
+void unpack_nbits_weight(const PackedNBits& packed, uint8_t* codes);
 
 // The two drivers on a given entry instead of the selected one (the self-test of csrc/dispatch.cpp).
 void matmul_nbits_f32(const NBitsDispatch& kernels, const float* A, int64_t M, const NBitsWeight& w, const float* bias,

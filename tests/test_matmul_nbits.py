@@ -932,23 +932,28 @@ def test_amx_entry_is_reported():
 # chunks of 4096 / rows codes; prefill: 32-column panels, 12-row tiles, k-chunks of 128.
 
 
-def _fma_chain_f32(A, W):
-    """[M, K] x [K, N] float32, each output one float32 fused multiply-add per k in order of k from
-    +0: p = a * w is exact in float64 (24 + 24 bits), and each sum rounds once (TwoSum: the float64
-    sum s and its error e; s rounds to the right float32 unless it ties between two of them while e
-    moves the exact sum off the midpoint)."""
+def fma_f32(x, y, acc):
+    """float32 fused multiply-add x * y + acc, elementwise (broadcasting), one rounding: p = x * y is
+    exact in float64 (24 + 24 bits), and the sum rounds once (TwoSum: the float64 sum s and its error
+    e; s rounds to the right float32 unless it ties between two of them while e moves the exact sum
+    off the midpoint). Finite operands."""
     f32, f64 = np.float32, np.float64
-    acc = np.zeros((A.shape[0], W.shape[1]), f32)
+    p = np.asarray(x, f32).astype(f64) * np.asarray(y, f32).astype(f64)
+    a = np.asarray(acc, f32).astype(f64)
+    s = a + p
+    bv = s - a
+    e = (a - (s - bv)) + (p - bv)
+    r = s.astype(f32)
+    other = np.nextafter(r, np.where(s > r.astype(f64), np.inf, -np.inf).astype(f32))
+    tie = (s != r.astype(f64)) & ((r.astype(f64) + other.astype(f64)) / 2 == s) & (e != 0)
+    return np.where(tie, np.where(e > 0, np.maximum(r, other), np.minimum(r, other)), r)
+
+
+def _fma_chain_f32(A, W):
+    """[M, K] x [K, N] float32, each output one float32 fused multiply-add per k in order of k from +0."""
+    acc = np.zeros((A.shape[0], W.shape[1]), np.float32)
     for k in range(A.shape[1]):
-        p = A[:, k, None].astype(f64) * W[None, k, :].astype(f64)
-        a = acc.astype(f64)
-        s = a + p
-        bv = s - a
-        e = (a - (s - bv)) + (p - bv)
-        r = s.astype(f32)
-        other = np.nextafter(r, np.where(s > r.astype(f64), np.inf, -np.inf).astype(f32))
-        tie = (s != r.astype(f64)) & ((r.astype(f64) + other.astype(f64)) / 2 == s) & (e != 0)
-        acc = np.where(tie, np.where(e > 0, np.maximum(r, other), np.minimum(r, other)), r)
+        acc = fma_f32(A[:, k, None], W[None, k, :], acc)
     return acc
 
 

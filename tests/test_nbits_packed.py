@@ -1,4 +1,4 @@
-"""test_nbits_packed.py: MatMulNBits level 4 on a weight packed once for the kernel entry (the "quads x16" layout of the avx2, avx512_vnni and amx entries): the same bits as the codes read as they are, on every path; packing follows set_isa."""
+"""test_nbits_packed.py: MatMulNBits on a weight packed once for the kernel entry (the "quads x16" layout: level 4 on the avx2, avx512_vnni and amx entries, levels 0/1 on avx2): the same bits as the codes read as they are, on every path; levels 0/1 in their documented float32 order; packing follows set_isa."""
 
 import copy
 import pickle
@@ -6,10 +6,11 @@ import pickle
 import numpy as np
 import pytest
 from conftest import kernel_entry
-from test_matmul_nbits import BITS, ZP_FORMS, Case, assert_within, tight_tolerance
+from test_matmul_nbits import BITS, ZP_FORMS, Case, assert_within, fma_f32, tight_tolerance
 
 import quantmatmul
 from quantmatmul import MatMulNBits, _core, matmul_nbits
+from quantmatmul.reference import matmul_nbits as oracle
 
 pytestmark = pytest.mark.skipif("avx2" not in quantmatmul.available_isas(), reason="no AVX2 entry on this CPU")
 
@@ -38,9 +39,10 @@ def _same_bits(y, expected, what):
     assert np.array_equal(y.view(np.uint32), expected.view(np.uint32)), what
 
 
+@pytest.mark.parametrize("level", [0, 4])
 @pytest.mark.parametrize("entry", ENTRIES, ids=[level for level, _ in ENTRIES])
 @pytest.mark.parametrize("bits", BITS)
-def test_packed_equals_unpacked_bit_for_bit(bits, entry):
+def test_packed_equals_unpacked_bit_for_bit(bits, entry, level):
     """Every width x block sizes 16..512 x rows 1-15 (AVX2's packed few-row kernel: passes of 4 rows
     and their tails, both float32 orders; 8-bit codes from 8 rows on take the GEMM; the VNNI
     few-row kernel below 8 rows, its GEMM from 8) and 16, 21 (the GEMMs, and the AMX tiles, with
@@ -48,11 +50,14 @@ def test_packed_equals_unpacked_bit_for_bit(bits, entry):
     groups of 8 blocks and blocks left over, the float32 order's two parts), N from 1 to 41 (panels
     of 16 and a column tail; tasks of 16 and 32 columns): the
     held weight (packed) gives the bits of matmul_nbits (codes read as they are), within the tight
-    tolerance of the exact product of the level's operands."""
-    rng = np.random.default_rng(6100 + bits)
-    level, hidden = entry
-    with kernel_entry("nbits", level, hidden) as name:
-        assert name == level
+    tolerance of the exact product of the level's operands. Level 0 (levels 0/1: avx2 packs, its
+    few-row kernel reads the packed weight or panels built from the codes; from 13 rows the prefill
+    dequantizes either; the other entries read the codes) likewise."""
+    rng = np.random.default_rng(6100 + bits + level)
+    isa, hidden = entry
+    with kernel_entry("nbits", isa, hidden) as name:
+        assert name == isa
+        layout = _core.nbits_weight_layout(level)
         for block_size in (16, 32, 64, 128, 512):
             for M in (1, 2, 3, 4, 5, 7, 8, 9, 15, 16, 21):
                 zp = ZP_FORMS[int(rng.integers(0, len(ZP_FORMS)))]
@@ -67,21 +72,22 @@ def test_packed_equals_unpacked_bit_for_bit(bits, entry):
                     zp=zp,
                     bias=bool(rng.integers(0, 2)),
                 )
-                held = _held(case, accuracy_level=4)
-                assert held._packed is not None and held._packed.layout == "quads x16"
+                held = _held(case, accuracy_level=level)
+                assert (held._packed is not None and held._packed.layout == "quads x16") == (layout is not None)
                 y = held(case.A)
-                _same_bits(y, case.run(4), f"{case} packed vs unpacked")
-                y_eff, tol = tight_tolerance(case, 4)
+                _same_bits(y, case.run(level), f"{case} packed vs unpacked, level {level}")
+                y_eff, tol = tight_tolerance(case, level)
                 assert_within(y, y_eff, tol, f"{case} tight")
 
 
+@pytest.mark.parametrize("level", [0, 4])
 @pytest.mark.parametrize("entry", ENTRIES, ids=[level for level, _ in ENTRIES])
 @pytest.mark.parametrize("bits", [2, 4, 7, 8])
-def test_packed_extreme_codes_and_nonfinite_rows(bits, entry):
+def test_packed_extreme_codes_and_nonfinite_rows(bits, entry, level):
     """Codes at their maximum against qa = +-127 (8-bit: |c - 128| * 127 pair sums near 2^15, and
     the + 128 * sum qa that makes them sum qa * c), a row with a NaN block and a row of infinities
-    (scale NaN, qa 0): the unpacked kernels' bits, NaN where they give NaN."""
-    rng = np.random.default_rng(6200 + bits)
+    (level 4: scale NaN, qa 0): the unpacked kernels' bits, NaN where they give NaN."""
+    rng = np.random.default_rng(6200 + bits + level)
     for block_size in (16, 32, 256):
         K, N = 11 * block_size, 19
         B = np.full((N, K // block_size, block_size * bits // 8), 255, np.uint8)
@@ -93,10 +99,11 @@ def test_packed_extreme_codes_and_nonfinite_rows(bits, entry):
             if M > 2:
                 A[2] = np.inf
             with kernel_entry("nbits", *entry):
-                held = MatMulNBits(B, scales, K=K, N=N, bits=bits, block_size=block_size, accuracy_level=4)
-                assert held._packed is not None
+                held = MatMulNBits(B, scales, K=K, N=N, bits=bits, block_size=block_size, accuracy_level=level)
+                assert (held._packed is not None) == (_core.nbits_weight_layout(level) is not None)
                 y = held(A)
-                expected = matmul_nbits(A, B, scales, K=K, N=N, bits=bits, block_size=block_size, accuracy_level=4)
+                expected = matmul_nbits(A, B, scales, K=K, N=N, bits=bits, block_size=block_size,
+                                        accuracy_level=level)
             assert np.isnan(y[0]).all()
             _same_bits(y, expected, f"bits {bits} block {block_size} M {M}")
 
@@ -114,7 +121,7 @@ def test_packing_follows_the_entry():
         assert held.nbytes < 2 * packed.nbytes  # codes not held twice
         _same_bits(held(case.A), case.run(4), "avx2")
     with kernel_entry("nbits", "portable") as entry:
-        assert entry == "portable" and _core.nbits_int8_layout() is None
+        assert entry == "portable" and _core.nbits_weight_layout(4) is None
         y = held(case.A)
         codes, packed, layout = held._held
         assert packed is None and layout is None
@@ -139,9 +146,9 @@ def test_unpack_restores_the_codes(bits):
         zero_points = rng.integers(0, 2**bits, (N, kb)).astype(np.uint8)
         K = kb * block_size - int(rng.integers(0, block_size))
         with kernel_entry("nbits", "avx2"):
-            packed = _core.pack_nbits_int8(B, K, bits, block_size, scales, zero_points)
+            packed = _core.pack_nbits_weight(B, K, bits, block_size, scales, zero_points, 4)
         assert packed.layout == "quads x16"
-        assert np.array_equal(_core.unpack_nbits_int8(packed), B) and np.array_equal(B, before)
+        assert np.array_equal(_core.unpack_nbits_weight(packed), B) and np.array_equal(B, before)
 
 
 def test_codes_are_needed_where_the_kernels_do_not_read_the_packed_weight():
@@ -153,18 +160,26 @@ def test_codes_are_needed_where_the_kernels_do_not_read_the_packed_weight():
     scales = case.scales.reshape(case.N, -1).astype(np.float32)
     zero_points = np.full(scales.shape, 8, np.uint8)
     with kernel_entry("nbits", "avx2"):
-        packed = _core.pack_nbits_int8(B, case.K, 4, 32, scales, zero_points)
+        packed = _core.pack_nbits_weight(B, case.K, 4, 32, scales, zero_points, 4)
         y = _core.matmul_nbits_int8(case.A, None, case.K, 4, 32, scales, zero_points, None, packed=packed)
         _same_bits(y, _core.matmul_nbits_int8(case.A, B, case.K, 4, 32, scales, zero_points, None), "no codes")
+        y = _core.matmul_nbits_f32(case.A, None, case.K, 4, 32, scales, zero_points, None, packed=packed)
+        _same_bits(y, _core.matmul_nbits_f32(case.A, B, case.K, 4, 32, scales, zero_points, None), "no codes, f32")
+        for operands in (1, 2):  # levels 2/3: their kernels read the codes
+            with pytest.raises(ValueError, match="matmul_nbits: the codes are needed"):
+                _core.matmul_nbits_f32(case.A, None, case.K, 4, 32, scales, zero_points, None, operands, packed=packed)
     with kernel_entry("nbits", "portable"):
         with pytest.raises(ValueError, match="matmul_nbits: the codes are needed"):
             _core.matmul_nbits_int8(case.A, None, case.K, 4, 32, scales, zero_points, None, packed=packed)
+        with pytest.raises(ValueError, match="matmul_nbits: the codes are needed"):
+            _core.matmul_nbits_f32(case.A, None, case.K, 4, 32, scales, zero_points, None, packed=packed)
 
 
 def test_weights_the_layout_does_not_take():
     """No packing for g_idx (level 4 runs through the float kernels there), for block sizes above
-    4096 (the int32 block sums could overflow), or at levels 0-3; those weights keep their codes and
-    run as before."""
+    4096 (the int32 block sums could overflow), or at levels 2/3 (their rounding reads the codes);
+    those weights keep their codes and run as before. Levels 0/1 pack on avx2 only (the AVX-512
+    float kernels read the codes)."""
     rng = np.random.default_rng(6400)
     with kernel_entry("nbits", "avx2"):
         g = Case(rng, 4, 32, K=96, N=9, batch=(2,), g="random")
@@ -175,11 +190,18 @@ def test_weights_the_layout_does_not_take():
         held = _held(big, accuracy_level=4)
         assert held._packed is None
         _same_bits(held(big.A), big.run(4), "block 8192")
-        level0 = Case(rng, 4, 32, K=64, N=8, batch=(1,))
-        held = _held(level0, accuracy_level=0)
-        assert held._packed is None
-        _same_bits(held(level0.A), level0.run(0), "level 0")
+        for level in (2, 3):
+            rounded = Case(rng, 4, 32, K=64, N=8, batch=(1,))
+            held = _held(rounded, accuracy_level=level)
+            assert held._packed is None
+            _same_bits(held(rounded.A), rounded.run(level), f"level {level}")
         assert _held(Case(rng, 4, 4096, K=4096, N=3, batch=(1,)), accuracy_level=4)._packed is not None
+        for level in (0, 1):
+            assert _held(Case(rng, 4, 32, K=64, N=8, batch=(1,)), accuracy_level=level)._packed is not None
+    for isa, hidden in ENTRIES:
+        if isa != "avx2":
+            with kernel_entry("nbits", isa, hidden):
+                assert _core.nbits_weight_layout(0) is None and _core.nbits_weight_layout(4) == "quads x16"
 
 
 def test_pickle_and_deepcopy_give_the_same_results():
@@ -196,3 +218,52 @@ def test_pickle_and_deepcopy_give_the_same_results():
             assert clone._packed is not None and clone._held[0] is None
     with kernel_entry("nbits", "portable"):
         _same_bits(pickle.loads(pickle.dumps(held))(case.A), case.run(4), "copy under portable")
+
+
+def _levels01_model(case):
+    """The documented float32 order of levels 0/1 on AVX2 with up to 12 rows (docs/matmul_nbits.md):
+    per output and block b, dot = an FMA chain over the block's k in order from +0 (codes past K meet
+    a = +0); y = fma(-asum_b, s_b * z_b, fma(dot, s_b, y)) over the blocks in order from +0, asum_b
+    the block's float32 sum of A in order of k from +0 and s_b * z_b one float32 product; + bias."""
+    f32 = np.float32
+    d = oracle.Decoded(case.B, case.scales, case.zero_points, None, **case.kw)
+    bs, kb = case.block_size, case.k_blocks
+    A = case.A.reshape(-1, case.K).astype(f32)
+    M = A.shape[0]
+    s = d.s_blocks.astype(f32)  # [N, kb]
+    sz = s * d.z_blocks.astype(f32)
+    q = d.q.astype(f32)  # [N, K]
+    y = np.zeros((M, case.N), f32)
+    for b in range(kb):
+        ks = range(b * bs, min(case.K, (b + 1) * bs))
+        dot = np.zeros((M, case.N), f32)
+        asum = np.zeros(M, f32)
+        for k in ks:
+            dot = fma_f32(A[:, k, None], q[None, :, k], dot)
+            asum = asum + A[:, k]
+        y = fma_f32(dot, s[None, :, b], y)
+        y = fma_f32(-asum[:, None], sz[None, :, b], y)
+    if case.bias is not None:
+        y = y + case.bias.astype(f32)
+    return y
+
+
+@pytest.mark.parametrize("bits", BITS)
+def test_levels01_few_rows_follow_the_documented_order(bits):
+    """Levels 0/1 with up to 12 rows on AVX2, bit for bit against a numpy model of the documented
+    order, on the held (packed) weight and on the codes (matmul_nbits: panels of the layout built
+    per call): every zero-point form, blocks of 16 to 256, K with a partial last block, N with a
+    column tail, one row (two panels at a time) to 12 (passes of 4), bias or none."""
+    rng = np.random.default_rng(6800 + bits)
+    with kernel_entry("nbits", "avx2"):
+        for i, block_size in enumerate((16, 32, 64, 256, 32, 16)):
+            M = (1, 2, 3, 4, 5, 12)[i]
+            K = block_size * int(rng.integers(1, 6)) - int(rng.integers(0, block_size // 2 + 1))
+            case = Case(rng, bits, block_size, K=K, N=int(rng.integers(1, 70)), batch=(M,), zp=ZP_FORMS[i % 3],
+                        bias=bool(i % 2))
+            model = _levels01_model(case)
+            for level in (0, 1):
+                held = _held(case, accuracy_level=level)
+                assert held._packed is not None
+                _same_bits(held(case.A), model, f"{case} held, level {level}")
+                _same_bits(case.run(level), model, f"{case} codes, level {level}")

@@ -25,6 +25,13 @@ void nbits_prepare_int8(int8_t* qa, int64_t M, const NBitsWeight& w);
 void nbits_rows_int8_packed(const QuantizedA& a, const NBitsWeight& w, int64_t n0, int64_t n1, const float* bias,
                             float* Y);
 void nbits_panel_from_packed(const NBitsWeight& w, int64_t n0, uint8_t* panel);
+// Levels 0/1 (float32 operands) on a weight packed in kNBitsQuads16, few rows (nbits_packed_avx2.cpp):
+// columns [n0, n1), n0 a multiple of 16.
+void nbits_rows_packed(const float* A, int64_t M, const NBitsWeight& w, int64_t n0, int64_t n1, const float* bias,
+                       float* Y);
+// Levels 0/1 prefill on a packed weight: columns n0 .. n0+15 (n0 a multiple of 16) dequantized into
+// panel [K8][16] exactly as dequantize_nbits does (float32(q - zero_point) * scale), rows past K zero.
+void nbits_dequantize_packed(const NBitsWeight& w, int64_t n0, float* panel);
 bool nbits_prepare_f32(const float* A, int64_t M, const NBitsWeight& w, float* out, int64_t part, int64_t parts);
 
 }  // namespace qmm::avx2

@@ -74,6 +74,7 @@ const NBitsDispatch kNBitsEntry = {
     .prepare_f32 = prepare_bf16,
     .int8_tiling = tiles::kNBitsTiling,
     .int8_layout = &kNBitsQuads16,  // read by the VNNI kernels below 8 rows
+    .f32_layout = nullptr,
 };
 
 }  // namespace QMM_KERNEL_NS

@@ -7,11 +7,10 @@
 //    codes per `bits` bytes, four independent pdeps per iteration; by shifts and masks where pdep
 //    is microcode, AMD before Zen 3), 3-bit codes transcoded to the 4-bit layout (16 codes per pdep
 //    into nibbles) so that the 4-bit kernels take them, and 4-bit codes split into nibbles with SIMD;
-//  - in registers, 32 (or 16) codes at a time straight from the packed column: widened to float32
-//    for levels 0/1 (widen*), or unpacked to bytes for level 4's vpmaddubsw (codes32_*). The 4-bit
-//    and 2-bit unpackers produce the codes in an order cheaper than the natural one ([even | odd],
-//    quarters); A (float32, or level 4's int8 A) is reordered to match once per call or task
-//    (even_odd_a*, quarters_order, even_odd_qa).
+//  - in registers, 32 codes at a time straight from the packed column, unpacked to bytes for
+//    level 4's vpmaddubsw (codes32_*). The 4-bit and 2-bit unpackers produce the codes in an order
+//    cheaper than the natural one ([even | odd], quarters); level 4's int8 A is reordered to match
+//    once per call (quarters_order, even_odd_qa).
 //
 // Everything is in an anonymous namespace (see nbits_avx2_common.h). The portable decoders
 // decode_nbits / decode_nbits_range (matmul_nbits.cpp) finish what would read past a row.
@@ -162,96 +161,6 @@ inline void transcode_3bit_to_4bit(const uint8_t* __restrict row, int64_t count,
 }
 
 // ---------------------------------------------------------------------------------------------
-// In registers, for the float kernels (levels 0-3): codes to float32, and A in the matching order.
-
-// The codes k0 .. k0+31 of a column held one byte per code (8-bit rows, and rows of other widths
-// decoded beforehand) as 4 x 8 floats, in order.
-inline void widen32(const uint8_t* codes, int64_t k0, __m256 out[4]) {
-  for (int i = 0; i < 4; ++i) {
-    const __m128i bytes = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(codes + k0 + 8 * i));
-    out[i] = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(bytes));
-  }
-}
-
-// 4-bit codes k0 .. k0+31 as floats in the order [even codes 0..14 | even 16..30 | odd 1..15 |
-// odd 17..31]: one broadcast load, two masks, four in-lane byte shuffles into dwords, four
-// conversions (no cross-lane widening). A is reordered to match (even_odd_a).
-inline void widen32_even_odd(const uint8_t* row, int64_t k0, __m256 out[4]) {
-  const __m256i x = _mm256_broadcastsi128_si256(
-      _mm_loadu_si128(reinterpret_cast<const __m128i*>(row + (static_cast<uint64_t>(k0) >> 1))));
-  const __m256i mask = _mm256_set1_epi8(0x0F);
-  const __m256i even = _mm256_and_si256(x, mask), odd = _mm256_and_si256(_mm256_srli_epi16(x, 4), mask);
-  constexpr char z = static_cast<char>(0x80);
-  const __m256i first = _mm256_setr_epi8(0, z, z, z, 1, z, z, z, 2, z, z, z, 3, z, z, z,   // bytes 0..3 | 4..7
-                                         4, z, z, z, 5, z, z, z, 6, z, z, z, 7, z, z, z);
-  const __m256i second = _mm256_setr_epi8(8, z, z, z, 9, z, z, z, 10, z, z, z, 11, z, z, z,  // 8..11 | 12..15
-                                          12, z, z, z, 13, z, z, z, 14, z, z, z, 15, z, z, z);
-  out[0] = _mm256_cvtepi32_ps(_mm256_shuffle_epi8(even, first));
-  out[1] = _mm256_cvtepi32_ps(_mm256_shuffle_epi8(even, second));
-  out[2] = _mm256_cvtepi32_ps(_mm256_shuffle_epi8(odd, first));
-  out[3] = _mm256_cvtepi32_ps(_mm256_shuffle_epi8(odd, second));
-}
-
-// 2-bit codes k0 .. k0+31 (8 bytes, 4 codes each) as floats by quarters: out[p] holds the codes
-// k0 + 4j + p, j = 0..7 (two variable shifts and masks, four widenings; A reordered to match,
-// quarters_order).
-inline __m128i quarters_bytes(const uint8_t* row, int64_t k0, int p0) {  // [quarter p0 | quarter p0 + 1]
-  const __m128i x = _mm_broadcastq_epi64(  // one vpbroadcastq from memory
-      _mm_loadl_epi64(reinterpret_cast<const __m128i*>(row + (static_cast<uint64_t>(k0) >> 2))));
-  return _mm_and_si128(_mm_srlv_epi64(x, _mm_set_epi64x(2 * p0 + 2, 2 * p0)), _mm_set1_epi8(3));
-}
-
-inline void widen32_quarters(const uint8_t* row, int64_t k0, __m256 out[4]) {
-  const __m128i q01 = quarters_bytes(row, k0, 0), q23 = quarters_bytes(row, k0, 2);
-  out[0] = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(q01));
-  out[1] = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_srli_si128(q01, 8)));
-  out[2] = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(q23));
-  out[3] = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_srli_si128(q23, 8)));
-}
-
-// x[k0 .. k0+31] (floats or int8) in the quarters order: out[8p + j] = x[4j + p].
-template <typename T>
-inline void quarters_order(const T* x, T* out) {
-  for (int p = 0; p < 4; ++p)
-    for (int j = 0; j < 8; ++j) out[8 * p + j] = x[4 * j + p];
-}
-
-// Blocks of 16: codes k0 .. k0+15 as floats, 4-bit ones in the order [8 even | 8 odd] (A is
-// reordered to match, even_odd_a16), bytes in order.
-inline void widen16(const uint8_t* row, int64_t k0, bool nibbles, __m256 out[2]) {
-  __m128i c;
-  if (nibbles) {
-    const __m128i x = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(row + (static_cast<uint64_t>(k0) >> 1)));
-    const __m128i mask = _mm_set1_epi8(0x0F);
-    c = _mm_unpacklo_epi64(_mm_and_si128(x, mask), _mm_and_si128(_mm_srli_epi16(x, 4), mask));
-  } else {
-    c = _mm_loadu_si128(reinterpret_cast<const __m128i*>(row + k0));
-  }
-  out[0] = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(c));
-  out[1] = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_srli_si128(c, 8)));
-}
-
-inline void even_odd_a16(const float* a, float* out) {
-  for (int j = 0; j < 8; ++j) {
-    out[j] = a[2 * j];
-    out[8 + j] = a[2 * j + 1];
-  }
-}
-
-// a[k0 .. k0+31] reordered to [a0 a2 .. a14 | a16 .. a30 | a1 a3 .. a15 | a17 .. a31].
-inline void even_odd_a(const float* a, float* out) {
-  const __m256 v0 = _mm256_loadu_ps(a), v1 = _mm256_loadu_ps(a + 8);
-  const __m256 v2 = _mm256_loadu_ps(a + 16), v3 = _mm256_loadu_ps(a + 24);
-  auto ordered = [](__m256 x) {  // 64-bit granules 0, 2, 1, 3
-    return _mm256_castpd_ps(_mm256_permute4x64_pd(_mm256_castps_pd(x), 0xD8));
-  };
-  _mm256_storeu_ps(out, ordered(_mm256_shuffle_ps(v0, v1, _MM_SHUFFLE(2, 0, 2, 0))));
-  _mm256_storeu_ps(out + 8, ordered(_mm256_shuffle_ps(v2, v3, _MM_SHUFFLE(2, 0, 2, 0))));
-  _mm256_storeu_ps(out + 16, ordered(_mm256_shuffle_ps(v0, v1, _MM_SHUFFLE(3, 1, 3, 1))));
-  _mm256_storeu_ps(out + 24, ordered(_mm256_shuffle_ps(v2, v3, _MM_SHUFFLE(3, 1, 3, 1))));
-}
-
-// ---------------------------------------------------------------------------------------------
 // In registers, for the int8 kernels (level 4): 32 codes as 32 bytes for vpmaddubsw, and the int8
 // A in the matching order.
 
@@ -268,7 +177,14 @@ inline __m256i codes32_even_odd(const uint8_t* row, int64_t k0) {
   return _mm256_and_si256(_mm256_srlv_epi32(x, _mm256_set_epi32(4, 4, 4, 4, 0, 0, 0, 0)), _mm256_set1_epi8(0x0F));
 }
 
-// 2-bit codes k0 .. k0+31 in the quarters order of widen32_quarters, as 32 bytes.
+// x[k0 .. k0+31] (int8 A) in the quarters order: out[8p + j] = x[4j + p].
+template <typename T>
+inline void quarters_order(const T* x, T* out) {
+  for (int p = 0; p < 4; ++p)
+    for (int j = 0; j < 8; ++j) out[8 * p + j] = x[4 * j + p];
+}
+
+// 2-bit codes k0 .. k0+31 in the quarters order (codes 4j + p at byte 8p + j), as 32 bytes.
 inline __m256i codes32_quarters(const uint8_t* row, int64_t k0) {
   const __m256i x = _mm256_broadcastq_epi64(  // one vpbroadcastq from memory
       _mm_loadl_epi64(reinterpret_cast<const __m128i*>(row + (static_cast<uint64_t>(k0) >> 2))));

@@ -3,14 +3,16 @@
 // Y[:, n0:n1] for all M rows of A (float32 [M, K]), W[k, n] = float32(q - zero_point) * scale,
 // products and sums in float32. nbits_rows picks, per task of columns:
 //
-//  - M <= 12, levels 0/1, no g_idx: nbits_rows_factored, the block-factored form (codes widened
-//    to float32 in registers, A's per-block sums for the zero points), in passes of up to 4 rows;
+//  - M <= 12, levels 0/1, no g_idx: the block-factored form on the "quads x16" layout, columns in
+//    the lanes (nbits_packed_avx2.cpp: nbits_rows_packed), on MatMulNBits' packed weight or on
+//    panels of that layout built per call from the codes;
 //  - M <= 12, levels 2/3 (W rounded to float16 / bfloat16; A arrives rounded): nbits_rows_rounded,
 //    dequantize, round and FMA fused per 8 codes, in passes of up to 4 rows;
 //  - M <= 12 with a non-trivial g_idx (any level 0-3): nbits_rows_columns, one dequantized (and
 //    rounded) column at a time, one dot product per row;
 //  - M > 12 (prefill, any level 0-3, g_idx too): nbits_rows_dequantized, 16 columns dequantized
-//    into a [K][16] float32 panel and swept by 4..6 x 16 FMA tiles (fma_tile_avx2.inc); A comes
+//    into a [K][16] float32 panel (from the packed weight where there is one:
+//    nbits_dequantize_packed) and swept by 4..6 x 16 FMA tiles (fma_tile_avx2.inc); A comes
 //    interleaved by k in groups of 4 to 6 rows (nbits_prepare_f32, once per call).
 //
 // Level 4 with a g_idx also lands here (the Python front end passes the dequantized int8 A).
@@ -29,154 +31,6 @@ namespace qmm {
 #include "fma_tile_avx2.inc"
 
 namespace {
-// Levels 0/1, few rows, factored by block (docs/matmul_nbits.md, error bound of any order):
-//   y[m, n] = sum_b scale[n, b] * (sum_{k in b} a[m, k] * q[n, k] - zero_point[n, b] * asum[m, b])
-// with asum[m, b] = sum_{k in b} a[m, k] computed once per task. Each 32 codes (16 in blocks of 16)
-// are widened to float32 in registers once and shared by the MR rows: one FMA per code and row in
-// two chains per row, one FMA per block to scale its sum into the row's accumulator (even and odd
-// blocks into separate ones), the zero-point term 8 blocks per FMA, one horizontal sum per output.
-//
-//   4-bit codes, and 3-bit ones transcoded to 4-bit per column: [even | odd] order, A reordered;
-//   2-bit codes in blocks of 32+: quarters order, A reordered;
-//   8-bit codes: bytes in order; 5, 6, 7 bits (and 2 in blocks of 16): decoded to bytes per column.
-//   K's last, partial block (K not a multiple of block_size): scalar.
-
-// Few rows of A (decode): the factored form, codes widened straight from the packed weight, MR
-// running sums in registers.
-template <int MR, int Kind>  // Kind: 4 = nibbles, 2 = 2-bit quarters (blocks of 32+), 0 = bytes
-void nbits_rows_factored(const float* A, const NBitsWeight& w, int64_t n0, int64_t n1, const float* bias, float* Y) {
-  const int64_t K = w.K, bs = w.block_size, kb = w.k_blocks;
-  // Plain pointers: thread_local storage is looked up again on every access the compiler cannot hoist.
-  thread_local Scratch asum_storage, codes_storage, reordered_storage;
-  float* const block_sums = asum_storage.get<float>(MR * kb);
-  uint8_t* const decoded =
-      codes_storage.get<uint8_t>(max_i64(K + 32, w.k_blocks * w.block_size));  // bytes, or the 3-bit column as nibbles
-  // Each block's sum in order of k from +0, the blocks side by side (kb independent chains rather
-  // than one serial chain of K additions per task).
-  for (int m = 0; m < MR; ++m) {
-    float* const sums = block_sums + m * kb;
-    const float* const a = A + m * K;
-    for (int64_t b = 0; b < kb; ++b) sums[b] = 0.0f;
-    const int64_t whole = K / bs;
-    for (int64_t i = 0; i < bs; ++i)
-      for (int64_t b = 0; b < whole; ++b) sums[b] += a[b * bs + i];
-    for (int64_t k = whole * bs; k < K; ++k) sums[whole] += a[k];
-  }
-  constexpr bool nibbles = Kind == 4, quarters = Kind == 2;
-  const bool bytes = w.bits == 8;
-  const int64_t whole_blocks = K / bs;  // blocks with all block_size codes (a multiple of 32)
-  // 4-bit: A's whole blocks reordered once per task to the order widen32_even_odd produces.
-  const float* a_main = A;
-  if (nibbles) {
-    float* const reordered = reordered_storage.get<float>(MR * K);
-    for (int m = 0; m < MR; ++m)
-      for (int64_t k = 0; k < whole_blocks * bs; k += 32) {
-        if (bs == 16) {  // per 16: [8 even | 8 odd], as widen16 produces
-          even_odd_a16(A + m * K + k, reordered + m * K + k);
-          if (k + 16 < whole_blocks * bs) even_odd_a16(A + m * K + k + 16, reordered + m * K + k + 16);
-        } else {
-          even_odd_a(A + m * K + k, reordered + m * K + k);
-        }
-      }
-    a_main = reordered;
-  }
-  if (quarters) {  // 2-bit: to the order widen32_quarters produces
-    float* const reordered = reordered_storage.get<float>(MR * K);
-    for (int m = 0; m < MR; ++m)
-      for (int64_t k = 0; k < whole_blocks * bs; k += 32) quarters_order(A + m * K + k, reordered + m * K + k);
-    a_main = reordered;
-  }
-  // Column n's output from its whole blocks' sums acc (per row): the zero-point correction, K's
-  // last, partial block, the bias.
-  auto finish = [&](int64_t n, const uint8_t* row, const __m256 acc[MR]) {
-    const float* scales = w.scales + n * kb;
-    float correction[MR], tail[MR];
-    for (int m = 0; m < MR; ++m) {  // sum_b zero_point * scale * asum, 8 blocks per FMA
-      tail[m] = 0.0f;
-      __m256 c8 = _mm256_setzero_ps();
-      int64_t b = 0;
-      for (; b + 8 <= kb; b += 8)
-        c8 = _mm256_fmadd_ps(_mm256_mul_ps(zero_points8(w, n * kb + b), _mm256_loadu_ps(scales + b)),
-                             _mm256_loadu_ps(block_sums + m * kb + b), c8);
-      float c = horizontal_sum(c8);
-      for (; b < kb; ++b) c += zero_point(w, n * kb + b) * scales[b] * block_sums[m * kb + b];
-      correction[m] = c;
-    }
-    if (whole_blocks < kb) {  // K's last, partial block
-      const int64_t k0 = whole_blocks * bs;
-      uint8_t rest_codes[1024];
-      for (int64_t k = k0; k < K; k += 1024) {
-        const int64_t count = min_i64(1024, K - k);
-        decode_nbits_range(row, nibbles ? 4 : quarters ? 2 : 8, k, count, rest_codes);
-        for (int m = 0; m < MR; ++m) {
-          float dot = 0.0f;
-          for (int64_t j = 0; j < count; ++j) dot += A[m * K + k + j] * static_cast<float>(rest_codes[j]);
-          tail[m] += dot * scales[whole_blocks];
-        }
-      }
-    }
-    for (int m = 0; m < MR; ++m) {
-      const float y = horizontal_sum(acc[m]) + tail[m] - correction[m];
-      Y[m * w.N + n] = bias ? y + bias[n] : y;
-    }
-  };
-  // Block b's sum per row, in independent chains (FMA latency, not throughput, would bound a
-  // single one: 4 cycles per FMA); even and odd blocks then scale into separate accumulators,
-  // for the same reason.
-  constexpr int Chains = 2;  // 4 measured no faster at blocks of 128, slower at 32
-  for (int64_t n = n0; n < n1; ++n) {
-    const uint8_t* row = w.codes + n * w.row_bytes;
-    if (nibbles && w.bits == 3) {  // 3-bit codes transcoded to the 4-bit layout first
-      transcode_3bit_to_4bit(row, w.k_blocks * w.block_size, w.row_bytes, decoded);
-      row = decoded;
-    } else if (!nibbles && !quarters && !bytes) {  // 5, 6, 7 bits (2 with blocks of 16): one byte per code first
-      decode_nbits_avx2(row, w.bits, K, w.row_bytes, decoded);
-      row = decoded;
-    }
-    const float* scales = w.scales + n * kb;
-    auto block = [&](int64_t b, __m256 acc[MR]) {
-      const __m256 scale = _mm256_set1_ps(scales[b]);
-      __m256 chain[MR][Chains];
-      for (int m = 0; m < MR; ++m)
-        for (int c = 0; c < Chains; ++c) chain[m][c] = _mm256_setzero_ps();
-      if (bs == 16) {
-        __m256 q[2];
-        widen16(row, b * 16, nibbles, q);
-        for (int m = 0; m < MR; ++m) {
-          const float* a = a_main + m * K + b * 16;
-          chain[m][0] = _mm256_fmadd_ps(_mm256_loadu_ps(a), q[0], chain[m][0]);
-          chain[m][1] = _mm256_fmadd_ps(_mm256_loadu_ps(a + 8), q[1], chain[m][1]);
-        }
-      }
-      for (int64_t k = b * bs; bs >= 32 && k < (b + 1) * bs; k += 32) {
-        __m256 q[4];
-        if (nibbles) widen32_even_odd(row, k, q);
-        else if (quarters) widen32_quarters(row, k, q);
-        else widen32(row, k, q);
-        for (int m = 0; m < MR; ++m) {
-          const float* a = a_main + m * K + k;
-          for (int i = 0; i < 4; ++i)
-            chain[m][i % Chains] = _mm256_fmadd_ps(_mm256_loadu_ps(a + 8 * i), q[i], chain[m][i % Chains]);
-        }
-      }
-      for (int m = 0; m < MR; ++m) {
-        __m256 sum = _mm256_add_ps(chain[m][0], chain[m][1]);
-        acc[m] = _mm256_fmadd_ps(sum, scale, acc[m]);
-      }
-    };
-    __m256 acc[MR], acc_odd[MR];
-    for (int m = 0; m < MR; ++m) acc[m] = acc_odd[m] = _mm256_setzero_ps();
-    int64_t b = 0;
-    for (; b + 2 <= whole_blocks; b += 2) {
-      block(b, acc);
-      block(b + 1, acc_odd);
-    }
-    if (b < whole_blocks) block(b, acc);
-    for (int m = 0; m < MR; ++m) acc[m] = _mm256_add_ps(acc[m], acc_odd[m]);
-    finish(n, row, acc);
-  }
-}
-
 // Many rows of A (prefill): the task's (up to) 16 columns dequantized exactly as dequantize_nbits
 // does (g_idx included; rounded to float16 / bfloat16 at levels 2/3) into a float32 panel [K][16]
 // (dequantize_panel16: bytes transposed in registers; with a g_idx, column by column, then 8 x 8
@@ -190,7 +44,7 @@ void nbits_rows_factored(const float* A, const NBitsWeight& w, int64_t n0, int64
 // 12 independent accumulators. (Until 2026-11-25 the last M % 6 rows took 4 x 16 and 1 x 16
 // tiles in row order: a 1-row tile is FMA-latency-bound, 2 rows of 128 took 3 % of the time.)
 constexpr int64_t kRowGroup = 6;  // rows per group at most
-constexpr int64_t kFactoredMaxRows = 12;  // up to this many rows, the factored kernel (measured crossover)
+constexpr int64_t kFactoredMaxRows = 12;  // up to this many rows, the factored kernel (crossover measured in 2026-11)
 
 // The row groups of M > kFactoredMaxRows rows: group g starts at row first(g) and has rows(g) rows.
 struct RowGroups {
@@ -361,7 +215,8 @@ void nbits_rows_dequantized(const float* A, int64_t M, const NBitsWeight& w, int
   const RowGroups groups(M);  // M > kFactoredMaxRows: A as nbits_prepare_f32_avx2 grouped it
   for (int64_t n = n0; n < n1; n += 16) {
     const int64_t cols = min_i64(16, n1 - n);
-    if (!w.g_idx) dequantize_panel16(w, n, cols, codes, stride, panel);
+    if (w.packed) avx2::nbits_dequantize_packed(w, n, panel);  // levels 0/1 on MatMulNBits' packed weight
+    else if (!w.g_idx) dequantize_panel16(w, n, cols, codes, stride, panel);
     for (int64_t c = 0; w.g_idx && c < 16; ++c) {
       float* column = columns + c * K8;
       if (c < cols) {
@@ -528,13 +383,6 @@ bool nbits_prepare_f32_avx2(const float* A, int64_t M, int64_t K, float* out, in
   return true;
 }
 
-template <int MR>
-void factored(const float* A, const NBitsWeight& w, int64_t n0, int64_t n1, const float* bias, float* Y) {
-  if (w.bits == 4 || w.bits == 3) nbits_rows_factored<MR, 4>(A, w, n0, n1, bias, Y);  // 3: transcoded
-  else if (w.bits == 2 && w.block_size >= 32) nbits_rows_factored<MR, 2>(A, w, n0, n1, bias, Y);
-  else nbits_rows_factored<MR, 0>(A, w, n0, n1, bias, Y);
-}
-
 // Rows [0, M) in passes of up to 4 (one kernel instantiation per row count: registers).
 template <template <int> class Kernel>
 void in_row_passes(const float* A, int64_t M, const NBitsWeight& w, int64_t n0, int64_t n1, const float* bias,
@@ -552,13 +400,6 @@ void in_row_passes(const float* A, int64_t M, const NBitsWeight& w, int64_t n0, 
 }
 
 template <int MR>
-struct Factored {
-  static void run(const float* A, const NBitsWeight& w, int64_t n0, int64_t n1, const float* bias, float* Y) {
-    factored<MR>(A, w, n0, n1, bias, Y);
-  }
-};
-
-template <int MR>
 struct Rounded {
   static void run(const float* A, const NBitsWeight& w, int64_t n0, int64_t n1, const float* bias, float* Y) {
     nbits_rows_rounded<MR>(A, w, n0, n1, bias, Y);
@@ -571,9 +412,9 @@ void nbits_rows_avx2(const float* A, int64_t M, const NBitsWeight& w, int64_t n0
   if (w.g_idx) return nbits_rows_columns(A, M, w, n0, n1, bias, Y);
   // Rounded operands (levels 2 and 3) do not factor by block: each column is dequantized and rounded first.
   if (w.operands != NBitsOperands::kFloat32) return in_row_passes<Rounded>(A, M, w, n0, n1, bias, Y);
-  // Each pass unpacks the codes again, which up to kFactoredMaxRows rows costs less than
-  // dequantizing the weights to float32 panels.
-  in_row_passes<Factored>(A, M, w, n0, n1, bias, Y);
+  // The packed weight, or panels of its layout built per 32 columns from the codes (every pass
+  // reads them again, which up to kFactoredMaxRows rows costs less than dequantizing to float32 panels).
+  avx2::nbits_rows_packed(A, M, w, n0, n1, bias, Y);
 }
 }  // namespace
 

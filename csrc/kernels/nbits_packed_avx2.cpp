@@ -22,6 +22,7 @@
 
 #include "nbits_avx2.h"
 #include "nbits_avx2_common.h"
+#include "nbits_decode_avx2.h"
 
 namespace qmm {
 namespace {
@@ -101,12 +102,11 @@ inline void block_sums(const uint8_t* block, const int8_t* const qa[MR], int64_t
 // output, blocks in order, y = fma(D, p, y) then y = fnmadd(block_sum, sb * zp, y)); else that of
 // fewer rows (residues mod 8, then the blocks left over).
 template <int S, bool Signed8, int MR, int Groups, bool InOrder>
-void panel_rows(const QuantizedA& a, int64_t m0, const NBitsWeight& w, int64_t p, int64_t steps, const int32_t* qa_sums,
-                const float* bias, float* Y) {
+void panel_rows(const QuantizedA& a, int64_t m0, const NBitsWeight& w, int64_t p, const QuadsPanel& panel,
+                int64_t steps, const int32_t* qa_sums, const float* bias, float* Y) {
   constexpr int Q = 8 / S;
   const int64_t kb = w.k_blocks, bs = w.block_size, padded = kb * bs, bytes = quads_block_bytes(w);
   const int64_t groups = Groups ? Groups : bs / 4 / Q;
-  const QuadsPanel panel = quads_panel(w, p);
   const uint8_t* codes = panel.codes;
   const float *sb_panel = panel.scales, *szp_panel = panel.scaled_zero_points;
   const int8_t* qa[MR];
@@ -164,17 +164,21 @@ template <int S, bool Signed8, int Groups>
 void panels_rows(const QuantizedA& a, const NBitsWeight& w, int64_t p0, int64_t p1, const int32_t* qa_sums,
                  const float* bias, float* Y) {
   const int64_t steps = Signed8 ? 1 : max_i64(1, int16_steps(w.bits) / (8 / S));  // in groups of 8/S quads
+  thread_local Scratch room_storage;
+  float* const room = room_storage.get<float>(2 * kPanel * w.k_blocks);
   auto pass = [&](auto in_order) {
     constexpr bool InOrder = decltype(in_order)::value;
-    for (int64_t p = p0; p < p1; ++p)
+    for (int64_t p = p0; p < p1; ++p) {
+      const QuadsPanel panel = quads_panel(w, p, room);
       for (int64_t m0 = 0; m0 < a.M; m0 += 4) {
         switch (min_i64(4, a.M - m0)) {
-          case 1: panel_rows<S, Signed8, 1, Groups, InOrder>(a, m0, w, p, steps, qa_sums, bias, Y); break;
-          case 2: panel_rows<S, Signed8, 2, Groups, InOrder>(a, m0, w, p, steps, qa_sums, bias, Y); break;
-          case 3: panel_rows<S, Signed8, 3, Groups, InOrder>(a, m0, w, p, steps, qa_sums, bias, Y); break;
-          default: panel_rows<S, Signed8, 4, Groups, InOrder>(a, m0, w, p, steps, qa_sums, bias, Y);
+          case 1: panel_rows<S, Signed8, 1, Groups, InOrder>(a, m0, w, p, panel, steps, qa_sums, bias, Y); break;
+          case 2: panel_rows<S, Signed8, 2, Groups, InOrder>(a, m0, w, p, panel, steps, qa_sums, bias, Y); break;
+          case 3: panel_rows<S, Signed8, 3, Groups, InOrder>(a, m0, w, p, panel, steps, qa_sums, bias, Y); break;
+          default: panel_rows<S, Signed8, 4, Groups, InOrder>(a, m0, w, p, panel, steps, qa_sums, bias, Y);
         }
       }
+    }
   };
   if (a.M >= kInt8GemmMinRows) pass(std::true_type{});  // from there, the GEMM's order
   else pass(std::false_type{});
@@ -186,6 +190,261 @@ void panels_rows_sized(const QuantizedA& a, const NBitsWeight& w, int64_t p0, in
                        const float* bias, float* Y) {
   if (w.block_size == 32) return panels_rows<S, Signed8, 8 / (8 / S)>(a, w, p0, p1, qa_sums, bias, Y);
   panels_rows<S, Signed8, 0>(a, w, p0, p1, qa_sums, bias, Y);
+}
+
+
+// ---- Levels 0/1 (float32 operands), few rows ----
+//
+// The codes of a quad for 8 columns become float32 lanes, one column per lane: a shift and a mask
+// give the quad (as for level 4), one vpshufb per k of the quad moves byte i of each column's dword
+// to the dword's low byte, and vcvtdq2ps widens it. One broadcast of a[k] per row meets the lanes in
+// one FMA per half of 16 columns. Per output, in float32 with every product fused into its sum:
+//   dot_b = a[k0] q[k0] + a[k0 + 1] q[k0 + 1] + ... over block b's k in order, from +0;
+//   y = fnmadd(asum_b, scale_b * zero_point_b, fma(dot_b, scale_b, y)) for the blocks in order from
+//   y = +0 (asum_b: the block's sum of A in order of k from +0); then y + bias.
+// The codes come from the packed weight (MatMulNBits holds it) or, for codes as they are, from a
+// panel of the same layout with one byte per code built per 16 columns (bytes_panel): the same
+// order either way, so the held weight gives matmul_nbits' bits. One row takes two panels at once
+// (four independent chains); 2 to 4 rows one panel.
+
+// vpshufb indices: byte i of each dword to the dword's low byte, the rest zero (per 128-bit lane,
+// as vpshufb works).
+#define QMM_DWORD_BYTE(i)                                                                                          \
+  {                                                                                                                \
+    i, -1, -1, -1, 4 + i, -1, -1, -1, 8 + i, -1, -1, -1, 12 + i, -1, -1, -1, i, -1, -1, -1, 4 + i, -1, -1, -1, 8 + i, \
+        -1, -1, -1, 12 + i, -1, -1, -1                                                                           \
+  }
+alignas(32) constexpr int8_t kDwordByte[4][32] = {QMM_DWORD_BYTE(0), QMM_DWORD_BYTE(1), QMM_DWORD_BYTE(2),
+                                                  QMM_DWORD_BYTE(3)};
+#undef QMM_DWORD_BYTE
+
+// Byte i of each dword of x, zero-extended.
+inline __m256i dword_byte(__m256i x, int i) {
+  return _mm256_shuffle_epi8(x, _mm256_load_si256(reinterpret_cast<const __m256i*>(kDwordByte[i])));
+}
+
+// One quad of k (k .. k+3) for MR rows and H halves of 8 columns: per k, byte i of each column's
+// dword (vpshufb, the index from memory) widened to float32, one broadcast of a[r][k] per row, one
+// FMA per row and half into dot[r][h]. In asm so that the MR * H chains stay in registers: compiled
+// from intrinsics, GCC kept some in memory (a store-to-load round trip on every FMA, 2-3x slower).
+// ymm11..14 hold a k's H widened quads, ymm15 the broadcast.
+// clang-format off
+#define QMM_WIDEN(i, c, t) "vpshufb " #i "*32(%[index]), %[" #c "], %%ymm" #t "\n\tvcvtdq2ps %%ymm" #t ", %%ymm" #t "\n\t"
+#define QMM_BCAST(i, a) "vbroadcastss " #i "*4(%[" #a "]), %%ymm15\n\t"
+#define QMM_FMA(t, d) "vfmadd231ps %%ymm" #t ", %%ymm15, %[" #d "]\n\t"
+#define QMM_ROW2(i, a, d0, d1) QMM_BCAST(i, a) QMM_FMA(11, d0) QMM_FMA(12, d1)
+#define QMM_STEP_H4(i) QMM_WIDEN(i, c0, 11) QMM_WIDEN(i, c1, 12) QMM_WIDEN(i, c2, 13) QMM_WIDEN(i, c3, 14) \
+  QMM_BCAST(i, a0) QMM_FMA(11, d0) QMM_FMA(12, d1) QMM_FMA(13, d2) QMM_FMA(14, d3)
+#define QMM_STEP_H2(i, rows) QMM_WIDEN(i, c0, 11) QMM_WIDEN(i, c1, 12) rows
+#define QMM_ROWS1(i) QMM_ROW2(i, a0, d0, d1)
+#define QMM_ROWS2(i) QMM_ROWS1(i) QMM_ROW2(i, a1, d2, d3)
+#define QMM_ROWS3(i) QMM_ROWS2(i) QMM_ROW2(i, a2, d4, d5)
+#define QMM_ROWS4(i) QMM_ROWS3(i) QMM_ROW2(i, a3, d6, d7)
+// clang-format on
+#define QMM_CLOBBERS "xmm11", "xmm12", "xmm13", "xmm14", "xmm15"
+
+template <int MR, int H>
+inline void quad_fmas(const float* const a[MR], int64_t k, const __m256i c[H], __m256 d[MR * H]) {
+  const int8_t* index = &kDwordByte[0][0];
+  const float *a0 = a[0] + k, *a1 = a[MR > 1 ? 1 : 0] + k, *a2 = a[MR > 2 ? 2 : 0] + k, *a3 = a[MR > 3 ? 3 : 0] + k;
+  if constexpr (H == 4) {
+    static_assert(MR == 1);
+#define QMM_S(i) QMM_STEP_H4(i)
+    asm(QMM_S(0) QMM_S(1) QMM_S(2) QMM_S(3)
+        : [d0] "+x"(d[0]), [d1] "+x"(d[1]), [d2] "+x"(d[2]), [d3] "+x"(d[3])
+        : [c0] "x"(c[0]), [c1] "x"(c[1]), [c2] "x"(c[2]), [c3] "x"(c[3]), [a0] "r"(a0), [index] "r"(index), "m"(kDwordByte)
+        : QMM_CLOBBERS);
+#undef QMM_S
+  } else if constexpr (MR == 1) {
+#define QMM_S(i) QMM_STEP_H2(i, QMM_ROWS1(i))
+    asm(QMM_S(0) QMM_S(1) QMM_S(2) QMM_S(3)
+        : [d0] "+x"(d[0]), [d1] "+x"(d[1])
+        : [c0] "x"(c[0]), [c1] "x"(c[1]), [a0] "r"(a0), [index] "r"(index), "m"(kDwordByte)
+        : QMM_CLOBBERS);
+#undef QMM_S
+  } else if constexpr (MR == 2) {
+#define QMM_S(i) QMM_STEP_H2(i, QMM_ROWS2(i))
+    asm(QMM_S(0) QMM_S(1) QMM_S(2) QMM_S(3)
+        : [d0] "+x"(d[0]), [d1] "+x"(d[1]), [d2] "+x"(d[2]), [d3] "+x"(d[3])
+        : [c0] "x"(c[0]), [c1] "x"(c[1]), [a0] "r"(a0), [a1] "r"(a1), [index] "r"(index), "m"(kDwordByte)
+        : QMM_CLOBBERS);
+#undef QMM_S
+  } else if constexpr (MR == 3) {
+#define QMM_S(i) QMM_STEP_H2(i, QMM_ROWS3(i))
+    asm(QMM_S(0) QMM_S(1) QMM_S(2) QMM_S(3)
+        : [d0] "+x"(d[0]), [d1] "+x"(d[1]), [d2] "+x"(d[2]), [d3] "+x"(d[3]), [d4] "+x"(d[4]), [d5] "+x"(d[5])
+        : [c0] "x"(c[0]), [c1] "x"(c[1]), [a0] "r"(a0), [a1] "r"(a1), [a2] "r"(a2), [index] "r"(index),
+          "m"(kDwordByte)
+        : QMM_CLOBBERS);
+#undef QMM_S
+  } else {
+    static_assert(MR == 4);
+#define QMM_S(i) QMM_STEP_H2(i, QMM_ROWS4(i))
+    asm(QMM_S(0) QMM_S(1) QMM_S(2) QMM_S(3)
+        : [d0] "+x"(d[0]), [d1] "+x"(d[1]), [d2] "+x"(d[2]), [d3] "+x"(d[3]), [d4] "+x"(d[4]), [d5] "+x"(d[5]),
+          [d6] "+x"(d[6]), [d7] "+x"(d[7])
+        : [c0] "x"(c[0]), [c1] "x"(c[1]), [a0] "r"(a0), [a1] "r"(a1), [a2] "r"(a2), [a3] "r"(a3),
+          [index] "r"(index), "m"(kDwordByte)
+        : QMM_CLOBBERS);
+#undef QMM_S
+  }
+}
+#undef QMM_CLOBBERS
+#undef QMM_ROWS4
+#undef QMM_ROWS3
+#undef QMM_ROWS2
+#undef QMM_ROWS1
+#undef QMM_STEP_H2
+#undef QMM_STEP_H4
+#undef QMM_ROW2
+#undef QMM_FMA
+#undef QMM_BCAST
+#undef QMM_WIDEN
+
+// Rows a[0 .. MR) against P panels (16 columns each) of the layout with codes S bits wide (Signed8:
+// 8-bit codes held as c - 128); asum: the rows' block sums [MR][k_blocks]; Y: row 0's output, columns
+// n0[p] .. of panel p.
+template <int S, bool Signed8, int MR, int P, int Groups>
+void panel_rows_f32(const float* const a[MR], const float* asum, const QuadsPanel panels[P], const int64_t n0[P],
+                    const NBitsWeight& w, const float* bias, float* Y) {
+  constexpr int Q = 8 / S, H = 2 * P;  // H halves of 8 columns
+  const int64_t kb = w.k_blocks, bs = w.block_size, bytes = bs * S * 2;  // quads_block_bytes for width S
+  const int64_t groups = Groups ? Groups : bs / 4 / Q;
+  const __m256i mask = _mm256_set1_epi8(static_cast<char>((1 << S) - 1));
+  const __m256i flip = _mm256_set1_epi8(static_cast<char>(0x80));
+  __m256 y[MR][H];
+  for (int r = 0; r < MR; ++r)
+    for (int h = 0; h < H; ++h) y[r][h] = _mm256_setzero_ps();
+  for (int64_t b = 0; b < kb; ++b) {
+    __m256 dot[MR][H];  // [r][h] = d[r * H + h] of quad_fmas
+    for (int r = 0; r < MR; ++r)
+      for (int h = 0; h < H; ++h) dot[r][h] = _mm256_setzero_ps();
+    for (int64_t g = 0; g < groups; ++g)
+      for (int j = 0; j < Q; ++j) {
+        __m256i codes[H];  // loaded again per quad (from L1): fewer registers live across the quads
+        for (int h = 0; h < H; ++h) {
+          __m256i x = _mm256_load_si256(reinterpret_cast<const __m256i*>(panels[h / 2].codes + b * bytes + 64 * g + 32 * (h % 2)));
+          if constexpr (Signed8) x = _mm256_xor_si256(x, flip);  // held as c - 128: back to c
+          codes[h] = quad_codes<S>(x, j, mask);
+        }
+        quad_fmas<MR, H>(a, b * bs + 4 * (g * Q + j), codes, &dot[0][0]);
+      }
+    for (int h = 0; h < H; ++h) {
+      const __m256 sb = _mm256_load_ps(panels[h / 2].scales + b * kPanel + 8 * (h % 2));
+      const __m256 szp = _mm256_load_ps(panels[h / 2].scaled_zero_points + b * kPanel + 8 * (h % 2));
+      for (int r = 0; r < MR; ++r)
+        y[r][h] = _mm256_fnmadd_ps(_mm256_set1_ps(asum[r * kb + b]), szp, _mm256_fmadd_ps(dot[r][h], sb, y[r][h]));
+    }
+  }
+  for (int p = 0; p < P; ++p) {
+    const int64_t cols = min_i64(kPanel, w.N - n0[p]);
+    for (int r = 0; r < MR; ++r) {
+      alignas(32) float out[16];
+      _mm256_store_ps(out, y[r][2 * p]);
+      _mm256_store_ps(out + 8, y[r][2 * p + 1]);
+      float* row = Y + r * w.N + n0[p];
+      for (int64_t c = 0; c < cols; ++c) row[c] = bias ? out[c] + bias[n0[p] + c] : out[c];
+    }
+  }
+}
+
+// Nibbles n0 .. n7 of a dword (n_t = code t of a row of 4-bit codes, bits 4t) to the layout's
+// order: byte i = n_i | n_{4+i} << 4. The middle bytes swap, then each word's middle nibbles.
+inline uint32_t quads_order(uint32_t x) {
+  x = (x & 0xFF0000FFu) | ((x >> 8) & 0x0000FF00u) | ((x << 8) & 0x00FF0000u);
+  const uint32_t t = (x ^ (x >> 4)) & 0x00F000F0u;
+  return x ^ t ^ (t << 4);
+}
+inline __m256i quads_order(__m256i x) {
+  const __m256i middle = _mm256_setr_epi8(0, 2, 1, 3, 4, 6, 5, 7, 8, 10, 9, 11, 12, 14, 13, 15, 0, 2, 1, 3, 4, 6, 5, 7,
+                                          8, 10, 9, 11, 12, 14, 13, 15);
+  x = _mm256_shuffle_epi8(x, middle);
+  const __m256i t = _mm256_and_si256(_mm256_xor_si256(x, _mm256_srli_epi32(x, 4)), _mm256_set1_epi32(0x00F000F0));
+  return _mm256_xor_si256(x, _mm256_xor_si256(t, _mm256_slli_epi32(t, 4)));
+}
+
+// Columns [n0, n0 + 16) of w's codes (as they are) as a panel of the layout (codes, and per block
+// the scales and scale * zero point, zeros past N), as quads_pack writes it for 3- and 4-bit codes
+// (S = 4; 3-bit ones transcoded to 4-bit rows first) and for 8-bit ones with the codes unchanged
+// (S = 8, not c - 128); 2-, 5-, 6- and 7-bit codes one byte per code (S = 8). Per 4 k-groups (a
+// dword of each column's row each), 8 columns' dwords transposed in registers (4 x 4 per lane).
+// columns: room for 16 rows of `stride` bytes.
+void rows_panel(const NBitsWeight& w, int64_t n0, uint8_t* columns, int64_t stride, uint8_t* codes, float* scales,
+               float* scaled_zero_points) {
+  const int64_t kb = w.k_blocks, padded = kb * w.block_size, cols = min_i64(kPanel, w.N - n0);
+  const int S = w.bits == 4 || w.bits == 3 ? 4 : 8;
+  const int64_t dwords = padded * S / 32;  // per row: one per k-group of 32 / S codes
+  const uint8_t* src[kPanel];
+  for (int64_t c = 0; c < kPanel; ++c) {
+    uint8_t* buffer = columns + c * stride;
+    const uint8_t* row = w.codes + (n0 + c) * w.row_bytes;
+    if (c >= cols) std::memset(buffer, 0, static_cast<size_t>(4 * dwords));  // past N: code 0 (scale 0)
+    else if (w.bits == 3) transcode_3bit_to_4bit(row, padded, w.row_bytes, buffer);
+    else if (w.bits != 4 && w.bits != 8) decode_padded_column(w, n0 + c, buffer);
+    src[c] = c < cols && (w.bits == 4 || w.bits == 8) ? row : buffer;
+  }
+  int64_t g = 0;
+  for (; g + 4 <= dwords; g += 4)
+    for (int64_t c = 0; c < kPanel; c += 8) {
+      __m256i y[4];
+      for (int t = 0; t < 4; ++t)
+        y[t] = _mm256_loadu2_m128i(reinterpret_cast<const __m128i*>(src[c + 4 + t] + 4 * g),
+                                   reinterpret_cast<const __m128i*>(src[c + t] + 4 * g));
+      const __m256i t0 = _mm256_unpacklo_epi32(y[0], y[1]), t1 = _mm256_unpacklo_epi32(y[2], y[3]);
+      const __m256i t2 = _mm256_unpackhi_epi32(y[0], y[1]), t3 = _mm256_unpackhi_epi32(y[2], y[3]);
+      __m256i r[4] = {_mm256_unpacklo_epi64(t0, t1), _mm256_unpackhi_epi64(t0, t1), _mm256_unpacklo_epi64(t2, t3),
+                      _mm256_unpackhi_epi64(t2, t3)};  // group g + t, columns c .. c+7
+      for (int t = 0; t < 4; ++t) {
+        if (S == 4) r[t] = quads_order(r[t]);
+        _mm256_storeu_si256(reinterpret_cast<__m256i*>(codes + (g + t) * 64 + 4 * c), r[t]);
+      }
+    }
+  for (; g < dwords; ++g)  // fewer than 4 groups left (4-bit codes, blocks of 16, an odd count)
+    for (int64_t c = 0; c < kPanel; ++c) {
+      uint32_t x;
+      std::memcpy(&x, src[c] + 4 * g, 4);
+      if (S == 4) x = quads_order(x);
+      std::memcpy(codes + g * 64 + 4 * c, &x, 4);
+    }
+  quads_block_data(w, n0, scales, scaled_zero_points);
+}
+
+// Panels [p0, p1) for rows [0, M) of A (rows: padded to k_blocks * block_size), in passes of up to
+// 4 rows (one row: two panels at a time). panel(p, slot) gives panel p's codes, scales and scaled
+// zero points (slot: 0 or 1, room for a panel built on the fly).
+template <int S, bool Signed8, int Groups, class PanelOf>
+void panels_rows_f32(const float* rows, const float* asum, int64_t M, const NBitsWeight& w, int64_t p0, int64_t p1,
+                     const float* bias, float* Y, PanelOf panel) {
+  const int64_t padded = w.k_blocks * w.block_size, kb = w.k_blocks;
+  for (int64_t p = p0; p < p1; p += 2) {
+    const int P = p + 1 < p1 ? 2 : 1;
+    const QuadsPanel two[2] = {panel(p, 0), P == 2 ? panel(p + 1, 1) : QuadsPanel{}};
+    const int64_t n0[2] = {p * kPanel, (p + 1) * kPanel};
+    for (int64_t m0 = 0; m0 < M; m0 += 4) {
+      const float* a[4];
+      for (int r = 0; r < 4; ++r) a[r] = rows + min_i64(m0 + r, M - 1) * padded;
+      const float* s = asum + m0 * kb;
+      float* y = Y + m0 * w.N;
+      const int64_t pass = min_i64(4, M - m0);
+      if (pass == 1 && P == 2) {
+        panel_rows_f32<S, Signed8, 1, 2, Groups>(a, s, two, n0, w, bias, y);
+        continue;
+      }
+      for (int t = 0; t < P; ++t) switch (pass) {
+          case 1: panel_rows_f32<S, Signed8, 1, 1, Groups>(a, s, two + t, n0 + t, w, bias, y); break;
+          case 2: panel_rows_f32<S, Signed8, 2, 1, Groups>(a, s, two + t, n0 + t, w, bias, y); break;
+          case 3: panel_rows_f32<S, Signed8, 3, 1, Groups>(a, s, two + t, n0 + t, w, bias, y); break;
+          default: panel_rows_f32<S, Signed8, 4, 1, Groups>(a, s, two + t, n0 + t, w, bias, y);
+        }
+    }
+  }
+}
+
+template <int S, bool Signed8, class PanelOf>
+void panels_rows_f32_sized(const float* rows, const float* asum, int64_t M, const NBitsWeight& w, int64_t p0,
+                           int64_t p1, const float* bias, float* Y, PanelOf panel) {
+  if (w.block_size == 32) return panels_rows_f32<S, Signed8, 8 / (8 / S)>(rows, asum, M, w, p0, p1, bias, Y, panel);
+  panels_rows_f32<S, Signed8, 0>(rows, asum, M, w, p0, p1, bias, Y, panel);
 }
 
 }  // namespace
@@ -216,10 +475,99 @@ void nbits_rows_int8_packed(const QuantizedA& a, const NBitsWeight& w, int64_t n
   }
 }
 
+void nbits_rows_packed(const float* A, int64_t M, const NBitsWeight& w, int64_t n0, int64_t n1, const float* bias,
+                       float* Y) {
+  const int64_t K = w.K, kb = w.k_blocks, bs = w.block_size, padded = kb * bs;
+  const int64_t p0 = n0 / kPanel, p1 = (n1 + kPanel - 1) / kPanel;  // n0: a multiple of the panel (the driver's tasks)
+  thread_local Scratch asum_storage, padded_storage;
+  float* const asum = asum_storage.get<float>(M * kb);
+  const float* rows = A;
+  if (padded != K) {  // K's last block partial: A's rows padded with zeros (codes past K meet +0)
+    float* const copy = padded_storage.get<float>(M * padded);
+    for (int64_t m = 0; m < M; ++m) {
+      for (int64_t k = 0; k < K; ++k) copy[m * padded + k] = A[m * K + k];
+      zero_floats(copy + m * padded + K, padded - K);
+    }
+    rows = copy;
+  }
+  // Each block's sum of A in order of k from +0, the blocks side by side.
+  for (int64_t m = 0; m < M; ++m) {
+    float* const sums = asum + m * kb;
+    const float* const a = rows + m * padded;
+    zero_floats(sums, kb);
+    for (int64_t i = 0; i < bs; ++i)
+      for (int64_t b = 0; b < kb; ++b) sums[b] += a[b * bs + i];
+  }
+  if (w.packed) {
+    thread_local Scratch room_storage;
+    float* const room = room_storage.get<float>(4 * kPanel * kb);
+    auto packed = [&](int64_t p, int slot) { return quads_panel(w, p, room + 2 * slot * kPanel * kb); };
+    if (w.bits == 8) return panels_rows_f32_sized<8, true>(rows, asum, M, w, p0, p1, bias, Y, packed);
+    switch (quads_storage_bits(w.bits)) {
+      case 2: return panels_rows_f32_sized<2, false>(rows, asum, M, w, p0, p1, bias, Y, packed);
+      case 4: return panels_rows_f32_sized<4, false>(rows, asum, M, w, p0, p1, bias, Y, packed);
+      default: return panels_rows_f32_sized<8, false>(rows, asum, M, w, p0, p1, bias, Y, packed);
+    }
+  }
+  // The codes as they are: two panels at a time built here in the layout (rows_panel).
+  thread_local Scratch columns_storage, codes_storage, floats_storage;
+  const int64_t stride = padded + 32;  // decode_padded_column writes up to 16 past
+  uint8_t* const columns = columns_storage.get<uint8_t>(kPanel * stride);
+  uint8_t* const codes = codes_storage.get<uint8_t>(2 * kPanel * padded);
+  float* const floats = floats_storage.get<float>(4 * kPanel * kb);
+  auto built = [&](int64_t p, int slot) {
+    uint8_t* c = codes + slot * kPanel * padded;
+    float *scales = floats + 2 * slot * kPanel * kb, *scaled_zero_points = scales + kPanel * kb;
+    rows_panel(w, p * kPanel, columns, stride, c, scales, scaled_zero_points);
+    return QuadsPanel{c, scales, scaled_zero_points};
+  };
+  if (w.bits == 4 || w.bits == 3) panels_rows_f32_sized<4, false>(rows, asum, M, w, p0, p1, bias, Y, built);
+  else panels_rows_f32_sized<8, false>(rows, asum, M, w, p0, p1, bias, Y, built);
+}
+
+void nbits_dequantize_packed(const NBitsWeight& w, int64_t n0, float* panel) {
+  const int64_t K = w.K, K8 = (K + 7) / 8 * 8, kb = w.k_blocks, bs = w.block_size, bytes = quads_block_bytes(w);
+  const int S = static_cast<int>(quads_storage_bits(w.bits)), Q = 8 / S;
+  const __m256i mask = _mm256_set1_epi8(static_cast<char>((1 << S) - 1));
+  const __m256i flip = _mm256_set1_epi8(static_cast<char>(w.bits == 8 ? 0x80 : 0));  // 8-bit: held as c - 128
+  const uint8_t* const codes = quads_panel_codes(w, n0 / kPanel);
+  const int64_t cols = min_i64(kPanel, w.N - n0);
+  for (int64_t b = 0; b * bs < K8; ++b) {
+    alignas(32) float zp[16], scale[16];
+    for (int64_t c = 0; c < kPanel; ++c) {
+      zp[c] = c < cols ? zero_point(w, (n0 + c) * kb + b) : 0.0f;
+      scale[c] = c < cols ? w.scales[(n0 + c) * kb + b] : 0.0f;  // columns past N: (0 - 0) * 0
+    }
+    const __m256 zp0 = _mm256_load_ps(zp), zp1 = _mm256_load_ps(zp + 8);
+    const __m256 scale0 = _mm256_load_ps(scale), scale1 = _mm256_load_ps(scale + 8);
+    for (int64_t g = 0; g < bs / 4 / Q; ++g)
+      for (int j = 0; j < Q; ++j) {
+        const int64_t k0 = b * bs + 4 * (g * Q + j);
+        if (k0 >= K8) break;
+        const uint8_t* run = codes + b * bytes + 64 * g;
+        const __m256i lo = _mm256_xor_si256(_mm256_load_si256(reinterpret_cast<const __m256i*>(run)), flip);
+        const __m256i hi = _mm256_xor_si256(_mm256_load_si256(reinterpret_cast<const __m256i*>(run + 32)), flip);
+        const __m256i lo_codes = S == 8 ? lo : _mm256_and_si256(_mm256_srli_epi16(lo, S * j), mask);
+        const __m256i hi_codes = S == 8 ? hi : _mm256_and_si256(_mm256_srli_epi16(hi, S * j), mask);
+        for (int i = 0; i < 4; ++i) {
+          float* row = panel + (k0 + i) * 16;
+          if (k0 + i >= K) {  // k past K
+            _mm256_storeu_ps(row, _mm256_setzero_ps());
+            _mm256_storeu_ps(row + 8, _mm256_setzero_ps());
+            continue;
+          }
+          const __m256 q0 = _mm256_cvtepi32_ps(dword_byte(lo_codes, i)), q1 = _mm256_cvtepi32_ps(dword_byte(hi_codes, i));
+          _mm256_storeu_ps(row, _mm256_mul_ps(_mm256_sub_ps(q0, zp0), scale0));
+          _mm256_storeu_ps(row + 8, _mm256_mul_ps(_mm256_sub_ps(q1, zp1), scale1));
+        }
+      }
+  }
+}
+
 void nbits_panel_from_packed(const NBitsWeight& w, int64_t n0, uint8_t* panel) {
   const int64_t kb = w.k_blocks, bs = w.block_size, S = quads_storage_bits(w.bits), Q = 8 / S;
   const __m256i mask = _mm256_set1_epi8(static_cast<char>((1 << S) - 1));
-  const uint8_t* codes = quads_panel(w, n0 / kPanel).codes;
+  const uint8_t* codes = quads_panel_codes(w, n0 / kPanel);
   for (int64_t g = 0; g < kb * bs / 4 / Q; ++g)
     for (int64_t half = 0; half < 2; ++half) {
       const __m256i packed_codes = _mm256_load_si256(reinterpret_cast<const __m256i*>(codes + 64 * g + 32 * half));

@@ -37,11 +37,11 @@ inline __m512 lane_sums(const __m512 v[8]) {
 // 8-bit codes (held as c ^ 0x80); Groups: groups of 8 / S quads per block when known at compile
 // time (0: at run time).
 template <int S, bool Eight, int MR, int Groups>
-void panel_rows(const QuantizedA& a, int64_t m0, const NBitsWeight& w, int64_t p, const float* bias, float* Y) {
+void panel_rows(const QuantizedA& a, int64_t m0, const NBitsWeight& w, int64_t p, const QuadsPanel& panel,
+                const float* bias, float* Y) {
   constexpr int Q = 8 / S;
   const int64_t kb = w.k_blocks, bs = w.block_size, padded = kb * bs, bytes = quads_block_bytes(w);
   const int64_t groups = Groups ? Groups : bs / 4 / Q;
-  const QuadsPanel panel = quads_panel(w, p);
   const uint8_t* codes = panel.codes;
   const float *sb_panel = panel.scales, *szp_panel = panel.scaled_zero_points;
   const int8_t* qa[MR];
@@ -99,15 +99,19 @@ void panel_rows(const QuantizedA& a, int64_t m0, const NBitsWeight& w, int64_t p
 
 template <int S, bool Eight, int Groups>
 void panels_rows(const QuantizedA& a, const NBitsWeight& w, int64_t p0, int64_t p1, const float* bias, float* Y) {
-  for (int64_t p = p0; p < p1; ++p)
+  thread_local Scratch room_storage;
+  float* const room = room_storage.get<float>(2 * kPanel * w.k_blocks);
+  for (int64_t p = p0; p < p1; ++p) {
+    const QuadsPanel panel = quads_panel(w, p, room);
     for (int64_t m0 = 0; m0 < a.M; m0 += 4) {
       switch (min_i64(4, a.M - m0)) {
-        case 1: panel_rows<S, Eight, 1, Groups>(a, m0, w, p, bias, Y); break;
-        case 2: panel_rows<S, Eight, 2, Groups>(a, m0, w, p, bias, Y); break;
-        case 3: panel_rows<S, Eight, 3, Groups>(a, m0, w, p, bias, Y); break;
-        default: panel_rows<S, Eight, 4, Groups>(a, m0, w, p, bias, Y);
+        case 1: panel_rows<S, Eight, 1, Groups>(a, m0, w, p, panel, bias, Y); break;
+        case 2: panel_rows<S, Eight, 2, Groups>(a, m0, w, p, panel, bias, Y); break;
+        case 3: panel_rows<S, Eight, 3, Groups>(a, m0, w, p, panel, bias, Y); break;
+        default: panel_rows<S, Eight, 4, Groups>(a, m0, w, p, panel, bias, Y);
       }
     }
+  }
 }
 
 // Blocks of 32 codes (the usual size) with a compile-time group count.
@@ -135,7 +139,7 @@ void nbits_rows_int8_packed(const QuantizedA& a, const NBitsWeight& w, int64_t n
 void nbits_panel16_from_packed(const NBitsWeight& w, int64_t n0, int64_t cols, int64_t k0, int64_t k1, uint8_t* panel) {
   const int64_t kb = w.k_blocks, bs = w.block_size, bytes = quads_block_bytes(w), S = quads_storage_bits(w.bits);
   const int64_t Q = 8 / S;
-  const uint8_t* codes = quads_panel(w, n0 / kPanel).codes;
+  const uint8_t* codes = quads_panel_codes(w, n0 / kPanel);
   const __m512i mask = _mm512_set1_epi8(static_cast<char>((1 << S) - 1));
   // The panel's columns from cols on are zero (as nbits_decode_panel16 writes them): 4 bytes each.
   alignas(64) int32_t keep_lanes[16];

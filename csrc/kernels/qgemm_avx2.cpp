@@ -215,6 +215,7 @@ const NBitsDispatch kNBits = {
     .prepare_int8 = avx2::nbits_prepare_int8,
     .prepare_f32 = avx2::nbits_prepare_f32,
     .int8_layout = &kNBitsQuads16,
+    .f32_layout = &kNBitsQuads16,
 };
 const Float8Dispatch kFloat8 = {.info = kInfo, .a_group = kSgemmGroup, .sgemm_rows = sgemm_rows_avx2};
 

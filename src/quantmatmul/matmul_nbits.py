@@ -113,10 +113,11 @@ class MatMulNBits:
     accuracy_level=0)`` takes exactly :func:`matmul_nbits`'s weight arguments (A's dtype is the
     scales' dtype); ``w(A)`` returns what ``matmul_nbits(A, B, scales, ...)`` returns, bit for bit.
     The codes are copied once, and scales and zero points are held as float32 [N, k_blocks], so a
-    call does no weight validation or conversion. At accuracy level 4 (without g_idx) the codes are
-    held instead packed for the kernels in use (docs/matmul_nbits.md, "Level 4 on a packed
-    weight": the codes' bytes for 2-, 4- and 8-bit codes, plus 8 bytes per block and column), packed again if ``set_isa`` later selects kernels that read
-    another layout. ``MatMulNBits.from_float(W, bits=..., block_size=...,
+    call does no weight validation or conversion. At accuracy levels 4 and 0/1 (without g_idx) the
+    codes are held instead packed for the kernels in use where they read a packed layout
+    (docs/matmul_nbits.md, "Level 4 on a packed weight": the codes' bytes for 2-, 4- and 8-bit
+    codes, plus 8 bytes per block and column), packed again if ``set_isa`` later selects kernels
+    that read another layout. ``MatMulNBits.from_float(W, bits=..., block_size=...,
     method=...)`` quantizes a float [K, N] weight with :func:`quantize_nbits` first.
 
     Examples
@@ -142,33 +143,35 @@ class MatMulNBits:
         self.K, self.N, self.bits, self.block_size = K, N, bits, block_size
         # What is held of the codes, replaced as one tuple (calls on other threads see one state):
         # (codes or None, the weight packed for a kernel layout or None, that layout's name or None).
-        # At level 4 without g_idx the codes are packed once for the active kernel entry's layout and
-        # then held only packed (as ONNX Runtime prepacks); set_isa to an entry of another layout
-        # (or none) packs again, or restores the codes, from the packed form.
+        # At levels 0, 1 and 4 without g_idx the codes are packed once for the layout the active
+        # kernel entry reads at that level and then held only packed (as ONNX Runtime prepacks);
+        # set_isa to an entry of another layout (or none) packs again, or restores the codes, from
+        # the packed form.
         self._held = (np.array(self._weights.B, order="C"), None, None)  # a private contiguous copy
         self._weights.B = None  # held in _held
         self._for_kernels()
 
     def _for_kernels(self):
-        """(codes, packed) for a call now: packed (re)made for the active entry's level-4 layout
-        (csrc/matmul_nbits.h, NBitsInt8Layout) where it has one that takes this weight, else codes."""
+        """(codes, packed) for a call now: packed (re)made for the layout the active entry reads at this
+        accuracy level (csrc/matmul_nbits.h, NBitsLayout) where it has one that takes this weight, else codes."""
         codes, packed, layout = self._held
         w = self._weights
-        if self.accuracy_level != 4 or w.g_idx is not None:
+        if w.g_idx is not None:
             return codes, None
-        current = _core.nbits_int8_layout()
+        current = _core.nbits_weight_layout(self.accuracy_level)
         if current != layout:
             if codes is None:
-                codes = _core.unpack_nbits_int8(packed)
-            packed = None if current is None else _core.pack_nbits_int8(
-                codes, w.K, w.bits, w.block_size, np.ascontiguousarray(w.scales), w.kernel_zero_points)
+                codes = _core.unpack_nbits_weight(packed)
+            packed = None if current is None else _core.pack_nbits_weight(
+                codes, w.K, w.bits, w.block_size, np.ascontiguousarray(w.scales), w.kernel_zero_points,
+                self.accuracy_level)
             self._held = (None if packed is not None else codes, packed, current)
             codes = self._held[0]
         return codes, packed
 
     @property
     def _packed(self):
-        """The weight packed for the kernels (level 4), or None."""
+        """The weight packed for the kernels (levels 0, 1 and 4), or None."""
         return self._held[1]
 
     def __getstate__(self):
@@ -176,7 +179,7 @@ class MatMulNBits:
         held); the copy packs them again for its own kernels on first use."""
         state = self.__dict__.copy()
         codes, packed, _ = self._held
-        state["_held"] = (_core.unpack_nbits_int8(packed) if codes is None else codes, None, None)
+        state["_held"] = (_core.unpack_nbits_weight(packed) if codes is None else codes, None, None)
         return state
 
     def __setstate__(self, state):
@@ -193,7 +196,7 @@ class MatMulNBits:
     @property
     def nbytes(self) -> int:
         """Bytes held: the codes, float32 scales, the zero points (uint8, or float32 when given as floats), the
-        bias, and at level 4 the weight packed for the kernels (codes, scales and scaled zero points)."""
+        bias, and at levels 0, 1 and 4 the weight packed for the kernels (codes, scales and scaled zero points)."""
         w = self._weights
         codes, packed, _ = self._held
         held = w.scales.nbytes + w.kernel_zero_points.nbytes
@@ -245,7 +248,7 @@ def _apply(A, w, bias, level, codes, packed=None):
     out_shape = A.shape[:-1] + (w.N,)
     a2 = A.reshape(-1, w.K)
     if A.dtype == _F32 and w.g_idx is None and level in (0, 1, 4) and a2.shape[0]:  # all in C++: no numpy warnings
-        y = _product_int8(a2, w, codes, packed, bias) if level == 4 else _product_float(a2, w, codes, bias, None)
+        y = _product_int8(a2, w, codes, packed, bias) if level == 4 else _product_float(a2, w, codes, bias, None, packed)
         return y.reshape(out_shape)
     with np.errstate(all="ignore"):
         if a2.shape[0] == 0:
@@ -253,7 +256,7 @@ def _apply(A, w, bias, level, codes, packed=None):
         elif level == 4:
             y = _product_int8(a2, w, codes, packed, bias)
         else:
-            y = _product_float(a2, w, codes, bias, {2: np.float16, 3: _BF16}.get(level))
+            y = _product_float(a2, w, codes, bias, {2: np.float16, 3: _BF16}.get(level), packed)
         return y.astype(A.dtype).reshape(out_shape)
 
 
@@ -428,18 +431,20 @@ def _round_to(x, dtype):
     return x.astype(dtype).astype(_F32)
 
 
-def _product_float(a2, w, codes, bias, compute_dtype):
-    """Levels 0-3: float32 [M, N]; with compute_dtype, A and each dequantized W are rounded to it first."""
+def _product_float(a2, w, codes, bias, compute_dtype, packed=None):
+    """Levels 0-3: float32 [M, N]; with compute_dtype, A and each dequantized W are rounded to it first.
+    codes may be None with `packed` (levels 0/1, the weight MatMulNBits holds packed)."""
     a32 = a2.astype(_F32)
     if compute_dtype is not None:
         a32 = _round_to(a32, compute_dtype)
     # Levels 0-3: the C++ kernels (csrc/matmul_nbits.h), W rounded there for levels 2 and 3.
     operands = {None: 0, np.dtype(np.float16): 1, np.dtype(ml_dtypes.bfloat16): 2}[
         None if compute_dtype is None else np.dtype(compute_dtype)]
-    return _core.matmul_nbits_f32(np.ascontiguousarray(a32), np.ascontiguousarray(codes), w.K, w.bits, w.block_size,
+    codes = None if codes is None else np.ascontiguousarray(codes)
+    return _core.matmul_nbits_f32(np.ascontiguousarray(a32), codes, w.K, w.bits, w.block_size,
                                   np.ascontiguousarray(w.scales), w.kernel_zero_points,
                                   None if bias is None else np.ascontiguousarray(bias, dtype=_F32), operands,
-                                  w.kernel_g_idx)
+                                  w.kernel_g_idx, packed)
 
 
 # ---------------------------------------------------------------------------------------------------
