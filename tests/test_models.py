@@ -25,9 +25,14 @@ def model():
     return minilm.onnx_model()
 
 
-def _session(model):
+def _session(model, fusions=True):
+    """An ONNX Runtime CPU session; fusions=False keeps the graph's own operators (basic graph
+    optimizations only: no SkipLayerNormalization, BiasGelu or FusedMatMul, whose float kernels
+    round differently from the operators they replace)."""
     options = ort.SessionOptions()
     options.log_severity_level = 3
+    if not fusions:
+        options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_BASIC
     return ort.InferenceSession(model.SerializeToString(), options, providers=["CPUExecutionProvider"])
 
 
@@ -183,6 +188,14 @@ def test_onnxruntime_static_int8_minilm_runs_and_compares(model, tmp_path):
     if not onnxruntime_u8s8_saturates():
         assert report.ok, str(report)
     ours = qm_onnx.InferenceSession(quantized).run([minilm.OUTPUT], feeds)[0]
-    theirs = _session(quantized).run([minilm.OUTPUT], feeds)[0]
+    # Against ORT running the graph's own operators: the same embeddings (up to the float order of
+    # the non-quantized operators). ORT's fused float kernels (extended optimizations) round
+    # differently; on AVX-512 CPUs that flips a requantized value in some sentence and moves its
+    # embedding by a few percent (seen: cosine 0.974 on AMD EPYC Zen 4, ORT 1.32, where ORT's fused
+    # run differs from its own unfused one by the same amount), so the fused run only has to agree
+    # as 8-bit quantization does.
+    theirs = _session(quantized, fusions=False).run([minilm.OUTPUT], feeds)[0]
     cosines = np.sum(ours * theirs, axis=1)  # unit rows
     assert cosines.min() > (0.95 if differing else 1 - 1e-5), cosines
+    fused = _session(quantized).run([minilm.OUTPUT], feeds)[0]
+    assert np.sum(ours * fused, axis=1).min() > 0.95
