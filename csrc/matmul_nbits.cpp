@@ -186,7 +186,9 @@ int64_t quads_packed_bytes(const NBitsWeight& w) {
   return (w.N + kQuadsPanel - 1) / kQuadsPanel * w.k_blocks * quads_block_bytes(w);
 }
 
-void quads_pack(const NBitsWeight& w, int64_t p0, int64_t p1, uint8_t* codes) {
+int64_t quads_panel_floats(const NBitsWeight& w) { return 2 * kQuadsPanel * w.k_blocks; }
+
+void quads_pack(const NBitsWeight& w, int64_t p0, int64_t p1, uint8_t* codes, float* floats) {
   const int64_t kb = w.k_blocks, bs = w.block_size, padded = kb * bs, S = quads_storage_bits(w.bits), Q = 8 / S;
   const int64_t groups = bs / 4 / Q;  // groups of Q quads per block: 64 bytes each
   std::vector<uint8_t> columns(static_cast<size_t>(kQuadsPanel * padded));
@@ -199,6 +201,8 @@ void quads_pack(const NBitsWeight& w, int64_t p0, int64_t p1, uint8_t* codes) {
       if (w.bits == 8)
         for (int64_t k = 0; k < padded; ++k) column[k] ^= 0x80;
     }
+    float* const scales = floats + (p - p0) * quads_panel_floats(w);
+    quads_block_data(w, p * kQuadsPanel, scales, scales + kQuadsPanel * kb);
     uint8_t* out = codes + (p - p0) * kb * quads_block_bytes(w);
     for (int64_t b = 0; b < kb; ++b)
       for (int64_t g = 0; g < groups; ++g, out += 64)
@@ -236,6 +240,7 @@ const NBitsLayout kNBitsQuads16 = {.name = "quads x16",
                                        .panel_columns = kQuadsPanel,
                                        .packed_bytes = quads_packed_bytes,
                                        .pack = quads_pack,
+                                       .panel_floats = quads_panel_floats,
                                        .unpack = quads_unpack};
 
 void unpack_nbits_weight(const PackedNBits& packed, uint8_t* codes) {
@@ -264,11 +269,14 @@ PackedNBits pack_nbits_weight(const NBitsLayout* layout, const NBitsWeight& w) {
   packed.row_bytes = w.row_bytes;
   packed.code_bytes = bytes;
   packed.codes = alloc_buffer<uint8_t>(static_cast<size_t>(bytes));
+  const int64_t floats_per_panel = layout->panel_floats(w);
+  packed.float_count = panels * floats_per_panel;
+  packed.floats = alloc_buffer<float>(static_cast<size_t>(packed.float_count));
   // Tasks of whole panels, about 64 KB of codes each.
   const int64_t step = std::max<int64_t>(1, 65536 / std::max<int64_t>(per_panel, 1));
   parallel_for((panels + step - 1) / step, [&](int64_t task) {
     const int64_t p0 = task * step, p1 = std::min(panels, p0 + step);
-    layout->pack(w, p0, p1, packed.codes.get() + p0 * per_panel);
+    layout->pack(w, p0, p1, packed.codes.get() + p0 * per_panel, packed.floats.get() + p0 * floats_per_panel);
   });
   return packed;
 }

@@ -45,17 +45,19 @@ struct NBitsWeight {
   const NBitsPacked* packed = nullptr;
 };
 
-// A layout an entry's kernels read a constant weight's codes in, packed once (MatMulNBits does it
-// when constructed, at the levels whose kernels read it), in panels of `panel_columns` columns.
-// Only the codes: the kernels take the scales and zero points from the weight as it is, so a
-// holder of the packed codes keeps no second copy of them.
+// A layout an entry's kernels read a constant weight in, packed once (MatMulNBits does it when
+// constructed, at the levels whose kernels read it), in panels of `panel_columns` columns: the
+// codes, and per panel `panel_floats` float32 of per-block data the kernels would otherwise build
+// from the scales and zero points on every call (the weight's own scales and zero points stay
+// where they are: the GEMM paths read them).
 struct NBitsLayout {
   const char* name;
   int64_t panel_columns;
   // Bytes of packed codes for w; 0 where the layout does not take w (its kernels read w.codes).
   int64_t (*packed_bytes)(const NBitsWeight& w);
-  // Panels [p0, p1) of w's codes into codes (at panel p0's place).
-  void (*pack)(const NBitsWeight& w, int64_t p0, int64_t p1, uint8_t* codes);
+  // Panels [p0, p1) of w's codes into codes and their per-block data into floats (each at panel p0's place).
+  void (*pack)(const NBitsWeight& w, int64_t p0, int64_t p1, uint8_t* codes, float* floats);
+  int64_t (*panel_floats)(const NBitsWeight& w);
   // The inverse for the codes: w's rows (w.codes' layout, N x row_bytes) from the packed codes,
   // bit for bit (codes past K included), so a holder may keep only the packed form.
   void (*unpack)(const NBitsWeight& w, const uint8_t* packed_codes, uint8_t* codes);
@@ -64,6 +66,7 @@ struct NBitsLayout {
 struct NBitsPacked {
   const NBitsLayout* layout;
   const uint8_t* codes;  // packed_bytes(w)
+  const float* floats;   // panel_floats(w) per panel
 };
 
 // The layout of the x86 entries' level-4 kernels (avx2, avx512_vnni and the AMX entries, which run
@@ -84,16 +87,16 @@ static inline int64_t quads_storage_bits(int64_t bits) { return bits == 2 ? 2 : 
 static inline int64_t quads_block_bytes(const NBitsWeight& w) { return w.block_size * quads_storage_bits(w.bits) * 2; }
 // A panel of the layout as its kernels read it: the codes (k_blocks runs of quads_block_bytes), and
 // per block the 16 columns' scales and scale * zero point (one float32 product, as every kernel
-// forms it), [k_blocks][16] each, zeros past N.
+// forms it), [k_blocks][16] each, zeros past N: the panel's floats (packed with the codes).
 struct QuadsPanel {
   const uint8_t* codes;
   const float* scales;
   const float* scaled_zero_points;
 };
 // The per-block data of columns [n0, n0 + 16) from w's scales and zero points, into scales and
-// scaled_zero_points ([k_blocks][16] each). Built per call (2 * 16 floats per block of the panel:
-// a few percent of a decode's work), so that a packed weight holds nothing but its codes beside
-// the weight's own scales and zero points.
+// scaled_zero_points ([k_blocks][16] each): packed once with the codes (built per call it took
+// more than half of a one-row call's time on AVX-512: a column-strided gather per panel), and
+// built for panels made on the fly from codes as they are.
 static inline void quads_block_data(const NBitsWeight& w, int64_t n0, float* scales, float* scaled_zero_points) {
   const int64_t kb = w.k_blocks, cols = w.N - n0 < kQuadsPanel ? w.N - n0 : kQuadsPanel;  // no std::min: kernel files
   for (int64_t c = 0; c < kQuadsPanel; ++c) {  // each column's row of scales and zero points in order
@@ -119,11 +122,10 @@ static inline void quads_block_data(const NBitsWeight& w, int64_t n0, float* sca
 static inline const uint8_t* quads_panel_codes(const NBitsWeight& w, int64_t p) {
   return w.packed->codes + p * w.k_blocks * quads_block_bytes(w);
 }
-// Panel p of w.packed with its per-block data built in room (2 * 16 * k_blocks floats).
-static inline QuadsPanel quads_panel(const NBitsWeight& w, int64_t p, float* room) {
-  float* const scaled_zero_points = room + kQuadsPanel * w.k_blocks;
-  quads_block_data(w, p * kQuadsPanel, room, scaled_zero_points);
-  return {quads_panel_codes(w, p), room, scaled_zero_points};
+// Panel p of w.packed: its codes and per-block data (2 * 16 * k_blocks floats: scales, then scaled zero points).
+static inline QuadsPanel quads_panel(const NBitsWeight& w, int64_t p) {
+  const float* const scales = w.packed->floats + p * 2 * kQuadsPanel * w.k_blocks;
+  return {quads_panel_codes(w, p), scales, scales + kQuadsPanel * w.k_blocks};
 }
 
 // Helpers kernel files share are static inline (see requantize.h).
@@ -228,10 +230,11 @@ void matmul_nbits_int8(const float* A, int64_t M, const NBitsWeight& w, const fl
 struct PackedNBits {
   const NBitsLayout* layout = nullptr;
   Buffer<uint8_t> codes;
-  int64_t code_bytes = 0;
+  Buffer<float> floats;
+  int64_t code_bytes = 0, float_count = 0;
   int64_t N = 0, K = 0, bits = 0, block_size = 0, k_blocks = 0, row_bytes = 0;  // the weight's shape
-  NBitsPacked view() const { return {layout, codes.get()}; }
-  size_t bytes() const { return static_cast<size_t>(code_bytes); }
+  NBitsPacked view() const { return {layout, codes.get(), floats.get()}; }
+  size_t bytes() const { return static_cast<size_t>(code_bytes) + sizeof(float) * static_cast<size_t>(float_count); }
 };
 PackedNBits pack_nbits_weight(const NBitsLayout* layout, const NBitsWeight& w);
 struct NBitsDispatch;

@@ -164,12 +164,10 @@ template <int S, bool Signed8, int Groups>
 void panels_rows(const QuantizedA& a, const NBitsWeight& w, int64_t p0, int64_t p1, const int32_t* qa_sums,
                  const float* bias, float* Y) {
   const int64_t steps = Signed8 ? 1 : max_i64(1, int16_steps(w.bits) / (8 / S));  // in groups of 8/S quads
-  thread_local Scratch room_storage;
-  float* const room = room_storage.get<float>(2 * kPanel * w.k_blocks);
   auto pass = [&](auto in_order) {
     constexpr bool InOrder = decltype(in_order)::value;
     for (int64_t p = p0; p < p1; ++p) {
-      const QuadsPanel panel = quads_panel(w, p, room);
+      const QuadsPanel panel = quads_panel(w, p);
       for (int64_t m0 = 0; m0 < a.M; m0 += 4) {
         switch (min_i64(4, a.M - m0)) {
           case 1: panel_rows<S, Signed8, 1, Groups, InOrder>(a, m0, w, p, panel, steps, qa_sums, bias, Y); break;
@@ -499,9 +497,7 @@ void nbits_rows_packed(const float* A, int64_t M, const NBitsWeight& w, int64_t 
       for (int64_t b = 0; b < kb; ++b) sums[b] += a[b * bs + i];
   }
   if (w.packed) {
-    thread_local Scratch room_storage;
-    float* const room = room_storage.get<float>(4 * kPanel * kb);
-    auto packed = [&](int64_t p, int slot) { return quads_panel(w, p, room + 2 * slot * kPanel * kb); };
+    auto packed = [&](int64_t p, int) { return quads_panel(w, p); };
     if (w.bits == 8) return panels_rows_f32_sized<8, true>(rows, asum, M, w, p0, p1, bias, Y, packed);
     switch (quads_storage_bits(w.bits)) {
       case 2: return panels_rows_f32_sized<2, false>(rows, asum, M, w, p0, p1, bias, Y, packed);

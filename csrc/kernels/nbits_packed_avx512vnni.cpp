@@ -99,10 +99,8 @@ void panel_rows(const QuantizedA& a, int64_t m0, const NBitsWeight& w, int64_t p
 
 template <int S, bool Eight, int Groups>
 void panels_rows(const QuantizedA& a, const NBitsWeight& w, int64_t p0, int64_t p1, const float* bias, float* Y) {
-  thread_local Scratch room_storage;
-  float* const room = room_storage.get<float>(2 * kPanel * w.k_blocks);
   for (int64_t p = p0; p < p1; ++p) {
-    const QuadsPanel panel = quads_panel(w, p, room);
+    const QuadsPanel panel = quads_panel(w, p);
     for (int64_t m0 = 0; m0 < a.M; m0 += 4) {
       switch (min_i64(4, a.M - m0)) {
         case 1: panel_rows<S, Eight, 1, Groups>(a, m0, w, p, panel, bias, Y); break;
