@@ -86,10 +86,24 @@ void pack_b_tiles(const void* b, bool b_signed, int64_t K, int64_t N, int64_t pa
 using QGemmKernel = void (*)(const int32_t* a, int64_t rows, const int8_t* b_panel, int64_t g0, int64_t g1,
                              bool b_signed, bool accumulate, int32_t* c, int64_t ldc);
 
-// y[j] = saturate(rne(max/min-clamped(f32(acc[j]) * multiplier[j])) + zp[j]) for j < count: the
-// ONNX Runtime epilogue of csrc/requantize.h, vectorized.
-using RequantizeRow = void (*)(const int32_t* acc, const float* multiplier, const int32_t* zp, int64_t count,
-                               bool y_signed, void* y);
+// One output row's zero-point terms in the layout's stored values (docs/quantization.md, csrc/qlinear_matmul.cpp):
+// acc[j] = raw[j] - zb[j] * t - za * colsum[j], in wrapping int32 arithmetic.
+struct RowTerms {
+  const int32_t* zb;      // per column: b's zero point + the layout's b offset
+  const int32_t* colsum;  // per column: colsum(b) + K * b offset
+  int32_t za, t;          // a's zero point + a offset; rowsum(a) + K * a offset - K * za
+};
+
+// y[j] = saturate(rne(max/min-clamped(f32(acc[j]) * multiplier[j])) + zp[j]) for j < count, acc
+// the raw kernel sums with the row's zero-point terms (RowTerms): the ONNX Runtime epilogue of
+// csrc/requantize.h, vectorized, in one pass over the row.
+static inline int32_t row_terms_applied(const int32_t* raw, const RowTerms& terms, int64_t j) {
+  const uint32_t wrapped = static_cast<uint32_t>(raw[j]) - static_cast<uint32_t>(terms.zb[j]) * static_cast<uint32_t>(terms.t) -
+                           static_cast<uint32_t>(terms.za) * static_cast<uint32_t>(terms.colsum[j]);
+  return static_cast<int32_t>(wrapped);
+}
+using RequantizeRow = void (*)(const int32_t* raw, const RowTerms& terms, const float* multiplier, const int32_t* zp,
+                               int64_t count, bool y_signed, void* y);
 
 // y[r * ldy + n] = sum_k a[r, k] * b[k, n] for rows r < rows and columns n < cols, float32 fused
 // multiply-adds in order of k from +0 (kernels/sgemm_rows.inc): the float8 path. b comes in panels

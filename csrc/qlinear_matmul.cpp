@@ -2,6 +2,7 @@
 #include "qlinear_matmul.h"
 
 #include <algorithm>
+#include <atomic>
 #include <memory>
 #include <new>
 #include <stdexcept>
@@ -9,6 +10,7 @@
 #include <type_traits>
 #include <vector>
 
+#include "buffer.h"
 #include "dispatch.h"
 #include "qgemm.h"
 #include "requantize.h"
@@ -49,8 +51,23 @@ namespace {
 
 constexpr int64_t kKPerChunk = 1 << 15;  // 2^15 products of at most 255^2 < 2^16: int32 cannot overflow
 
-// Calls epilogue(batch, m, n0, cols, acc) with the accumulators
-// acc[j] = sum_k (a[m,k] - a_zp[m]) * (b[k,n0+j] - b_zp[n0+j]) for each row m of each block:
+// The zero-point terms of one output row (RowTerms, csrc/qgemm.h) for exact int64 sums.
+struct RowTerms64 {
+  const int64_t* zb;
+  const int64_t* colsum;
+  int64_t za, t;
+};
+template <class Acc>
+using TermsOf = std::conditional_t<std::is_same_v<Acc, int64_t>, RowTerms64, RowTerms>;
+inline int32_t terms_applied(const int32_t* raw, const RowTerms& terms, int64_t j) {
+  return row_terms_applied(raw, terms, j);
+}
+inline int64_t terms_applied(const int64_t* raw, const RowTerms64& terms, int64_t j) {
+  return raw[j] - terms.zb[j] * terms.t - terms.za * terms.colsum[j];
+}
+
+// Calls epilogue(batch, m, n0, cols, raw, terms) for each row m of each block, where
+// terms_applied(raw, terms, j) = sum_k (a[m,k] - a_zp[m]) * (b[k,n0+j] - b_zp[n0+j]):
 // exact (int64_t) when Acc is int64_t, modulo 2^32 (int32_t, as a wrapping int32 accumulation
 // gives: numerics "onnxruntime" and "onnx-reference") when Acc is int32_t.
 //
@@ -85,20 +102,20 @@ void accumulate(const QGemmProblem& p, Epilogue&& epilogue) {
   // Exact sums fold the int32 kernel sums into int64 every 2^15 k; wrapped ones need not.
   const int64_t groups_per_chunk = kExact ? kKPerChunk / L.kc : std::max<int64_t>(groups, 1);
   const int64_t groups_per_block = std::max<int64_t>(1, L.k_block / L.kc);
-  const bool chunked = groups > groups_per_chunk;
   const bool b_signed = p.b_packed ? p.b_packed->is_signed : p.b_signed;
   const int64_t oa = L.a_offset[p.a_signed], ob = L.b_offset[b_signed];
 
   // Pack every distinct matrix of a once (mr-row groups) with its row sums.
   const int64_t a_count = *std::max_element(p.a_index, p.a_index + p.batch) + 1;
   const int64_t m_padded = (M + mr - 1) / mr * mr;
-  std::vector<int32_t> a_packed(static_cast<size_t>(a_count * m_padded * a_row));
+  // Uninitialized: pack_a writes every int32 of its row groups, padding included.
+  const Buffer<int32_t> a_packed = alloc_buffer<int32_t>(static_cast<size_t>(a_count * m_padded * a_row));
   std::vector<int64_t> rowsums(static_cast<size_t>(a_count * M));
   parallel_for(a_count * row_blocks, [&](int64_t task) {
     const int64_t ia = task / row_blocks, m0 = task % row_blocks * block_rows;
     const int64_t rows = std::min(block_rows, M - m0);
     const auto* a_bytes = static_cast<const uint8_t*>(p.a) + (ia * M + m0) * K;
-    q.pack_a(a_bytes, p.a_signed, rows, K, K, a_packed.data() + (ia * m_padded + m0) * a_row);
+    q.pack_a(a_bytes, p.a_signed, rows, K, K, a_packed.get() + (ia * m_padded + m0) * a_row);
     for (int64_t r = 0; r < rows; ++r) {
       int64_t sum = 0;
       if (p.a_signed)
@@ -117,15 +134,15 @@ void accumulate(const QGemmProblem& p, Epilogue&& epilogue) {
     const int64_t n0 = panel0 * nr, cols = std::min(panels * nr, N - n0);
     const int64_t ia = p.a_index[bt], ib = p.b_index[bt];
     const int64_t ldc = panels * nr;
-    const int32_t* a_block = a_packed.data() + (ia * m_padded + m0) * a_row;
+    const int32_t* a_block = a_packed.get() + (ia * m_padded + m0) * a_row;
     const int64_t* rowsum = rowsums.data() + ia * M + m0;
 
     if (q.begin_task) q.begin_task();
     thread_local std::vector<int32_t> c32;
     thread_local std::vector<int64_t> c64;
-    thread_local std::vector<Acc> acc, zb_stored, colsum_stored;
+    thread_local std::vector<Acc> zb_stored, colsum_stored;
     c32.resize(static_cast<size_t>(rows * ldc));
-    if (chunked) c64.assign(static_cast<size_t>(rows * ldc), 0);
+    if (kExact) c64.assign(static_cast<size_t>(rows * ldc), 0);
     for (int64_t c0 = 0; c0 < std::max<int64_t>(groups, 1); c0 += groups_per_chunk) {
       const int64_t c1 = std::min(groups, c0 + groups_per_chunk);
       int64_t g0 = c0;
@@ -137,51 +154,50 @@ void accumulate(const QGemmProblem& p, Epilogue&& epilogue) {
                      g0 > c0, c32.data() + r0 * ldc + j * nr, ldc);
         g0 = g1;
       } while (g0 < c1);
-      if (chunked)
+      if (kExact)
         for (int64_t i = 0; i < rows * ldc; ++i) c64[i] += c32[i];
     }
 
-    // The zero-point terms, in Acc: wrapping (unsigned) arithmetic for int32, exact for int64.
-    using U = std::conditional_t<kExact, int64_t, uint32_t>;
+    // The zero-point terms, in Acc: wrapped to int32 (the epilogue's arithmetic wraps), exact in int64.
     const int32_t* b_zp = p.b_zero_point + ib * N + n0;
-    acc.resize(static_cast<size_t>(cols));
     zb_stored.resize(static_cast<size_t>(cols));
     colsum_stored.resize(static_cast<size_t>(cols));
-    auto* zbs = reinterpret_cast<U*>(zb_stored.data());
-    auto* css = reinterpret_cast<U*>(colsum_stored.data());
+    auto wrap = [](int64_t x) { return static_cast<Acc>(static_cast<std::make_unsigned_t<Acc>>(x)); };
     for (int64_t j = 0; j < cols; ++j) {
-      zbs[j] = static_cast<U>(int64_t{b_zp[j]} + ob);
-      css[j] = static_cast<U>(int64_t{colsum[j]} + K * ob);
+      zb_stored[j] = wrap(int64_t{b_zp[j]} + ob);
+      colsum_stored[j] = wrap(int64_t{colsum[j]} + K * ob);
     }
     for (int64_t r = 0; r < rows; ++r) {
       const int64_t za = p.a_zero_point[ia * M + m0 + r] + oa;
-      const U zas = static_cast<U>(za), t = static_cast<U>(rowsum[r] + K * oa - K * za);
-      auto* out = reinterpret_cast<U*>(acc.data());
-      if (chunked) {
-        const int64_t* raw = c64.data() + r * ldc;
-        for (int64_t j = 0; j < cols; ++j) out[j] = static_cast<U>(raw[j]) - zbs[j] * t - zas * css[j];
-      } else {
-        const int32_t* raw = c32.data() + r * ldc;
-        for (int64_t j = 0; j < cols; ++j) out[j] = static_cast<U>(raw[j]) - zbs[j] * t - zas * css[j];
-      }
-      epilogue(bt, m0 + r, n0, cols, acc.data());
+      const TermsOf<Acc> terms{zb_stored.data(), colsum_stored.data(), wrap(za), wrap(rowsum[r] + K * oa - K * za)};
+      if constexpr (kExact) epilogue(bt, m0 + r, n0, cols, c64.data() + r * ldc, terms);
+      else epilogue(bt, m0 + r, n0, cols, c32.data() + r * ldc, terms);
     }
   };
 
-  if (p.b_packed) {  // a constant weight: tasks over (matrix, row block, column block)
+  if (p.b_packed) {
+    // A constant weight: tasks over (matrix, column block, run of row blocks), each task sweeping
+    // its row blocks over one column block of b, which stays in the core's L2 between them (b is
+    // read from memory once per run, not once per row block). A run is all of M unless that
+    // leaves fewer than four tasks per thread.
+    const int64_t threads = get_num_threads();
+    const int64_t wanted = 4 * threads, have = p.batch * col_blocks;
+    const int64_t runs = have >= wanted ? 1 : std::min(row_blocks, (wanted + have - 1) / have);
+    const int64_t run_blocks = (row_blocks + runs - 1) / runs;
     // About 100 multiply-adds per nanosecond on one thread (AVX2 at many rows; fewer on one row): a
     // small product stays on fewer threads.
-    const double task_ns = static_cast<double>(std::min(block_rows, M)) * static_cast<double>(K) *
+    const double task_ns = static_cast<double>(std::min(run_blocks * block_rows, M)) * static_cast<double>(K) *
                            static_cast<double>(panels_per_task * nr) / 100.0;
     parallel_for(
-        p.batch * row_blocks * col_blocks,
+        p.batch * col_blocks * runs,
         [&](int64_t task) {
-          const int64_t bt = task / (row_blocks * col_blocks);
-          const int64_t m0 = (task / col_blocks) % row_blocks * block_rows;
-          const int64_t panel0 = task % col_blocks * panels_per_task;
+          const int64_t bt = task / (col_blocks * runs);
+          const int64_t panel0 = (task / runs) % col_blocks * panels_per_task;
+          const int64_t block0 = task % runs * run_blocks, block1 = std::min(row_blocks, block0 + run_blocks);
           const int64_t ib = p.b_index[bt];
-          compute_block(bt, m0, panel0, p.b_packed->matrix(ib) + panel0 * panel_bytes,
-                        p.b_packed->colsum.data() + ib * N + panel0 * nr);
+          for (int64_t block = block0; block < block1; ++block)
+            compute_block(bt, block * block_rows, panel0, p.b_packed->matrix(ib) + panel0 * panel_bytes,
+                          p.b_packed->colsum.data() + ib * N + panel0 * nr);
         },
         tasks_worth_a_thread(task_ns));
     return;
@@ -208,10 +224,11 @@ template <class Acc, class Requantize>
 void run(const QGemmProblem& p, const QOutput& out, Requantize&& requantize) {
   const int32_t qmin = out.is_signed ? -128 : 0, qmax = out.is_signed ? 127 : 255;
   const int64_t M = p.M, N = p.N;
-  accumulate<Acc>(p, [&](int64_t bt, int64_t m, int64_t n0, int64_t cols, const Acc* acc) {
+  accumulate<Acc>(p, [&](int64_t bt, int64_t m, int64_t n0, int64_t cols, const Acc* raw, const TermsOf<Acc>& terms) {
     const int64_t base = (bt * M + m) * N + n0;
     for (int64_t j = 0; j < cols; ++j) {
-      const int32_t q = requantize(acc[j], bt, m, n0 + j, out.zero_point(bt, m, n0 + j), qmin, qmax);
+      const int32_t q =
+          requantize(terms_applied(raw, terms, j), bt, m, n0 + j, out.zero_point(bt, m, n0 + j), qmin, qmax);
       if (out.is_signed) static_cast<int8_t*>(out.data)[base + j] = static_cast<int8_t>(q);
       else static_cast<uint8_t*>(out.data)[base + j] = static_cast<uint8_t>(q);
     }
@@ -219,27 +236,44 @@ void run(const QGemmProblem& p, const QOutput& out, Requantize&& requantize) {
 }
 
 // Values view(b, m, n0 .. n0+count) as a contiguous array: the view itself when it is contiguous
-// along n, else copied into buffer.
+// along n, else a copy. A view that does not vary with m (a per-tensor or per-column parameter,
+// broadcast) is copied once per (call, b, n0, count) and thread, not once per row: `call` tells
+// calls apart, since another call's arrays may sit at the same addresses.
 template <class T>
-const T* row_of(const View3<T>& view, int64_t b, int64_t m, int64_t n0, int64_t count, std::vector<T>& buffer) {
-  if (view.stride_n == 1) return &view.data[b * view.stride_batch + m * view.stride_m + n0];
-  buffer.resize(static_cast<size_t>(count));
-  for (int64_t j = 0; j < count; ++j) buffer[j] = view(b, m, n0 + j);
-  return buffer.data();
-}
+class RowOf {
+ public:
+  const T* operator()(const View3<T>& view, uint64_t call, int64_t b, int64_t m, int64_t n0, int64_t count) {
+    const T* start = &view.data[b * view.stride_batch + m * view.stride_m + n0 * view.stride_n];
+    if (view.stride_n == 1) return start;
+    if (view.stride_m == 0 && call == call_ && start == start_ && n0 == n0_ && count == count_) return buffer_.data();
+    buffer_.resize(static_cast<size_t>(count));
+    for (int64_t j = 0; j < count; ++j) buffer_[j] = view(b, m, n0 + j);
+    call_ = call, start_ = start, n0_ = n0, count_ = count;
+    return buffer_.data();
+  }
+
+ private:
+  std::vector<T> buffer_;
+  uint64_t call_ = 0;  // calls are numbered from 1
+  const T* start_ = nullptr;
+  int64_t n0_ = -1, count_ = -1;
+};
+
+std::atomic<uint64_t> calls{0};
 
 }  // namespace
 
 void qlinear_matmul_onnxruntime(const QGemmProblem& p, View3<float> multiplier, QOutput out) {
   const RequantizeRow requantize_row = qgemm_kernels().requantize_onnxruntime;
   const int64_t M = p.M, N = p.N;
-  accumulate<int32_t>(p, [&](int64_t bt, int64_t m, int64_t n0, int64_t cols, const int32_t* acc) {
-    thread_local std::vector<int32_t> zp_buffer;
-    thread_local std::vector<float> multiplier_buffer;
-    const float* mult = row_of(multiplier, bt, m, n0, cols, multiplier_buffer);
-    const int32_t* zp = row_of(out.zero_point, bt, m, n0, cols, zp_buffer);
+  const uint64_t call = ++calls;
+  accumulate<int32_t>(p, [&](int64_t bt, int64_t m, int64_t n0, int64_t cols, const int32_t* raw, const RowTerms& terms) {
+    thread_local RowOf<int32_t> zp_row;
+    thread_local RowOf<float> multiplier_row;
+    const float* mult = multiplier_row(multiplier, call, bt, m, n0, cols);
+    const int32_t* zp = zp_row(out.zero_point, call, bt, m, n0, cols);
     auto* y = static_cast<uint8_t*>(out.data) + (bt * M + m) * N + n0;
-    requantize_row(acc, mult, zp, cols, out.is_signed, y);
+    requantize_row(raw, terms, mult, zp, cols, out.is_signed, y);
   });
 }
 

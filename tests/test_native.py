@@ -517,3 +517,46 @@ def test_kernel_objects_define_no_shared_symbols():
         weak = [name for kind, name in symbols if kind in "WVu" and name not in WEAK_ALLOWED]
         strong = [name for kind, name in symbols if kind in "TDRBi" and not name.startswith(own)]
         assert not weak and not strong, f"{obj}: shared with the rest of the library: {weak + strong}"
+
+
+def test_broadcast_parameters_change_between_calls(isa):
+    """The ONNX Runtime epilogue copies a per-tensor or per-column parameter once per call and
+    column block, not per row (csrc/qlinear_matmul.cpp, RowOf): back-to-back calls whose scales and
+    zero points change, whatever addresses their arrays get, each give their own result, on every
+    thread count."""
+    rng = np.random.default_rng(12)
+    before = qm.get_num_threads()
+    try:
+        for threads in (1, 3):
+            qm.set_num_threads(threads)
+            b, b_scale, b_zp = _weight(rng, s8, 96, 80)
+            w = qm.QLinearMatMul(b, b_scale, b_zp)
+            a = rng.integers(0, 256, (40, 96)).astype(u8)
+            for _ in range(12):
+                a_zp, y_zp = u8(rng.integers(0, 256)), u8(rng.integers(0, 256))
+                a_s, y_s = f32(rng.uniform(0.01, 0.05)), f32(rng.uniform(0.02, 0.2))
+                expected = oracle.onnxruntime(a, a_s, a_zp, b, b_scale, b_zp, y_s, y_zp)
+                assert np.array_equal(w(a, a_s, a_zp, y_s, y_zp), expected)
+    finally:
+        qm.set_num_threads(before)
+
+
+@pytest.mark.parametrize("M, N", [(1, 16), (300, 40), (1000, 70), (70, 1000)])
+def test_constant_b_tasks_over_row_runs(isa, M, N):
+    """A constant b's tasks are (column block, run of row blocks): all rows in one run when there are
+    enough column blocks, else M cut into runs (few columns, many rows); every split gives the
+    oracle's bits, with per-row a zero points and per-column b parameters."""
+    rng = np.random.default_rng(M + N)
+    before = qm.get_num_threads()
+    try:
+        for threads in (2, 5):
+            qm.set_num_threads(threads)
+            K = 72
+            b, b_scale, b_zp = _weight(rng, u8, K, N)
+            a = rng.integers(-128, 128, (M, K)).astype(s8)
+            a_zp = rng.integers(-128, 128, (M, 1)).astype(s8)
+            a_s = rng.uniform(0.01, 0.03, (M, 1)).astype(f32)
+            expected = oracle.onnxruntime(a, a_s, a_zp, b, b_scale, b_zp, f32(0.7), u8(7))
+            assert np.array_equal(qm.QLinearMatMul(b, b_scale, b_zp)(a, a_s, a_zp, f32(0.7), u8(7)), expected)
+    finally:
+        qm.set_num_threads(before)

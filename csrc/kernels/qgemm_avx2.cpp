@@ -131,18 +131,21 @@ void kernel_avx2(const int32_t* a, int64_t rows, const int8_t* b_panel, int64_t 
   else kernel_avx2_t<false>(a, rows, b_panel, p0, p1, accumulate, c, ldc);
 }
 
-void requantize_row_avx2(const int32_t* acc, const float* multiplier, const int32_t* zp, int64_t count, bool y_signed,
-                         void* y) {
+void requantize_row_avx2(const int32_t* raw, const RowTerms& terms, const float* multiplier, const int32_t* zp,
+                         int64_t count, bool y_signed, void* y) {
   const int32_t qmin = y_signed ? -128 : 0, qmax = y_signed ? 127 : 255;
   const __m256i vqmin = _mm256_set1_epi32(qmin), vqmax = _mm256_set1_epi32(qmax);
+  const __m256i za = _mm256_set1_epi32(terms.za), t = _mm256_set1_epi32(terms.t);
   auto* out = static_cast<uint8_t*>(y);
   int64_t j = 0;
   for (; j + 8 <= count; j += 8) {
-    const __m256i z = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(zp + j));
+    auto load = [&](const int32_t* p) { return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p + j)); };
+    const __m256i acc = _mm256_sub_epi32(_mm256_sub_epi32(load(raw), _mm256_mullo_epi32(load(terms.zb), t)),
+                                         _mm256_mullo_epi32(za, load(terms.colsum)));  // wrapping
+    const __m256i z = load(zp);
     const __m256 lo = _mm256_cvtepi32_ps(_mm256_sub_epi32(vqmin, z));
     const __m256 hi = _mm256_cvtepi32_ps(_mm256_sub_epi32(vqmax, z));
-    __m256 v = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(acc + j))),
-                             _mm256_loadu_ps(multiplier + j));
+    __m256 v = _mm256_mul_ps(_mm256_cvtepi32_ps(acc), _mm256_loadu_ps(multiplier + j));
     v = _mm256_max_ps(v, lo);  // operand order as MLAS: a NaN becomes the lower bound
     v = _mm256_min_ps(v, hi);
     const __m256i q = _mm256_add_epi32(_mm256_cvtps_epi32(v), z);  // round half to even (default MXCSR)
@@ -151,7 +154,7 @@ void requantize_row_avx2(const int32_t* acc, const float* multiplier, const int3
     _mm_storel_epi64(reinterpret_cast<__m128i*>(out + j), bytes);
   }
   for (; j < count; ++j) {
-    const int32_t q = requantize_onnxruntime(acc[j], multiplier[j], zp[j], qmin, qmax);
+    const int32_t q = requantize_onnxruntime(row_terms_applied(raw, terms, j), multiplier[j], zp[j], qmin, qmax);
     out[j] = static_cast<uint8_t>(y_signed ? static_cast<uint8_t>(static_cast<int8_t>(q)) : q);
   }
 }

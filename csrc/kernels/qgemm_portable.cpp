@@ -46,11 +46,11 @@ void kernel_portable(const int32_t* a, int64_t rows, const int8_t* b_panel, int6
   else kernel_portable_t<uint8_t>(a, rows, b_panel, p0, p1, accumulate, c, ldc);
 }
 
-void requantize_row_portable(const int32_t* acc, const float* multiplier, const int32_t* zp, int64_t count,
-                             bool y_signed, void* y) {
+void requantize_row_portable(const int32_t* raw, const RowTerms& terms, const float* multiplier, const int32_t* zp,
+                             int64_t count, bool y_signed, void* y) {
   const int32_t qmin = y_signed ? -128 : 0, qmax = y_signed ? 127 : 255;
   for (int64_t j = 0; j < count; ++j) {
-    const int32_t q = requantize_onnxruntime(acc[j], multiplier[j], zp[j], qmin, qmax);
+    const int32_t q = requantize_onnxruntime(row_terms_applied(raw, terms, j), multiplier[j], zp[j], qmin, qmax);
     if (y_signed) static_cast<int8_t*>(y)[j] = static_cast<int8_t>(q);
     else static_cast<uint8_t*>(y)[j] = static_cast<uint8_t>(q);
   }
