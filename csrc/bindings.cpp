@@ -468,7 +468,8 @@ void bind_matmul_nbits(nb::module_& m) {
   // A constant weight packed for the entry in use at an accuracy level (its layout for that level:
   // nbits_layout, dispatch.h), or None where that entry has no layout there or its layout does not
   // take this weight (g_idx, block sizes above 4096).
-  nb::class_<qmm::PackedNBits>(m, "PackedNBits", "A MatMulNBits weight packed for one kernel entry's kernels at a level")
+  nb::class_<qmm::PackedNBits>(m, "PackedNBits",
+                               "A MatMulNBits weight packed for one kernel entry's kernels at a level")
       .def_prop_ro("layout", [](const qmm::PackedNBits& p) { return std::string(p.layout->name); })
       .def_prop_ro("nbytes", &qmm::PackedNBits::bytes);
   // The codes [N, row_bytes] of a packed weight, as they were given to pack_nbits_weight.
@@ -500,8 +501,8 @@ void bind_matmul_nbits(nb::module_& m) {
         if (!packed.layout) return std::nullopt;
         return packed;
       },
-      nb::arg("codes"), nb::arg("K"), nb::arg("bits"), nb::arg("block_size"), nb::arg("scales"),
-      nb::arg("zero_points"), nb::arg("level"));
+      nb::arg("codes"), nb::arg("K"), nb::arg("bits"), nb::arg("block_size"), nb::arg("scales"), nb::arg("zero_points"),
+      nb::arg("level"));
 
   // The first `count` codes of each row of a contiguous uint8 [rows, bytes] array of LSB-first bitstreams.
   m.def("decode_nbits", [](const In& data, int64_t bits, int64_t count) {

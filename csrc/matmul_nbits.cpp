@@ -237,11 +237,11 @@ void quads_unpack(const NBitsWeight& w, const uint8_t* packed_codes, uint8_t* co
 }  // namespace
 
 const NBitsLayout kNBitsQuads16 = {.name = "quads x16",
-                                       .panel_columns = kQuadsPanel,
-                                       .packed_bytes = quads_packed_bytes,
-                                       .pack = quads_pack,
-                                       .panel_floats = quads_panel_floats,
-                                       .unpack = quads_unpack};
+                                   .panel_columns = kQuadsPanel,
+                                   .packed_bytes = quads_packed_bytes,
+                                   .pack = quads_pack,
+                                   .panel_floats = quads_panel_floats,
+                                   .unpack = quads_unpack};
 
 void unpack_nbits_weight(const PackedNBits& packed, uint8_t* codes) {
   NBitsWeight w{};

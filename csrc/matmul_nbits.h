@@ -66,7 +66,7 @@ struct NBitsLayout {
 struct NBitsPacked {
   const NBitsLayout* layout;
   const uint8_t* codes;  // packed_bytes(w)
-  const float* floats;   // panel_floats(w) per panel
+  const float* floats;  // panel_floats(w) per panel
 };
 
 // The layout of the x86 entries' level-4 kernels (avx2, avx512_vnni and the AMX entries, which run
@@ -226,7 +226,8 @@ static inline void prepare_share(int64_t count, int64_t part, int64_t parts, int
 void matmul_nbits_int8(const float* A, int64_t M, const NBitsWeight& w, const float* bias, float* Y);
 
 // A constant weight packed in `layout` (an entry's: nbits_layout(entry, level), dispatch.h), its
-// panels packed in parallel; layout is null (nothing held) where that is null or does not take w. w.packed = &packed.view() then reaches the kernels of entries with that layout.
+// panels packed in parallel; layout is null (nothing held) where that is null or does not take w. w.packed =
+// &packed.view() then reaches the kernels of entries with that layout.
 struct PackedNBits {
   const NBitsLayout* layout = nullptr;
   Buffer<uint8_t> codes;

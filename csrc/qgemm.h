@@ -98,7 +98,8 @@ struct RowTerms {
 // the raw kernel sums with the row's zero-point terms (RowTerms): the ONNX Runtime epilogue of
 // csrc/requantize.h, vectorized, in one pass over the row.
 static inline int32_t row_terms_applied(const int32_t* raw, const RowTerms& terms, int64_t j) {
-  const uint32_t wrapped = static_cast<uint32_t>(raw[j]) - static_cast<uint32_t>(terms.zb[j]) * static_cast<uint32_t>(terms.t) -
+  const uint32_t wrapped = static_cast<uint32_t>(raw[j]) -
+                           static_cast<uint32_t>(terms.zb[j]) * static_cast<uint32_t>(terms.t) -
                            static_cast<uint32_t>(terms.za) * static_cast<uint32_t>(terms.colsum[j]);
   return static_cast<int32_t>(wrapped);
 }

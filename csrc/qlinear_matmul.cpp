@@ -267,14 +267,15 @@ void qlinear_matmul_onnxruntime(const QGemmProblem& p, View3<float> multiplier, 
   const RequantizeRow requantize_row = qgemm_kernels().requantize_onnxruntime;
   const int64_t M = p.M, N = p.N;
   const uint64_t call = ++calls;
-  accumulate<int32_t>(p, [&](int64_t bt, int64_t m, int64_t n0, int64_t cols, const int32_t* raw, const RowTerms& terms) {
-    thread_local RowOf<int32_t> zp_row;
-    thread_local RowOf<float> multiplier_row;
-    const float* mult = multiplier_row(multiplier, call, bt, m, n0, cols);
-    const int32_t* zp = zp_row(out.zero_point, call, bt, m, n0, cols);
-    auto* y = static_cast<uint8_t*>(out.data) + (bt * M + m) * N + n0;
-    requantize_row(raw, terms, mult, zp, cols, out.is_signed, y);
-  });
+  accumulate<int32_t>(p,
+                      [&](int64_t bt, int64_t m, int64_t n0, int64_t cols, const int32_t* raw, const RowTerms& terms) {
+                        thread_local RowOf<int32_t> zp_row;
+                        thread_local RowOf<float> multiplier_row;
+                        const float* mult = multiplier_row(multiplier, call, bt, m, n0, cols);
+                        const int32_t* zp = zp_row(out.zero_point, call, bt, m, n0, cols);
+                        auto* y = static_cast<uint8_t*>(out.data) + (bt * M + m) * N + n0;
+                        requantize_row(raw, terms, mult, zp, cols, out.is_signed, y);
+                      });
 }
 
 void qlinear_matmul_onnx_reference(const QGemmProblem& p, View3<double> multiplier, QOutput out) {

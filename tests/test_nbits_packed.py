@@ -102,8 +102,7 @@ def test_packed_extreme_codes_and_nonfinite_rows(bits, entry, level):
                 held = MatMulNBits(B, scales, K=K, N=N, bits=bits, block_size=block_size, accuracy_level=level)
                 assert (held._packed is not None) == (_core.nbits_weight_layout(level) is not None)
                 y = held(A)
-                expected = matmul_nbits(A, B, scales, K=K, N=N, bits=bits, block_size=block_size,
-                                        accuracy_level=level)
+                expected = matmul_nbits(A, B, scales, K=K, N=N, bits=bits, block_size=block_size, accuracy_level=level)
             assert np.isnan(y[0]).all()
             _same_bits(y, expected, f"bits {bits} block {block_size} M {M}")
 
@@ -259,8 +258,9 @@ def test_levels01_few_rows_follow_the_documented_order(bits):
         for i, block_size in enumerate((16, 32, 64, 256, 32, 16)):
             M = (1, 2, 3, 4, 5, 12)[i]
             K = block_size * int(rng.integers(1, 6)) - int(rng.integers(0, block_size // 2 + 1))
-            case = Case(rng, bits, block_size, K=K, N=int(rng.integers(1, 70)), batch=(M,), zp=ZP_FORMS[i % 3],
-                        bias=bool(i % 2))
+            case = Case(
+                rng, bits, block_size, K=K, N=int(rng.integers(1, 70)), batch=(M,), zp=ZP_FORMS[i % 3], bias=bool(i % 2)
+            )
             model = _levels01_model(case)
             for level in (0, 1):
                 held = _held(case, accuracy_level=level)

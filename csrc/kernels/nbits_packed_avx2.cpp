@@ -190,7 +190,6 @@ void panels_rows_sized(const QuantizedA& a, const NBitsWeight& w, int64_t p0, in
   panels_rows<S, Signed8, 0>(a, w, p0, p1, qa_sums, bias, Y);
 }
 
-
 // ---- Levels 0/1 (float32 operands), few rows ----
 //
 // The codes of a quad for 8 columns become float32 lanes, one column per lane: a shift and a mask
@@ -207,11 +206,9 @@ void panels_rows_sized(const QuantizedA& a, const NBitsWeight& w, int64_t p0, in
 
 // vpshufb indices: byte i of each dword to the dword's low byte, the rest zero (per 128-bit lane,
 // as vpshufb works).
-#define QMM_DWORD_BYTE(i)                                                                                          \
-  {                                                                                                                \
-    i, -1, -1, -1, 4 + i, -1, -1, -1, 8 + i, -1, -1, -1, 12 + i, -1, -1, -1, i, -1, -1, -1, 4 + i, -1, -1, -1, 8 + i, \
-        -1, -1, -1, 12 + i, -1, -1, -1                                                                           \
-  }
+#define QMM_DWORD_BYTE(i)                                                   \
+  {i, -1, -1, -1, 4 + i, -1, -1, -1, 8 + i, -1, -1, -1, 12 + i, -1, -1, -1, \
+   i, -1, -1, -1, 4 + i, -1, -1, -1, 8 + i, -1, -1, -1, 12 + i, -1, -1, -1}
 alignas(32) constexpr int8_t kDwordByte[4][32] = {QMM_DWORD_BYTE(0), QMM_DWORD_BYTE(1), QMM_DWORD_BYTE(2),
                                                   QMM_DWORD_BYTE(3)};
 #undef QMM_DWORD_BYTE
@@ -250,7 +247,8 @@ inline void quad_fmas(const float* const a[MR], int64_t k, const __m256i c[H], _
 #define QMM_S(i) QMM_STEP_H4(i)
     asm(QMM_S(0) QMM_S(1) QMM_S(2) QMM_S(3)
         : [d0] "+x"(d[0]), [d1] "+x"(d[1]), [d2] "+x"(d[2]), [d3] "+x"(d[3])
-        : [c0] "x"(c[0]), [c1] "x"(c[1]), [c2] "x"(c[2]), [c3] "x"(c[3]), [a0] "r"(a0), [index] "r"(index), "m"(kDwordByte)
+        : [c0] "x"(c[0]), [c1] "x"(c[1]), [c2] "x"(c[2]), [c3] "x"(c[3]), [a0] "r"(a0), [index] "r"(index),
+          "m"(kDwordByte)
         : QMM_CLOBBERS);
 #undef QMM_S
   } else if constexpr (MR == 1) {
@@ -271,8 +269,7 @@ inline void quad_fmas(const float* const a[MR], int64_t k, const __m256i c[H], _
 #define QMM_S(i) QMM_STEP_H2(i, QMM_ROWS3(i))
     asm(QMM_S(0) QMM_S(1) QMM_S(2) QMM_S(3)
         : [d0] "+x"(d[0]), [d1] "+x"(d[1]), [d2] "+x"(d[2]), [d3] "+x"(d[3]), [d4] "+x"(d[4]), [d5] "+x"(d[5])
-        : [c0] "x"(c[0]), [c1] "x"(c[1]), [a0] "r"(a0), [a1] "r"(a1), [a2] "r"(a2), [index] "r"(index),
-          "m"(kDwordByte)
+        : [c0] "x"(c[0]), [c1] "x"(c[1]), [a0] "r"(a0), [a1] "r"(a1), [a2] "r"(a2), [index] "r"(index), "m"(kDwordByte)
         : QMM_CLOBBERS);
 #undef QMM_S
   } else {
@@ -281,8 +278,8 @@ inline void quad_fmas(const float* const a[MR], int64_t k, const __m256i c[H], _
     asm(QMM_S(0) QMM_S(1) QMM_S(2) QMM_S(3)
         : [d0] "+x"(d[0]), [d1] "+x"(d[1]), [d2] "+x"(d[2]), [d3] "+x"(d[3]), [d4] "+x"(d[4]), [d5] "+x"(d[5]),
           [d6] "+x"(d[6]), [d7] "+x"(d[7])
-        : [c0] "x"(c[0]), [c1] "x"(c[1]), [a0] "r"(a0), [a1] "r"(a1), [a2] "r"(a2), [a3] "r"(a3),
-          [index] "r"(index), "m"(kDwordByte)
+        : [c0] "x"(c[0]), [c1] "x"(c[1]), [a0] "r"(a0), [a1] "r"(a1), [a2] "r"(a2), [a3] "r"(a3), [index] "r"(index),
+          "m"(kDwordByte)
         : QMM_CLOBBERS);
 #undef QMM_S
   }
@@ -321,7 +318,8 @@ void panel_rows_f32(const float* const a[MR], const float* asum, const QuadsPane
       for (int j = 0; j < Q; ++j) {
         __m256i codes[H];  // loaded again per quad (from L1): fewer registers live across the quads
         for (int h = 0; h < H; ++h) {
-          __m256i x = _mm256_load_si256(reinterpret_cast<const __m256i*>(panels[h / 2].codes + b * bytes + 64 * g + 32 * (h % 2)));
+          __m256i x = _mm256_load_si256(
+              reinterpret_cast<const __m256i*>(panels[h / 2].codes + b * bytes + 64 * g + 32 * (h % 2)));
           if constexpr (Signed8) x = _mm256_xor_si256(x, flip);  // held as c - 128: back to c
           codes[h] = quad_codes<S>(x, j, mask);
         }
@@ -368,7 +366,7 @@ inline __m256i quads_order(__m256i x) {
 // dword of each column's row each), 8 columns' dwords transposed in registers (4 x 4 per lane).
 // columns: room for 16 rows of `stride` bytes.
 void rows_panel(const NBitsWeight& w, int64_t n0, uint8_t* columns, int64_t stride, uint8_t* codes, float* scales,
-               float* scaled_zero_points) {
+                float* scaled_zero_points) {
   const int64_t kb = w.k_blocks, padded = kb * w.block_size, cols = min_i64(kPanel, w.N - n0);
   const int S = w.bits == 4 || w.bits == 3 ? 4 : 8;
   const int64_t dwords = padded * S / 32;  // per row: one per k-group of 32 / S codes
@@ -552,7 +550,8 @@ void nbits_dequantize_packed(const NBitsWeight& w, int64_t n0, float* panel) {
             _mm256_storeu_ps(row + 8, _mm256_setzero_ps());
             continue;
           }
-          const __m256 q0 = _mm256_cvtepi32_ps(dword_byte(lo_codes, i)), q1 = _mm256_cvtepi32_ps(dword_byte(hi_codes, i));
+          const __m256 q0 = _mm256_cvtepi32_ps(dword_byte(lo_codes, i)),
+                       q1 = _mm256_cvtepi32_ps(dword_byte(hi_codes, i));
           _mm256_storeu_ps(row, _mm256_mul_ps(_mm256_sub_ps(q0, zp0), scale0));
           _mm256_storeu_ps(row + 8, _mm256_mul_ps(_mm256_sub_ps(q1, zp1), scale1));
         }
