@@ -186,8 +186,6 @@ int64_t quads_packed_bytes(const NBitsWeight& w) {
   return (w.N + kQuadsPanel - 1) / kQuadsPanel * w.k_blocks * quads_block_bytes(w);
 }
 
-int64_t quads_panel_floats(const NBitsWeight& w) { return 2 * kQuadsPanel * w.k_blocks; }
-
 void quads_pack(const NBitsWeight& w, int64_t p0, int64_t p1, uint8_t* codes, float* floats) {
   const int64_t kb = w.k_blocks, bs = w.block_size, padded = kb * bs, S = quads_storage_bits(w.bits), Q = 8 / S;
   const int64_t groups = bs / 4 / Q;  // groups of Q quads per block: 64 bytes each
@@ -202,7 +200,10 @@ void quads_pack(const NBitsWeight& w, int64_t p0, int64_t p1, uint8_t* codes, fl
         for (int64_t k = 0; k < padded; ++k) column[k] ^= 0x80;
     }
     float* const scales = floats + (p - p0) * quads_panel_floats(w);
-    quads_block_data(w, p * kQuadsPanel, scales, scales + kQuadsPanel * kb);
+    float* const rest = scales + kQuadsPanel * kb;
+    quads_block_data(w, p * kQuadsPanel, scales, rest, reinterpret_cast<uint8_t*>(rest));
+    const int64_t used = kQuadsPanel * kb + (w.zero_points_u8 ? 4 : kQuadsPanel) * kb;
+    std::fill(scales + used, scales + quads_panel_floats(w), 0.0f);  // the rounding up to 64 bytes
     uint8_t* out = codes + (p - p0) * kb * quads_block_bytes(w);
     for (int64_t b = 0; b < kb; ++b)
       for (int64_t g = 0; g < groups; ++g, out += 64)

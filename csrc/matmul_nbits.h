@@ -86,23 +86,37 @@ static inline int64_t quads_storage_bits(int64_t bits) { return bits == 2 ? 2 : 
 // Bytes of one panel's codes per block: block_size / 4 quads x 64 bytes x S / 8.
 static inline int64_t quads_block_bytes(const NBitsWeight& w) { return w.block_size * quads_storage_bits(w.bits) * 2; }
 // A panel of the layout as its kernels read it: the codes (k_blocks runs of quads_block_bytes), and
-// per block the 16 columns' scales and scale * zero point (one float32 product, as every kernel
-// forms it), [k_blocks][16] each, zeros past N: the panel's floats (packed with the codes).
+// per block the 16 columns' scales and either their integer zero points or scale * zero point (one
+// float32 product, as every kernel forms it; the kernels form it from the integer ones, the same
+// product), [k_blocks][16] each, zeros past N: the panel's floats (packed with the codes).
 struct QuadsPanel {
   const uint8_t* codes;
   const float* scales;
-  const float* scaled_zero_points;
+  const float* scaled_zero_points;  // or null, and then:
+  const uint8_t* zero_points;       // [k_blocks][16] uint8 (integer zero points: 1 byte per block and column, not 4)
 };
 // The per-block data of columns [n0, n0 + 16) from w's scales and zero points, into scales and
-// scaled_zero_points ([k_blocks][16] each): packed once with the codes (built per call it took
-// more than half of a one-row call's time on AVX-512: a column-strided gather per panel), and
-// built for panels made on the fly from codes as they are.
-static inline void quads_block_data(const NBitsWeight& w, int64_t n0, float* scales, float* scaled_zero_points) {
+// scaled_zero_points ([k_blocks][16] each), or with zero_points given and integer zero points in w,
+// into scales and zero_points: packed once with the codes (built per call it took more than half of
+// a one-row call's time on AVX-512: a column-strided gather per panel), and built for panels made
+// on the fly from codes as they are.
+static inline void quads_block_data(const NBitsWeight& w, int64_t n0, float* scales, float* scaled_zero_points,
+                                    uint8_t* zero_points = nullptr) {
   const int64_t kb = w.k_blocks, cols = w.N - n0 < kQuadsPanel ? w.N - n0 : kQuadsPanel;  // no std::min: kernel files
   for (int64_t c = 0; c < kQuadsPanel; ++c) {  // each column's row of scales and zero points in order
     const float* s = w.scales + (n0 + c) * kb;
     if (c >= cols) {
-      for (int64_t b = 0; b < kb; ++b) scales[b * kQuadsPanel + c] = scaled_zero_points[b * kQuadsPanel + c] = 0.0f;
+      for (int64_t b = 0; b < kb; ++b) {
+        scales[b * kQuadsPanel + c] = 0.0f;
+        if (zero_points && w.zero_points_u8) zero_points[b * kQuadsPanel + c] = 0;
+        else scaled_zero_points[b * kQuadsPanel + c] = 0.0f;
+      }
+    } else if (w.zero_points_u8 && zero_points) {
+      const uint8_t* z = w.zero_points_u8 + (n0 + c) * kb;
+      for (int64_t b = 0; b < kb; ++b) {
+        scales[b * kQuadsPanel + c] = s[b];
+        zero_points[b * kQuadsPanel + c] = z[b];
+      }
     } else if (w.zero_points_u8) {
       const uint8_t* z = w.zero_points_u8 + (n0 + c) * kb;
       for (int64_t b = 0; b < kb; ++b) {
@@ -122,10 +136,19 @@ static inline void quads_block_data(const NBitsWeight& w, int64_t n0, float* sca
 static inline const uint8_t* quads_panel_codes(const NBitsWeight& w, int64_t p) {
   return w.packed->codes + p * w.k_blocks * quads_block_bytes(w);
 }
-// Panel p of w.packed: its codes and per-block data (2 * 16 * k_blocks floats: scales, then scaled zero points).
+// Floats per panel of w.packed: 16 scales per block, then 16 scaled zero points (float zero
+// points) or 16 uint8 zero points (4 floats' room) per block, rounded up to 64 bytes so that every
+// panel's data is 64-byte aligned.
+static inline int64_t quads_panel_floats(const NBitsWeight& w) {
+  const int64_t floats = kQuadsPanel * w.k_blocks + (w.zero_points_u8 ? 4 : kQuadsPanel) * w.k_blocks;
+  return (floats + 15) / 16 * 16;
+}
+// Panel p of w.packed: its codes and per-block data.
 static inline QuadsPanel quads_panel(const NBitsWeight& w, int64_t p) {
-  const float* const scales = w.packed->floats + p * 2 * kQuadsPanel * w.k_blocks;
-  return {quads_panel_codes(w, p), scales, scales + kQuadsPanel * w.k_blocks};
+  const float* const scales = w.packed->floats + p * quads_panel_floats(w);
+  const float* const rest = scales + kQuadsPanel * w.k_blocks;
+  if (w.zero_points_u8) return {quads_panel_codes(w, p), scales, nullptr, reinterpret_cast<const uint8_t*>(rest)};
+  return {quads_panel_codes(w, p), scales, rest, nullptr};
 }
 
 // Helpers kernel files share are static inline (see requantize.h).

@@ -29,6 +29,14 @@ namespace {
 
 constexpr int64_t kPanel = kQuadsPanel;
 
+// Eight columns' scale * zero point from `at` on in a panel's per-block data: packed (float zero
+// points), or formed from the packed uint8 zero points and the scales sb (the same float32 product).
+inline __m256 scaled_zero_points8(const QuadsPanel& panel, __m256 sb, int64_t at) {
+  if (!panel.zero_points) return _mm256_load_ps(panel.scaled_zero_points + at);
+  const __m128i z = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(panel.zero_points + at));
+  return _mm256_mul_ps(sb, _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(z)));
+}
+
 // The row-wise kernel's horizontal_sum, with the lanes in 8 vectors: (v0 + v4 + v2 + v6) + (v1 + v5 + v3 + v7)
 // in the order ((v0 + v4) + (v2 + v6)) + ((v1 + v5) + (v3 + v7)).
 inline __m256 lane_sums(const __m256 v[8]) {
@@ -108,7 +116,7 @@ void panel_rows(const QuantizedA& a, int64_t m0, const NBitsWeight& w, int64_t p
   const int64_t kb = w.k_blocks, bs = w.block_size, padded = kb * bs, bytes = quads_block_bytes(w);
   const int64_t groups = Groups ? Groups : bs / 4 / Q;
   const uint8_t* codes = panel.codes;
-  const float *sb_panel = panel.scales, *szp_panel = panel.scaled_zero_points;
+  const float* sb_panel = panel.scales;
   const int8_t* qa[MR];
   for (int r = 0; r < MR; ++r) qa[r] = a.qa + (m0 + r) * padded;
   const float* scale_a = a.scale + m0 * kb;
@@ -132,7 +140,7 @@ void panel_rows(const QuantizedA& a, int64_t m0, const NBitsWeight& w, int64_t p
     block_sums<S, Signed8, MR>(codes + b * bytes, qa, b * bs, groups, steps, sums, dot);
     for (int h = 0; h < 2; ++h) {
       const __m256 sb = _mm256_load_ps(sb_panel + b * kPanel + 8 * h);
-      const __m256 szp = _mm256_load_ps(szp_panel + b * kPanel + 8 * h);
+      const __m256 szp = scaled_zero_points8(panel, sb, b * kPanel + 8 * h);
       for (int r = 0; r < MR; ++r) {
         const __m256 product = _mm256_mul_ps(_mm256_set1_ps(scale_a[r * kb + b]), sb);
         const __m256 total = _mm256_cvtepi32_ps(dot[r][h]), bsum = _mm256_set1_ps(block_sum[r * kb + b]);
@@ -327,7 +335,7 @@ void panel_rows_f32(const float* const a[MR], const float* asum, const QuadsPane
       }
     for (int h = 0; h < H; ++h) {
       const __m256 sb = _mm256_load_ps(panels[h / 2].scales + b * kPanel + 8 * (h % 2));
-      const __m256 szp = _mm256_load_ps(panels[h / 2].scaled_zero_points + b * kPanel + 8 * (h % 2));
+      const __m256 szp = scaled_zero_points8(panels[h / 2], sb, b * kPanel + 8 * (h % 2));
       for (int r = 0; r < MR; ++r)
         y[r][h] = _mm256_fnmadd_ps(_mm256_set1_ps(asum[r * kb + b]), szp, _mm256_fmadd_ps(dot[r][h], sb, y[r][h]));
     }
@@ -513,7 +521,7 @@ void nbits_rows_packed(const float* A, int64_t M, const NBitsWeight& w, int64_t 
     uint8_t* c = codes + slot * kPanel * padded;
     float *scales = floats + 2 * slot * kPanel * kb, *scaled_zero_points = scales + kPanel * kb;
     rows_panel(w, p * kPanel, columns, stride, c, scales, scaled_zero_points);
-    return QuadsPanel{c, scales, scaled_zero_points};
+    return QuadsPanel{c, scales, scaled_zero_points, nullptr};
   };
   if (w.bits == 4 || w.bits == 3) panels_rows_f32_sized<4, false>(rows, asum, M, w, p0, p1, bias, Y, built);
   else panels_rows_f32_sized<8, false>(rows, asum, M, w, p0, p1, bias, Y, built);

@@ -43,7 +43,7 @@ void panel_rows(const QuantizedA& a, int64_t m0, const NBitsWeight& w, int64_t p
   const int64_t kb = w.k_blocks, bs = w.block_size, padded = kb * bs, bytes = quads_block_bytes(w);
   const int64_t groups = Groups ? Groups : bs / 4 / Q;
   const uint8_t* codes = panel.codes;
-  const float *sb_panel = panel.scales, *szp_panel = panel.scaled_zero_points;
+  const float* sb_panel = panel.scales;
   const int8_t* qa[MR];
   for (int r = 0; r < MR; ++r) qa[r] = a.qa + (m0 + r) * padded;
   const float* scale_a = a.scale + m0 * kb;
@@ -74,7 +74,14 @@ void panel_rows(const QuantizedA& a, int64_t m0, const NBitsWeight& w, int64_t p
         }
       }
     }
-    const __m512 sb = _mm512_load_ps(sb_panel + b * kPanel), szp = _mm512_load_ps(szp_panel + b * kPanel);
+    const __m512 sb = _mm512_load_ps(sb_panel + b * kPanel);
+    // scale * zero point: packed (float zero points) or formed here from the packed uint8 ones (the same product).
+    // (uint8 -> uint16 -> int32: SIMDe has no _mm512_cvtepu8_epi32)
+    const __m512 szp =
+        panel.zero_points
+            ? _mm512_mul_ps(sb, _mm512_cvtepi32_ps(_mm512_cvtepu16_epi32(_mm256_cvtepu8_epi16(
+                                    _mm_load_si128(reinterpret_cast<const __m128i*>(panel.zero_points + b * kPanel))))))
+            : _mm512_load_ps(panel.scaled_zero_points + b * kPanel);
     for (int r = 0; r < MR; ++r) {
       const __m512 product = _mm512_mul_ps(_mm512_set1_ps(scale_a[r * kb + b]), sb);
       const __m512 total = _mm512_cvtepi32_ps(dot[r]), bsum = _mm512_set1_ps(block_sum[r * kb + b]);
