@@ -13,9 +13,10 @@ namespace qmm {
 double measure_peak_gops(double seconds) {
   const QGemmDispatch& q = qgemm_kernels();
   const QGemmLayout& L = *q.layout;
-  // A mr x K and B 128 columns x K, L1/L2 resident; AMX's k-groups are 64 deep: a call takes the
-  // k of its driver's calls (2,048) to reach its steady state.
-  const int64_t K = L.kc >= 64 ? 2048 : 512;
+  // A mr x K and B 128 columns x K, L2 resident; calls of 2,048 k (a call's start and end, a drain
+  // of its accumulator chains and C's store and load, cost several percent at 512 k: the drivers
+  // run calls of 2,048 k and more).
+  const int64_t K = 2048;
   const int64_t panels = 128 / L.nr, groups = L.k_groups(K);
   const int threads = get_num_threads();
   std::atomic<int64_t> tiles{0};

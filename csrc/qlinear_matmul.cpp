@@ -92,6 +92,7 @@ void accumulate(const QGemmProblem& p, Epilogue&& epilogue) {
   const int64_t M = p.M, N = p.N, K = p.K, groups = L.k_groups(K), mr = L.mr, nr = L.nr;
   const int64_t a_row = L.a_row_int32s(K);  // packed A's int32s per row
   if (M == 0 || N == 0 || p.batch == 0) return;
+
   const int64_t block_rows = L.task_rows;  // the layout's blocking (csrc/qgemm.h)
   const int64_t panels_total = L.n_panels(N);
   const int64_t panel_bytes = L.panel_bytes(K);
@@ -108,14 +109,29 @@ void accumulate(const QGemmProblem& p, Epilogue&& epilogue) {
   // Pack every distinct matrix of a once (mr-row groups) with its row sums.
   const int64_t a_count = *std::max_element(p.a_index, p.a_index + p.batch) + 1;
   const int64_t m_padded = (M + mr - 1) / mr * mr;
-  // Uninitialized: pack_a writes every int32 of its row groups, padding included.
-  const Buffer<int32_t> a_packed = alloc_buffer<int32_t>(static_cast<size_t>(a_count * m_padded * a_row));
+  // Uninitialized: pack_a writes every int32 of its row groups, padding included. Kept by the
+  // calling thread for its next call (up to 64 MiB): a fresh buffer per call costs page faults.
+  const size_t a_int32s = static_cast<size_t>(a_count * m_padded * a_row);
+  thread_local Buffer<int32_t> a_kept;
+  thread_local size_t a_kept_size = 0;
+  Buffer<int32_t> a_once;
+  int32_t* a_packed_data;
+  if (a_int32s <= a_kept_size) {
+    a_packed_data = a_kept.get();
+  } else if (a_int32s * sizeof(int32_t) <= (size_t{64} << 20)) {
+    a_kept = alloc_buffer<int32_t>(a_int32s);
+    a_kept_size = a_int32s;
+    a_packed_data = a_kept.get();
+  } else {
+    a_once = alloc_buffer<int32_t>(a_int32s);
+    a_packed_data = a_once.get();
+  }
   std::vector<int64_t> rowsums(static_cast<size_t>(a_count * M));
   parallel_for(a_count * row_blocks, [&](int64_t task) {
     const int64_t ia = task / row_blocks, m0 = task % row_blocks * block_rows;
     const int64_t rows = std::min(block_rows, M - m0);
     const auto* a_bytes = static_cast<const uint8_t*>(p.a) + (ia * M + m0) * K;
-    q.pack_a(a_bytes, p.a_signed, rows, K, K, a_packed.get() + (ia * m_padded + m0) * a_row);
+    q.pack_a(a_bytes, p.a_signed, rows, K, K, a_packed_data + (ia * m_padded + m0) * a_row);
     for (int64_t r = 0; r < rows; ++r) {
       int64_t sum = 0;
       if (p.a_signed)
@@ -134,7 +150,7 @@ void accumulate(const QGemmProblem& p, Epilogue&& epilogue) {
     const int64_t n0 = panel0 * nr, cols = std::min(panels * nr, N - n0);
     const int64_t ia = p.a_index[bt], ib = p.b_index[bt];
     const int64_t ldc = panels * nr;
-    const int32_t* a_block = a_packed.get() + (ia * m_padded + m0) * a_row;
+    const int32_t* a_block = a_packed_data + (ia * m_padded + m0) * a_row;
     const int64_t* rowsum = rowsums.data() + ia * M + m0;
 
     if (q.begin_task) q.begin_task();
@@ -181,7 +197,8 @@ void accumulate(const QGemmProblem& p, Epilogue&& epilogue) {
     // read from memory once per run, not once per row block). A run is all of M unless that
     // leaves fewer than four tasks per thread.
     const int64_t threads = get_num_threads();
-    const int64_t wanted = 4 * threads, have = p.batch * col_blocks;
+    const int64_t per_thread = 16;
+    const int64_t wanted = per_thread * threads, have = p.batch * col_blocks;
     const int64_t runs = have >= wanted ? 1 : std::min(row_blocks, (wanted + have - 1) / have);
     const int64_t run_blocks = (row_blocks + runs - 1) / runs;
     // About 100 multiply-adds per nanosecond on one thread (AVX2 at many rows; fewer on one row): a
