@@ -152,7 +152,13 @@ void pack_a_quads(const void* a, bool a_signed, int64_t rows, int64_t K, int64_t
   const QGemmLayout& L = kQuadsLayout;
   const int64_t groups = L.k_groups(K), whole = K / 4, mr = L.mr;
   const uint32_t flip = a_signed ? 0u : 0x80808080u;
-  std::fill(packed, packed + L.packed_a_int32s(rows, K), 0);
+  // Every int32 of rows [0, rows) is written below; the padding rows of the last group are zeros.
+  const int64_t padded_rows = (rows + mr - 1) / mr * mr;
+  if (padded_rows > rows) {
+    int32_t* group = packed + (rows / mr) * mr * groups;
+    for (int64_t g = 0; g < groups; ++g)
+      for (int64_t r = rows % mr; r < mr; ++r) group[g * mr + r] = 0;
+  }
   for (int64_t r = 0; r < rows; ++r) {
     const auto* row = static_cast<const uint8_t*>(a) + r * lda;
     int32_t* out = packed + r / mr * mr * groups + r % mr;

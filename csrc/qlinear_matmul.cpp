@@ -10,6 +10,10 @@
 #include <type_traits>
 #include <vector>
 
+#if defined(__SSE2__)
+#include <emmintrin.h>
+#endif
+
 #include "buffer.h"
 #include "dispatch.h"
 #include "qgemm.h"
@@ -57,6 +61,25 @@ struct RowTerms64 {
   const int64_t* colsum;
   int64_t za, t;
 };
+// The sum of a row of K 8-bit values (int8 when is_signed, else uint8).
+int64_t row_sum(const uint8_t* row, int64_t K, bool is_signed) {
+  int64_t k = 0, sum = 0;
+#if defined(__SSE2__)
+  // psadbw adds 8 bytes into a 64-bit lane; int8 values are summed as uint8 (x ^ 0x80 = x + 128) less 128 each.
+  const __m128i flip = _mm_set1_epi8(is_signed ? static_cast<char>(0x80) : 0), zero = _mm_setzero_si128();
+  __m128i sums = zero;
+  for (; k + 16 <= K; k += 16) {
+    const __m128i v = _mm_xor_si128(_mm_loadu_si128(reinterpret_cast<const __m128i*>(row + k)), flip);
+    sums = _mm_add_epi64(sums, _mm_sad_epu8(v, zero));
+  }
+  alignas(16) int64_t lanes[2];
+  _mm_store_si128(reinterpret_cast<__m128i*>(lanes), sums);
+  sum = lanes[0] + lanes[1] - (is_signed ? 128 * k : 0);
+#endif
+  for (; k < K; ++k) sum += is_signed ? int64_t{static_cast<int8_t>(row[k])} : int64_t{row[k]};
+  return sum;
+}
+
 template <class Acc>
 using TermsOf = std::conditional_t<std::is_same_v<Acc, int64_t>, RowTerms64, RowTerms>;
 inline int32_t terms_applied(const int32_t* raw, const RowTerms& terms, int64_t j) {
@@ -132,14 +155,7 @@ void accumulate(const QGemmProblem& p, Epilogue&& epilogue) {
     const int64_t rows = std::min(block_rows, M - m0);
     const auto* a_bytes = static_cast<const uint8_t*>(p.a) + (ia * M + m0) * K;
     q.pack_a(a_bytes, p.a_signed, rows, K, K, a_packed_data + (ia * m_padded + m0) * a_row);
-    for (int64_t r = 0; r < rows; ++r) {
-      int64_t sum = 0;
-      if (p.a_signed)
-        for (int64_t k = 0; k < K; ++k) sum += reinterpret_cast<const int8_t*>(a_bytes)[r * K + k];
-      else
-        for (int64_t k = 0; k < K; ++k) sum += a_bytes[r * K + k];
-      rowsums[ia * M + m0 + r] = sum;
-    }
+    for (int64_t r = 0; r < rows; ++r) rowsums[ia * M + m0 + r] = row_sum(a_bytes + r * K, K, p.a_signed);
   });
 
   // One block of the output: rows [m0, m0 + rows) x panels [panel0, panel0 + panels) of matrix bt,
