@@ -15,6 +15,7 @@
 #include <cstdlib>
 #include <vector>
 
+#include "buffer.h"
 #include "cpu_features.h"
 #include "dispatch.h"
 #include "float8.h"
@@ -414,26 +415,46 @@ void bind_qlinear_matmul(nb::module_& m) {
   // The float8 entry in use (its name), for repacking a PackedF32 made under another one.
   m.def("float8_entry", [] { return entry_name(qmm::float8_kernels().info); });
 
-  // b: a PackedF32 or contiguous float32 [Bb, K, N] (packed for this call).
-  m.def("matmul_f32_sequential", [](const In& a, const In& a_index, nb::handle b, const In& b_index, Out out) {
-    const int64_t batch = static_cast<int64_t>(a_index.shape(0));
-    const int64_t M = static_cast<int64_t>(a.shape(1)), K = static_cast<int64_t>(a.shape(2));
-    const auto* a_data = static_cast<const float*>(a.data());
-    const auto* ai = static_cast<const int64_t*>(a_index.data());
-    const auto* bi = static_cast<const int64_t*>(b_index.data());
-    auto* y = static_cast<float*>(out.data());
-    if (nb::isinstance<qmm::PackedF32>(b)) {
-      const qmm::PackedF32* packed = nb::inst_ptr<qmm::PackedF32>(b);
-      nb::gil_scoped_release release;
-      qmm::matmul_f32_sequential(batch, M, K, a_data, ai, *packed, bi, y);
-      return;
-    }
-    const In raw = nb::cast<In>(b);
-    const int64_t N = static_cast<int64_t>(raw.shape(2));
-    const auto* b_data = static_cast<const float*>(raw.data());
-    nb::gil_scoped_release release;
-    qmm::matmul_f32_sequential(batch, M, N, K, a_data, ai, b_data, bi, y);
-  });
+  // b: a PackedF32 or contiguous float32 [Bb, K, N] (packed for this call). a: contiguous float32
+  // [Ba, M, K], or with a_table (float32 [256]) 8-bit codes [Ba, M, K] whose values a_table holds:
+  // looked up here into a buffer the calling thread keeps for its next call (no float32 copy of a
+  // made, and page-faulted, per call).
+  m.def(
+      "matmul_f32_sequential",
+      [](const In& a, const In& a_index, nb::handle b, const In& b_index, Out out, std::optional<In> a_table) {
+        const int64_t batch = static_cast<int64_t>(a_index.shape(0));
+        const int64_t M = static_cast<int64_t>(a.shape(1)), K = static_cast<int64_t>(a.shape(2));
+        const auto* a_data = static_cast<const float*>(a.data());
+        if (a_table) {
+          const size_t count = a.size();
+          thread_local qmm::Buffer<float> kept;
+          thread_local size_t kept_size = 0;
+          if (count > kept_size) {
+            kept = qmm::alloc_buffer<float>(count);
+            kept_size = count;
+          }
+          nb::gil_scoped_release release;
+          qmm::lookup_float32(static_cast<const uint8_t*>(a.data()), static_cast<int64_t>(count),
+                              static_cast<const float*>(a_table->data()), kept.get());
+          a_data = kept.get();
+        }
+        const auto* ai = static_cast<const int64_t*>(a_index.data());
+        const auto* bi = static_cast<const int64_t*>(b_index.data());
+        auto* y = static_cast<float*>(out.data());
+        if (nb::isinstance<qmm::PackedF32>(b)) {
+          const qmm::PackedF32* packed = nb::inst_ptr<qmm::PackedF32>(b);
+          nb::gil_scoped_release release;
+          qmm::matmul_f32_sequential(batch, M, K, a_data, ai, *packed, bi, y);
+          return;
+        }
+        const In raw = nb::cast<In>(b);
+        const int64_t N = static_cast<int64_t>(raw.shape(2));
+        const auto* b_data = static_cast<const float*>(raw.data());
+        nb::gil_scoped_release release;
+        qmm::matmul_f32_sequential(batch, M, N, K, a_data, ai, b_data, bi, y);
+      },
+      nb::arg("a"), nb::arg("a_index"), nb::arg("b"), nb::arg("b_index"), nb::arg("out"),
+      nb::arg("a_table") = nb::none());
 
   m.def("matmul_i64_exact128",
         [](const In& a, const In& a_index, const In& b, const In& b_index, Out out_hi, Out out_lo) {

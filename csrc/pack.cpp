@@ -21,7 +21,7 @@ const QGemmLayout kPairsLayout = {kLayoutPairs, "int16 pairs, 4x16", 4,      16,
 // 512 on AMD Zen 4 (128x4096x4096, 2048^3, 512x4096x4096, K = 16384), B streaming from L2. Tasks
 // of 512 KB of B: each output row costs the driver a fixed epilogue setup per column block, which
 // wider blocks spread (2048^3 +1.6 %, 128x4096x4096 within 1 % of 256 KB).
-const QGemmLayout kQuadsLayout = {kLayoutQuads, "int8 quads, 8x32", 8,  32,        4,  1,
+const QGemmLayout kQuadsLayout = {kLayoutQuads, "int8 quads, 8x32", 8,  32,        4,    1,
                                   {-128, 0},    {0, 128},           32, 512 << 10, 16384};
 const QGemmLayout kTilesLayout = {
     kLayoutTiles, "int8 tiles, 32x32x64", 32, 32, 64, 16, {-128, 0}, {0, 128}, 64, 1 << 20, 2048};

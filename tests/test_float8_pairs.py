@@ -354,3 +354,27 @@ def test_constant_float8_weight_is_packed_once_and_follows_the_entry(entry, leve
         model = in_order_model(ca, cb) if order is None else pair_model(ca, cb, order)
         assert np.array_equal(out[0].view(np.uint32), model.view(np.uint32)), entry
         assert np.array_equal(out[0].view(np.uint32), gemm_bits(ca, cb))
+
+
+@pytest.mark.parametrize("entry, level, hidden", PAIR_ENTRIES, ids=[e[0] for e in PAIR_ENTRIES])
+def test_buffers_kept_between_calls_on_several_threads(entry, level, hidden):
+    """A float8 a goes to C++ as codes, looked up into a buffer the calling thread keeps: calls that
+    grow and shrink it, on 3 threads whose tasks all read it, give the oracle's bits (with the
+    table's order) every time."""
+    rng = np.random.default_rng(9)
+    e4 = ml_dtypes.float8_e4m3fn
+    before = qm.get_num_threads()
+    try:
+        qm.set_num_threads(3)
+        with float8_entry(level, hidden):
+            order = _core.float8_pair_order()
+            for M, K, N in [(8, 40, 24), (40, 96, 40), (5, 33, 17), (40, 96, 40)]:
+                a, b = wide_float8(rng, e4, (M, K)), wide_float8(rng, e4, (K, N))
+                zero = np.zeros((), e4)
+                args = (a, f32(0.03), zero, b, f32(0.5), zero, f32(0.05), zero)
+                expected = oracle.float8_path(*args, float8_max=448.0, pair_order=order)
+                assert np.array_equal(qm.qlinear_matmul(*args).view(np.uint8), expected.view(np.uint8))
+                w = qm.QLinearMatMul(b, f32(0.5), zero)
+                assert np.array_equal(w(a, f32(0.03), zero, f32(0.05), zero).view(np.uint8), expected.view(np.uint8))
+    finally:
+        qm.set_num_threads(before)

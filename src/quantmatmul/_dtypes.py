@@ -25,6 +25,11 @@ def is_float8(dtype: np.dtype) -> bool:
 _TO_FLOAT32 = {t: np.arange(256, dtype=np.uint8).view(t).astype(np.float32) for t in QUANT_TYPES}
 
 
+def float32_table(dtype) -> np.ndarray:
+    """The 256 values of an 8-bit type as float32, indexed by code."""
+    return _TO_FLOAT32[np.dtype(dtype)]
+
+
 def to_float32(q: np.ndarray) -> np.ndarray:
     """An int8, uint8 or float8 array as float32 (exact), by table lookup: in C++ on the thread pool
     from 64 K elements (numpy's fancy indexing is one thread), else in numpy."""

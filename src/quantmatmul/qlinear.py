@@ -11,7 +11,16 @@ from math import prod
 import numpy as np
 
 from . import _core
-from ._dtypes import FLOAT8_TYPES, QUANT_TYPES, SCALE_TYPES, float8_scale_exponent, is_float8, names, to_float32
+from ._dtypes import (
+    FLOAT8_TYPES,
+    QUANT_TYPES,
+    SCALE_TYPES,
+    float8_scale_exponent,
+    float32_table,
+    is_float8,
+    names,
+    to_float32,
+)
 
 __all__ = ["qlinear_matmul", "QLinearMatMul", "NUMERICS"]
 
@@ -435,9 +444,13 @@ def _dequantized_product(p: _Problem):
     _, a_zp = p.a_params
     _, b_zp = p.b_params
     f32 = np.float32
-    ca = to_float32(p.a)
-    if np.any(a_zp):  # float8 zero points are 0 (DequantizeLinear requires it); integer ones need not be
-        ca = ca - a_zp.astype(f32)
+    a_table = None
+    if is_float8(p.a.dtype):  # zero points 0 (DequantizeLinear requires it): C++ looks the codes' values up
+        ca, a_table = p.a.view(np.uint8), float32_table(p.a.dtype)
+    else:
+        ca = to_float32(p.a)
+        if np.any(a_zp):  # integer zero points need not be 0
+            ca = ca - a_zp.astype(f32)
     if isinstance(p.packed_b, _core.PackedF32):  # a constant float8 b (QLinearMatMul), zero point 0
         cb = p.packed_b
     else:
@@ -446,7 +459,7 @@ def _dequantized_product(p: _Problem):
             cb = cb - b_zp.astype(f32)
         cb = p.operand3(cb, p.K, p.N)
     d = np.empty((p.B, p.M, p.N), f32)
-    _core.matmul_f32_sequential(p.operand3(ca, p.M, p.K), p.a_index, cb, p.b_index, d)
+    _core.matmul_f32_sequential(p.operand3(ca, p.M, p.K), p.a_index, cb, p.b_index, d, a_table)
     return d
 
 
