@@ -4,6 +4,10 @@
 #include <cmath>
 #include <cstring>
 
+#if defined(__SSE2__)
+#include <emmintrin.h>
+#endif
+
 #include "thread_pool.h"
 
 namespace qmm {
@@ -52,6 +56,31 @@ uint8_t encode(float v, const Format& f, float max_value) {
   return static_cast<uint8_t>(code | sign);
 }
 
+#if defined(__SSE2__)
+// encode() on four lanes (SSE2): the same integer steps, lane by lane, so the same codes.
+__m128i encode4(__m128 v, const Format& f, float max_value) {
+  const __m128i bits = _mm_castps_si128(v);
+  __m128i sign = _mm_and_si128(_mm_srli_epi32(bits, 24), _mm_set1_epi32(0x80));
+  const __m128 is_nan = _mm_cmpunord_ps(v, v);
+  const __m128 a = _mm_min_ps(_mm_and_ps(v, _mm_castsi128_ps(_mm_set1_epi32(0x7FFFFFFF))), _mm_set1_ps(max_value));
+  const __m128i abits = _mm_castps_si128(a);
+  const int shift = 23 - f.mantissa_bits;
+  const __m128i odd = _mm_and_si128(_mm_srli_epi32(abits, shift), _mm_set1_epi32(1));
+  const __m128i rounded =
+      _mm_srli_epi32(_mm_add_epi32(_mm_add_epi32(abits, _mm_set1_epi32((1 << (shift - 1)) - 1)), odd), shift);
+  const __m128i normal = _mm_sub_epi32(rounded, _mm_set1_epi32((127 - f.bias) << f.mantissa_bits));
+  const __m128i subnormal = _mm_cvtps_epi32(_mm_mul_ps(a, _mm_set1_ps(f.subnormal_scale)));  // nearest even (MXCSR)
+  const __m128i is_sub = _mm_castps_si128(_mm_cmplt_ps(a, _mm_set1_ps(f.min_normal)));
+  const __m128i code = _mm_or_si128(_mm_and_si128(is_sub, subnormal), _mm_andnot_si128(is_sub, normal));
+  if (f.fnuz) sign = _mm_andnot_si128(_mm_cmpeq_epi32(code, _mm_setzero_si128()), sign);  // no negative zero
+  const __m128i nan = _mm_set1_epi32(f.nan_code);
+  const __m128i nan_code =
+      f.fnuz ? nan : _mm_or_si128(nan, _mm_and_si128(_mm_srli_epi32(bits, 24), _mm_set1_epi32(0x80)));
+  const __m128i n = _mm_castps_si128(is_nan);
+  return _mm_or_si128(_mm_and_si128(n, nan_code), _mm_andnot_si128(n, _mm_or_si128(code, sign)));
+}
+#endif
+
 // The largest finite value of the format, decoded from its code (exponent field, then mantissa field).
 float max_finite(const Format& f) {
   const int exponent = (f.max_code >> f.mantissa_bits) - f.bias;
@@ -81,7 +110,30 @@ void float8_output(const float* d, int64_t B, int64_t M, int64_t N, Float8Output
     const int64_t r1 = (task + 1) * rows_per_task < B * M ? (task + 1) * rows_per_task : B * M;
     for (int64_t r = task * rows_per_task; r < r1; ++r) {
       const int64_t b = r / M, m = r % M;
-      for (int64_t n = 0; n < N; ++n) {
+      int64_t n = 0;
+#if defined(__SSE2__)
+      // Four columns at a time where every parameter is broadcast or contiguous along n: the same
+      // float32 operations (IEEE, lane by lane) and the same integer conversion.
+      const Float8OutputParams* params[4] = {&a_scale, &b_scale, &y_scale, &y_zero_point};
+      bool simd = true;
+      for (const Float8OutputParams* p : params) simd = simd && (p->s2 == 0 || p->s2 == 1);
+      if (simd) {
+        auto load4 = [&](const Float8OutputParams& p) {
+          const float* at = &p.data[b * p.s0 + m * p.s1 + n * p.s2];
+          return p.s2 == 0 ? _mm_set1_ps(*at) : _mm_loadu_ps(at);
+        };
+        for (; n + 4 <= N; n += 4) {
+          const __m128 scale = _mm_mul_ps(load4(a_scale), load4(b_scale));
+          const __m128 x = _mm_mul_ps(_mm_loadu_ps(d + r * N + n), scale);
+          const __m128 v = _mm_add_ps(_mm_div_ps(x, load4(y_scale)), load4(y_zero_point));
+          const __m128i code = encode4(v, f, max_value);
+          const __m128i bytes = _mm_packus_epi16(_mm_packs_epi32(code, code), _mm_setzero_si128());
+          const int32_t four = _mm_cvtsi128_si32(bytes);
+          std::memcpy(out + r * N + n, &four, 4);
+        }
+      }
+#endif
+      for (; n < N; ++n) {
         const float scale = a_scale.at(b, m, n) * b_scale.at(b, m, n);
         const float x = d[r * N + n] * scale;
         const float v = x / y_scale.at(b, m, n) + y_zero_point.at(b, m, n);
