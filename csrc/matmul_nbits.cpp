@@ -153,7 +153,12 @@ void matmul_nbits_int8(const NBitsDispatch& kernels, const float* A, int64_t M, 
   if (kernels.prepare_int8) kernels.prepare_int8(qa.data(), M, w);
   const NBitsRowsInt8 rows_int8 = kernels.rows_int8;
   const QuantizedA a{qa.data(), scale.data(), block_sum.data(), M, padded};
-  const int64_t columns = tiled ? tiling.columns : 16;
+  // Untiled: tasks of contiguous runs of 16-column calls, up to 256 columns while that leaves four
+  // tasks per thread, so that each thread streams long runs of the weight (a one-row call at 2
+  // threads, weights from memory: 4-18 % faster than tasks of 16 columns taken in turn).
+  const int64_t step = tiled ? tiling.columns : 16;
+  const int64_t run = w.N / (4 * static_cast<int64_t>(get_num_threads())) / 16 * 16;
+  const int64_t columns = tiled ? tiling.columns : std::max<int64_t>(16, std::min<int64_t>(256, run));
   const int64_t column_tasks = (w.N + columns - 1) / columns;
   // Tiled: ranges of whole row groups (the last one takes the rows left over) where the column tasks
   // alone would leave threads idle, since each range decodes its columns' codes again.
@@ -172,7 +177,8 @@ void matmul_nbits_int8(const NBitsDispatch& kernels, const float* A, int64_t M, 
         const int64_t m1 = range + 1 == ranges ? M : (range + 1) * groups / ranges * tiling.row_group;
         const QuantizedA view{a.qa + m0 * padded, a.scale + m0 * w.k_blocks, a.block_sum + m0 * w.k_blocks, m1 - m0,
                               padded};
-        rows_int8(view, w, n0, std::min(w.N, n0 + columns), bias, Y + m0 * w.N);
+        for (int64_t c0 = n0; c0 < std::min(w.N, n0 + columns); c0 += step)
+          rows_int8(view, w, c0, std::min(w.N, c0 + step), bias, Y + m0 * w.N);
       },
       tasks_worth_a_thread(task_ns));
 }
