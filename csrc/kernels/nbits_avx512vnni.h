@@ -16,8 +16,14 @@
 // k1 - 1 (k0 a multiple of 64, k1 <= k_blocks * block_size), as [quad (k - k0) / 4][16 columns][4
 // codes], k1 - k0 rounded up to 64: one 64-byte row per quad (the VNNI GEMM's panel, an AMX B
 // tile's rows); 8-bit codes as c - 128 (int8). nbits_rows_int8_packed (nbits_packed_avx512vnni.cpp):
-// the few-row kernel on a weight packed in kNBitsQuads16, which nbits_rows_int8 calls below 8 rows,
-// and nbits_decode_panel16's work on such a weight (n0 a multiple of 16; k0, k1 multiples of 4).
+// the few-row kernel on a weight packed in kNBitsQuads16, which nbits_rows_int8 calls up to
+// kNBitsPackedMaxRows rows (in the GEMM's float32 order from kNBitsInOrderRows rows: the same bits
+// as the GEMM on the codes), and nbits_decode_panel16's work on such a weight (n0 a multiple of 16;
+// k0, k1 multiples of 4).
+namespace qmm {
+constexpr int64_t kNBitsPackedMaxRows = 15, kNBitsInOrderRows = 8;
+}  // namespace qmm
+
 namespace qmm::avx512_vnni {
 
 void nbits_rows_int8(const QuantizedA& a, const NBitsWeight& w, int64_t n0, int64_t n1, const float* bias, float* Y);

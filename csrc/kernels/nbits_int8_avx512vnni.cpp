@@ -309,6 +309,13 @@ void decode_rows(const QuantizedA& a, const NBitsWeight& w, int64_t n0, int64_t 
 // (code x qa: per column, the 4 products summed into its int32 lane). Each block's int32 sums then
 // enter float32 exactly as in nbits_int8_gemm (nbits_int8_avx2.cpp).
 constexpr int64_t kGemmMinRows = 8;  // as the AVX2 kernels: below it the per-column kernel
+// Up to kNBitsPackedMaxRows rows a packed weight takes the few-row kernel of nbits_packed_avx512vnni.cpp
+// (at 8 rows, 4-bit K = N = 4096, 2 threads: 1.54 ms through the GEMM's per-task panels here); 8-bit
+// codes below 8 rows only, since from 8 rows their GEMM forms its zero-point term as sb * (zp - 128),
+// other float32 operations than the few-row kernel's (as on AVX2).
+inline bool packed_rows(const NBitsWeight& w, int64_t M) {
+  return w.packed && w.packed->layout == &kNBitsQuads16 && M <= (w.bits == 8 ? kGemmMinRows - 1 : kNBitsPackedMaxRows);
+}
 constexpr int kGroupRows = 8;  // rows interleaved by quads, the tile's height
 
 // r[c] = quads 0..15 of column c -> r[q] = columns 0..15 of quad q (a 16 x 16 transpose of dwords).
@@ -490,8 +497,8 @@ void nbits_decode_panel16(const NBitsWeight& w, int64_t n0, int64_t cols, int64_
 }
 
 void nbits_rows_int8(const QuantizedA& a, const NBitsWeight& w, int64_t n0, int64_t n1, const float* bias, float* Y) {
+  if (packed_rows(w, a.M)) return nbits_rows_int8_packed(a, w, n0, n1, bias, Y);
   if (a.M >= kGemmMinRows) return gemm(a, w, n0, n1, bias, Y);
-  if (w.packed && w.packed->layout == &kNBitsQuads16) return nbits_rows_int8_packed(a, w, n0, n1, bias, Y);
   switch (w.bits) {
     case 2: return decode_rows<2>(a, w, n0, n1, bias, Y);
     case 3: return decode_rows<3>(a, w, n0, n1, bias, Y);
@@ -508,7 +515,7 @@ void nbits_rows_int8(const QuantizedA& a, const NBitsWeight& w, int64_t n0, int6
 // so that a tile's broadcasts read one 32-byte run per quad; the last M % 8 rows stay in order.
 // With 8-bit codes, every qa becomes qa + 128 as uint8 (qa is never -128).
 void nbits_prepare_int8(int8_t* qa, int64_t M, const NBitsWeight& w) {
-  if (M < kGemmMinRows) return;
+  if (M < kGemmMinRows || packed_rows(w, M)) return;  // the few-row kernels read A as it is
   const int64_t padded = w.k_blocks * w.block_size;
   // thread_local like the kernels' buffers: a local one would need an exception cleanup.
   thread_local Scratch copy_storage;

@@ -16,6 +16,7 @@
 
 #include <cstdint>
 #include <cstring>
+#include <type_traits>
 
 #include "matmul_nbits.h"
 #include "nbits_avx2_common.h"
@@ -35,8 +36,10 @@ inline __m512 lane_sums(const __m512 v[8]) {
 
 // Rows m0 .. m0+MR-1 of A against panel p (16 columns). S: the codes' width in the layout; Eight:
 // 8-bit codes (held as c ^ 0x80); Groups: groups of 8 / S quads per block when known at compile
-// time (0: at run time).
-template <int S, bool Eight, int MR, int Groups>
+// time (0: at run time). InOrder: the float32 order of 8+ rows (the GEMM's: per output, blocks in
+// order, y = fma(D, p, y) then y = fnmadd(block_sum, sb * zp, y)); else that of fewer rows
+// (residues mod 8, then the blocks left over).
+template <int S, bool Eight, int MR, int Groups, bool InOrder>
 void panel_rows(const QuantizedA& a, int64_t m0, const NBitsWeight& w, int64_t p, const QuadsPanel& panel,
                 const float* bias, float* Y) {
   constexpr int Q = 8 / S;
@@ -52,9 +55,11 @@ void panel_rows(const QuantizedA& a, int64_t m0, const NBitsWeight& w, int64_t p
   __m512 acc[MR][8], correction[MR][8], y[MR];
   for (int r = 0; r < MR; ++r)
     for (int i = 0; i < 8; ++i) acc[r][i] = correction[r][i] = _mm512_setzero_ps();
-  const int64_t whole = kb / 8 * 8;
+  const int64_t whole = InOrder ? 0 : kb / 8 * 8;
+  if constexpr (InOrder)
+    for (int r = 0; r < MR; ++r) y[r] = _mm512_setzero_ps();
   for (int64_t b = 0; b < kb; ++b) {
-    if (b == whole)
+    if (!InOrder && b == whole)
       for (int r = 0; r < MR; ++r) y[r] = _mm512_sub_ps(lane_sums(acc[r]), lane_sums(correction[r]));
     __m512i dot[MR];
     for (int r = 0; r < MR; ++r) dot[r] = _mm512_setzero_si512();
@@ -85,7 +90,9 @@ void panel_rows(const QuantizedA& a, int64_t m0, const NBitsWeight& w, int64_t p
     for (int r = 0; r < MR; ++r) {
       const __m512 product = _mm512_mul_ps(_mm512_set1_ps(scale_a[r * kb + b]), sb);
       const __m512 total = _mm512_cvtepi32_ps(dot[r]), bsum = _mm512_set1_ps(block_sum[r * kb + b]);
-      if (b < whole) {
+      if constexpr (InOrder) {
+        y[r] = _mm512_fnmadd_ps(bsum, szp, _mm512_fmadd_ps(total, product, y[r]));
+      } else if (b < whole) {
         acc[r][b % 8] = _mm512_fmadd_ps(total, product, acc[r][b % 8]);
         correction[r][b % 8] = _mm512_fmadd_ps(bsum, szp, correction[r][b % 8]);
       } else {  // y + ((p * D) - block_sum * (sb * zp)), rounded step by step
@@ -93,7 +100,7 @@ void panel_rows(const QuantizedA& a, int64_t m0, const NBitsWeight& w, int64_t p
       }
     }
   }
-  if (whole == kb)
+  if (!InOrder && whole == kb)
     for (int r = 0; r < MR; ++r) y[r] = _mm512_sub_ps(lane_sums(acc[r]), lane_sums(correction[r]));
   const int64_t n0 = p * kPanel, cols = min_i64(kPanel, w.N - n0);
   for (int r = 0; r < MR; ++r) {
@@ -106,17 +113,22 @@ void panel_rows(const QuantizedA& a, int64_t m0, const NBitsWeight& w, int64_t p
 
 template <int S, bool Eight, int Groups>
 void panels_rows(const QuantizedA& a, const NBitsWeight& w, int64_t p0, int64_t p1, const float* bias, float* Y) {
-  for (int64_t p = p0; p < p1; ++p) {
-    const QuadsPanel panel = quads_panel(w, p);
-    for (int64_t m0 = 0; m0 < a.M; m0 += 4) {
-      switch (min_i64(4, a.M - m0)) {
-        case 1: panel_rows<S, Eight, 1, Groups>(a, m0, w, p, panel, bias, Y); break;
-        case 2: panel_rows<S, Eight, 2, Groups>(a, m0, w, p, panel, bias, Y); break;
-        case 3: panel_rows<S, Eight, 3, Groups>(a, m0, w, p, panel, bias, Y); break;
-        default: panel_rows<S, Eight, 4, Groups>(a, m0, w, p, panel, bias, Y);
+  auto pass = [&](auto in_order) {
+    constexpr bool InOrder = decltype(in_order)::value;
+    for (int64_t p = p0; p < p1; ++p) {
+      const QuadsPanel panel = quads_panel(w, p);
+      for (int64_t m0 = 0; m0 < a.M; m0 += 4) {
+        switch (min_i64(4, a.M - m0)) {
+          case 1: panel_rows<S, Eight, 1, Groups, InOrder>(a, m0, w, p, panel, bias, Y); break;
+          case 2: panel_rows<S, Eight, 2, Groups, InOrder>(a, m0, w, p, panel, bias, Y); break;
+          case 3: panel_rows<S, Eight, 3, Groups, InOrder>(a, m0, w, p, panel, bias, Y); break;
+          default: panel_rows<S, Eight, 4, Groups, InOrder>(a, m0, w, p, panel, bias, Y);
+        }
       }
     }
-  }
+  };
+  if (a.M >= kNBitsInOrderRows) pass(std::true_type{});
+  else pass(std::false_type{});
 }
 
 // Blocks of 32 codes (the usual size) with a compile-time group count.
