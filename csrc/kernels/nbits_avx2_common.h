@@ -13,6 +13,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <new>
+#include <type_traits>
 
 #include "matmul_nbits.h"
 
@@ -70,6 +71,24 @@ inline float horizontal_sum(__m256 v) {
 // kernel, codes unpacked once per 4 rows, wins), and the float32 order is the GEMM's
 // (docs/matmul_nbits.md), which the packed few-row kernel then follows too.
 constexpr int64_t kInt8GemmMinRows = 8;
+
+// The packed few-row kernels' loop (AVX2 and AVX-512 VNNI): panels [p0, p1) x rows [0, M) in passes
+// of up to 4 rows, body(mr, in_order, p, m0) with the pass's rows mr (1-4) and in_order (from
+// kInt8GemmMinRows rows of M: the GEMM's float32 order) as compile-time constants.
+template <class Body>
+inline void quads_row_passes(int64_t M, int64_t p0, int64_t p1, Body body) {
+  auto pass = [&](auto in_order) {
+    for (int64_t p = p0; p < p1; ++p)
+      for (int64_t m0 = 0; m0 < M; m0 += 4) switch (min_i64(4, M - m0)) {
+          case 1: body(std::integral_constant<int, 1>{}, in_order, p, m0); break;
+          case 2: body(std::integral_constant<int, 2>{}, in_order, p, m0); break;
+          case 3: body(std::integral_constant<int, 3>{}, in_order, p, m0); break;
+          default: body(std::integral_constant<int, 4>{}, in_order, p, m0);
+        }
+  };
+  if (M >= kInt8GemmMinRows) pass(std::true_type{});
+  else pass(std::false_type{});
+}
 
 // How many vpmaddubsw results (u8 codes of `bits` bits x s8 qa, |qa| <= 127: pair sums of at most
 // 2 * 127 * (2^bits - 1)) add up in int16 without overflow: 8 for 4-bit codes, 43 for 2-bit, 1 for 7-bit.

@@ -17,11 +17,11 @@
 // codes], k1 - k0 rounded up to 64: one 64-byte row per quad (the VNNI GEMM's panel, an AMX B
 // tile's rows); 8-bit codes as c - 128 (int8). nbits_rows_int8_packed (nbits_packed_avx512vnni.cpp):
 // the few-row kernel on a weight packed in kNBitsQuads16, which nbits_rows_int8 calls up to
-// kNBitsPackedMaxRows rows (in the GEMM's float32 order from kNBitsInOrderRows rows: the same bits
+// kNBitsPackedMaxRows rows (in the GEMM's float32 order from kInt8GemmMinRows rows: the same bits
 // as the GEMM on the codes), and nbits_decode_panel16's work on such a weight (n0 a multiple of 16;
 // k0, k1 multiples of 4).
 namespace qmm {
-constexpr int64_t kNBitsPackedMaxRows = 15, kNBitsInOrderRows = 8;
+constexpr int64_t kNBitsPackedMaxRows = 15;
 }  // namespace qmm
 
 namespace qmm::avx512_vnni {

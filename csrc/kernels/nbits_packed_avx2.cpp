@@ -172,22 +172,10 @@ template <int S, bool Signed8, int Groups>
 void panels_rows(const QuantizedA& a, const NBitsWeight& w, int64_t p0, int64_t p1, const int32_t* qa_sums,
                  const float* bias, float* Y) {
   const int64_t steps = Signed8 ? 1 : max_i64(1, int16_steps(w.bits) / (8 / S));  // in groups of 8/S quads
-  auto pass = [&](auto in_order) {
-    constexpr bool InOrder = decltype(in_order)::value;
-    for (int64_t p = p0; p < p1; ++p) {
-      const QuadsPanel panel = quads_panel(w, p);
-      for (int64_t m0 = 0; m0 < a.M; m0 += 4) {
-        switch (min_i64(4, a.M - m0)) {
-          case 1: panel_rows<S, Signed8, 1, Groups, InOrder>(a, m0, w, p, panel, steps, qa_sums, bias, Y); break;
-          case 2: panel_rows<S, Signed8, 2, Groups, InOrder>(a, m0, w, p, panel, steps, qa_sums, bias, Y); break;
-          case 3: panel_rows<S, Signed8, 3, Groups, InOrder>(a, m0, w, p, panel, steps, qa_sums, bias, Y); break;
-          default: panel_rows<S, Signed8, 4, Groups, InOrder>(a, m0, w, p, panel, steps, qa_sums, bias, Y);
-        }
-      }
-    }
-  };
-  if (a.M >= kInt8GemmMinRows) pass(std::true_type{});  // from there, the GEMM's order
-  else pass(std::false_type{});
+  quads_row_passes(a.M, p0, p1, [&](auto mr, auto in_order, int64_t p, int64_t m0) {
+    panel_rows<S, Signed8, decltype(mr)::value, Groups, decltype(in_order)::value>(a, m0, w, p, quads_panel(w, p),
+                                                                                   steps, qa_sums, bias, Y);
+  });
 }
 
 // Blocks of 32 codes (the usual size) with a compile-time group count.

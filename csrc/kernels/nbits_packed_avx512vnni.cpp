@@ -16,7 +16,6 @@
 
 #include <cstdint>
 #include <cstring>
-#include <type_traits>
 
 #include "matmul_nbits.h"
 #include "nbits_avx2_common.h"
@@ -113,22 +112,10 @@ void panel_rows(const QuantizedA& a, int64_t m0, const NBitsWeight& w, int64_t p
 
 template <int S, bool Eight, int Groups>
 void panels_rows(const QuantizedA& a, const NBitsWeight& w, int64_t p0, int64_t p1, const float* bias, float* Y) {
-  auto pass = [&](auto in_order) {
-    constexpr bool InOrder = decltype(in_order)::value;
-    for (int64_t p = p0; p < p1; ++p) {
-      const QuadsPanel panel = quads_panel(w, p);
-      for (int64_t m0 = 0; m0 < a.M; m0 += 4) {
-        switch (min_i64(4, a.M - m0)) {
-          case 1: panel_rows<S, Eight, 1, Groups, InOrder>(a, m0, w, p, panel, bias, Y); break;
-          case 2: panel_rows<S, Eight, 2, Groups, InOrder>(a, m0, w, p, panel, bias, Y); break;
-          case 3: panel_rows<S, Eight, 3, Groups, InOrder>(a, m0, w, p, panel, bias, Y); break;
-          default: panel_rows<S, Eight, 4, Groups, InOrder>(a, m0, w, p, panel, bias, Y);
-        }
-      }
-    }
-  };
-  if (a.M >= kNBitsInOrderRows) pass(std::true_type{});
-  else pass(std::false_type{});
+  quads_row_passes(a.M, p0, p1, [&](auto mr, auto in_order, int64_t p, int64_t m0) {
+    panel_rows<S, Eight, decltype(mr)::value, Groups, decltype(in_order)::value>(a, m0, w, p, quads_panel(w, p), bias,
+                                                                                 Y);
+  });
 }
 
 // Blocks of 32 codes (the usual size) with a compile-time group count.
