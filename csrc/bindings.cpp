@@ -417,26 +417,34 @@ void bind_qlinear_matmul(nb::module_& m) {
 
   // b: a PackedF32 or contiguous float32 [Bb, K, N] (packed for this call). a: contiguous float32
   // [Ba, M, K], or with a_table (float32 [256]) 8-bit codes [Ba, M, K] whose values a_table holds:
-  // looked up here into a buffer the calling thread keeps for its next call (no float32 copy of a
-  // made, and page-faulted, per call).
+  // looked up here into a buffer the calling thread keeps for its next call, up to 64 MiB (no
+  // float32 copy of a made, and page-faulted, per call).
   m.def(
       "matmul_f32_sequential",
       [](const In& a, const In& a_index, nb::handle b, const In& b_index, Out out, std::optional<In> a_table) {
         const int64_t batch = static_cast<int64_t>(a_index.shape(0));
         const int64_t M = static_cast<int64_t>(a.shape(1)), K = static_cast<int64_t>(a.shape(2));
         const auto* a_data = static_cast<const float*>(a.data());
+        qmm::Buffer<float> once;  // a's values past 64 MiB: not kept
         if (a_table) {
           const size_t count = a.size();
           thread_local qmm::Buffer<float> kept;
           thread_local size_t kept_size = 0;
-          if (count > kept_size) {
+          float* values;
+          if (count <= kept_size) {
+            values = kept.get();
+          } else if (count * sizeof(float) <= (size_t{64} << 20)) {
             kept = qmm::alloc_buffer<float>(count);
             kept_size = count;
+            values = kept.get();
+          } else {
+            once = qmm::alloc_buffer<float>(count);
+            values = once.get();
           }
           nb::gil_scoped_release release;
           qmm::lookup_float32(static_cast<const uint8_t*>(a.data()), static_cast<int64_t>(count),
-                              static_cast<const float*>(a_table->data()), kept.get());
-          a_data = kept.get();
+                              static_cast<const float*>(a_table->data()), values);
+          a_data = values;
         }
         const auto* ai = static_cast<const int64_t*>(a_index.data());
         const auto* bi = static_cast<const int64_t*>(b_index.data());
