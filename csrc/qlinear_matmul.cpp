@@ -89,8 +89,9 @@ inline int64_t terms_applied(const int64_t* raw, const RowTerms64& terms, int64_
   return raw[j] - terms.zb[j] * terms.t - terms.za * terms.colsum[j];
 }
 
-// Calls epilogue(batch, m, n0, cols, raw, terms) for each row m of each block, where
-// terms_applied(raw, terms, j) = sum_k (a[m,k] - a_zp[m]) * (b[k,n0+j] - b_zp[n0+j]):
+// Calls epilogue(batch, m0, rows, n0, cols, raw, ld, terms) for each block of rows m0 .. m0+rows-1,
+// where for its row r terms_applied(raw + r * ld, terms[r], j) = sum_k (a[m0+r,k] - a_zp[m0+r]) *
+// (b[k,n0+j] - b_zp[n0+j]) (one call per block: the epilogue's setup is paid per block, not per row):
 // exact (int64_t) when Acc is int64_t, modulo 2^32 (int32_t, as a wrapping int32 accumulation
 // gives: numerics "onnxruntime" and "onnx-reference") when Acc is int32_t.
 //
@@ -173,6 +174,7 @@ void accumulate(const QGemmProblem& p, Epilogue&& epilogue) {
     thread_local std::vector<int32_t> c32;
     thread_local std::vector<int64_t> c64;
     thread_local std::vector<Acc> zb_stored, colsum_stored;
+    thread_local std::vector<TermsOf<Acc>> row_terms;
     c32.resize(static_cast<size_t>(rows * ldc));
     if (kExact) c64.assign(static_cast<size_t>(rows * ldc), 0);
     for (int64_t c0 = 0; c0 < std::max<int64_t>(groups, 1); c0 += groups_per_chunk) {
@@ -199,12 +201,13 @@ void accumulate(const QGemmProblem& p, Epilogue&& epilogue) {
       zb_stored[j] = wrap(int64_t{b_zp[j]} + ob);
       colsum_stored[j] = wrap(int64_t{colsum[j]} + K * ob);
     }
+    row_terms.resize(static_cast<size_t>(rows));
     for (int64_t r = 0; r < rows; ++r) {
       const int64_t za = p.a_zero_point[ia * M + m0 + r] + oa;
-      const TermsOf<Acc> terms{zb_stored.data(), colsum_stored.data(), wrap(za), wrap(rowsum[r] + K * oa - K * za)};
-      if constexpr (kExact) epilogue(bt, m0 + r, n0, cols, c64.data() + r * ldc, terms);
-      else epilogue(bt, m0 + r, n0, cols, c32.data() + r * ldc, terms);
+      row_terms[r] = {zb_stored.data(), colsum_stored.data(), wrap(za), wrap(rowsum[r] + K * oa - K * za)};
     }
+    if constexpr (kExact) epilogue(bt, m0, rows, n0, cols, c64.data(), ldc, row_terms.data());
+    else epilogue(bt, m0, rows, n0, cols, c32.data(), ldc, row_terms.data());
   };
 
   if (p.b_packed) {
@@ -257,13 +260,17 @@ template <class Acc, class Requantize>
 void run(const QGemmProblem& p, const QOutput& out, Requantize&& requantize) {
   const int32_t qmin = out.is_signed ? -128 : 0, qmax = out.is_signed ? 127 : 255;
   const int64_t M = p.M, N = p.N;
-  accumulate<Acc>(p, [&](int64_t bt, int64_t m, int64_t n0, int64_t cols, const Acc* raw, const TermsOf<Acc>& terms) {
-    const int64_t base = (bt * M + m) * N + n0;
-    for (int64_t j = 0; j < cols; ++j) {
-      const int32_t q =
-          requantize(terms_applied(raw, terms, j), bt, m, n0 + j, out.zero_point(bt, m, n0 + j), qmin, qmax);
-      if (out.is_signed) static_cast<int8_t*>(out.data)[base + j] = static_cast<int8_t>(q);
-      else static_cast<uint8_t*>(out.data)[base + j] = static_cast<uint8_t>(q);
+  accumulate<Acc>(p, [&](int64_t bt, int64_t m0, int64_t rows, int64_t n0, int64_t cols, const Acc* raw_block,
+                         int64_t ld, const TermsOf<Acc>* terms) {
+    for (int64_t r = 0; r < rows; ++r) {
+      const int64_t m = m0 + r, base = (bt * M + m) * N + n0;
+      const Acc* raw = raw_block + r * ld;
+      for (int64_t j = 0; j < cols; ++j) {
+        const int32_t q =
+            requantize(terms_applied(raw, terms[r], j), bt, m, n0 + j, out.zero_point(bt, m, n0 + j), qmin, qmax);
+        if (out.is_signed) static_cast<int8_t*>(out.data)[base + j] = static_cast<int8_t>(q);
+        else static_cast<uint8_t*>(out.data)[base + j] = static_cast<uint8_t>(q);
+      }
     }
   });
 }
@@ -300,15 +307,20 @@ void qlinear_matmul_onnxruntime(const QGemmProblem& p, View3<float> multiplier, 
   const RequantizeRow requantize_row = qgemm_kernels().requantize_onnxruntime;
   const int64_t M = p.M, N = p.N;
   const uint64_t call = ++calls;
-  accumulate<int32_t>(p,
-                      [&](int64_t bt, int64_t m, int64_t n0, int64_t cols, const int32_t* raw, const RowTerms& terms) {
-                        thread_local RowOf<int32_t> zp_row;
-                        thread_local RowOf<float> multiplier_row;
-                        const float* mult = multiplier_row(multiplier, call, bt, m, n0, cols);
-                        const int32_t* zp = zp_row(out.zero_point, call, bt, m, n0, cols);
-                        auto* y = static_cast<uint8_t*>(out.data) + (bt * M + m) * N + n0;
-                        requantize_row(raw, terms, mult, zp, cols, out.is_signed, y);
-                      });
+  accumulate<int32_t>(p, [&](int64_t bt, int64_t m0, int64_t rows, int64_t n0, int64_t cols, const int32_t* raw,
+                             int64_t ld, const RowTerms* terms) {
+    thread_local RowOf<int32_t> zp_row;
+    thread_local RowOf<float> multiplier_row;
+    RowOf<int32_t>& zp_of = zp_row;
+    RowOf<float>& multiplier_of = multiplier_row;
+    for (int64_t r = 0; r < rows; ++r) {
+      const int64_t m = m0 + r;
+      const float* mult = multiplier_of(multiplier, call, bt, m, n0, cols);
+      const int32_t* zp = zp_of(out.zero_point, call, bt, m, n0, cols);
+      auto* y = static_cast<uint8_t*>(out.data) + (bt * M + m) * N + n0;
+      requantize_row(raw + r * ld, terms[r], mult, zp, cols, out.is_signed, y);
+    }
+  });
 }
 
 void qlinear_matmul_onnx_reference(const QGemmProblem& p, View3<double> multiplier, QOutput out) {
