@@ -93,7 +93,7 @@ struct QuadsPanel {
   const uint8_t* codes;
   const float* scales;
   const float* scaled_zero_points;  // or null, and then:
-  const uint8_t* zero_points;       // [k_blocks][16] uint8 (integer zero points: 1 byte per block and column, not 4)
+  const uint8_t* zero_points;  // [k_blocks][16] uint8 (integer zero points: 1 byte per block and column, not 4)
 };
 // The per-block data of columns [n0, n0 + 16) from w's scales and zero points, into scales and
 // scaled_zero_points ([k_blocks][16] each), or with zero_points given and integer zero points in w,
