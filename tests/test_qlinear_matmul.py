@@ -502,3 +502,25 @@ def test_float8_output_conversion_matches_ml_dtypes_bit_for_bit():
         limit = float(ml_dtypes.finfo(t).max)
         expected = np.clip(x, -limit, limit).astype(t).view(u8)
         np.testing.assert_array_equal(_core.float32_to_float8(x, code), expected, err_msg=str(t))
+
+
+def test_float8_operands_with_nonzero_float8_zero_points():
+    """A float8 zero point other than 0 (which no DequantizeLinear allows, but QLinearMatMul's types
+    do) is subtracted from a and from b before the float32 products, on every kernel table: a - zp
+    is then no longer a bfloat16 pair, so pair tables run their float32 FMA order, the oracle's."""
+    rng = np.random.default_rng(21)
+    e4 = ml_dtypes.float8_e4m3fn
+    M, K, N = 9, 40, 20
+    a, b = _float8_or_int(rng, e4, (M, K)), _float8_or_int(rng, e4, (K, N))
+    a_zp, b_zp = np.array(448.0, e4), np.array(-1.125, e4)
+    args = (a, f32(0.03), a_zp, b, f32(0.5), b_zp, f32(0.05), np.zeros((), e4))
+    expected = oracle.float8_path(*args, float8_max=448.0)
+    before = qm.cpu_info()["isa"]
+    try:
+        for level in kernel_levels():
+            qm.set_isa(level)
+            assert_identical(qm.qlinear_matmul(*args), expected, level)
+            assert_identical(qm.QLinearMatMul(b, f32(0.5), b_zp)(a, f32(0.03), a_zp, f32(0.05), np.zeros((), e4)),
+                             expected, level)
+    finally:
+        qm.set_isa(before)

@@ -445,11 +445,11 @@ def _dequantized_product(p: _Problem):
     _, b_zp = p.b_params
     f32 = np.float32
     a_table = None
-    if is_float8(p.a.dtype):  # zero points 0 (DequantizeLinear requires it): C++ looks the codes' values up
+    if is_float8(p.a.dtype) and not np.any(a_zp):  # the usual case: C++ looks the codes' values up
         ca, a_table = p.a.view(np.uint8), float32_table(p.a.dtype)
     else:
         ca = to_float32(p.a)
-        if np.any(a_zp):  # integer zero points need not be 0
+        if np.any(a_zp):  # integer zero points, or a float8 one no DequantizeLinear allows
             ca = ca - a_zp.astype(f32)
     if isinstance(p.packed_b, _core.PackedF32):  # a constant float8 b (QLinearMatMul), zero point 0
         cb = p.packed_b
