@@ -40,8 +40,9 @@ struct NBitsWeight {
   // Levels 0-3: g_idx[k] in [0, k_blocks), the block whose scale and zero point code k takes, or
   // null for k / block_size. A non-trivial g_idx does not factor by block: the kernels dequantize.
   const int32_t* g_idx = nullptr;
-  // Level 4: the same weight repacked once for one entry's kernels (below), or null. An entry reads
-  // it only where its layout is the entry's own (NBitsDispatch::int8_layout); else it reads codes.
+  // Levels 0, 1 and 4: the same weight repacked once for one entry's kernels (below), or null. An
+  // entry reads it only where the layout is its own for the level (nbits_layout: int8_layout,
+  // f32_layout); else it reads codes.
   const NBitsPacked* packed = nullptr;
 };
 

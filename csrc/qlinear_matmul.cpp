@@ -95,9 +95,10 @@ inline int64_t terms_applied(const int64_t* raw, const RowTerms64& terms, int64_
 // exact (int64_t) when Acc is int64_t, modulo 2^32 (int32_t, as a wrapping int32 accumulation
 // gives: numerics "onnxruntime" and "onnx-reference") when Acc is int32_t.
 //
-// Work is split into tasks of (matrix, block of rows, block of columns) run on the thread pool. In
-// a task, k goes in blocks of the layout's k_block, each swept over every panel and row group, the kernels
-// adding into C: a block of A stays in cache across the panels, one of B across the row groups.
+// Work is split into tasks run on the thread pool: for a constant b (matrix, block of columns, run
+// of row blocks), else (matrix, block of columns) over all rows. For each row block, k goes in
+// blocks of the layout's k_block, each swept over every panel and row group, the kernels adding
+// into C: a block of A stays in cache across the panels, one of B across the row groups and blocks.
 // The zero points come out of the inner loop (docs/quantization.md, "Zero-point terms"). With the
 // layout's stored values a' = a + oa, b' = b + ob and the shifted zero points za' = za + oa,
 // zb' = zb + ob:
@@ -214,7 +215,7 @@ void accumulate(const QGemmProblem& p, Epilogue&& epilogue) {
     // A constant weight: tasks over (matrix, column block, run of row blocks), each task sweeping
     // its row blocks over one column block of b, which stays in the core's L2 between them (b is
     // read from memory once per run, not once per row block). A run is all of M unless that
-    // leaves fewer than four tasks per thread.
+    // leaves fewer than 16 tasks per thread (the tail of a call: at most a sixteenth of a share).
     const int64_t threads = get_num_threads();
     const int64_t per_thread = 16;
     const int64_t wanted = per_thread * threads, have = p.batch * col_blocks;

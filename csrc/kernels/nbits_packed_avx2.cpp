@@ -196,9 +196,9 @@ void panels_rows_sized(const QuantizedA& a, const NBitsWeight& w, int64_t p0, in
 //   y = fnmadd(asum_b, scale_b * zero_point_b, fma(dot_b, scale_b, y)) for the blocks in order from
 //   y = +0 (asum_b: the block's sum of A in order of k from +0); then y + bias.
 // The codes come from the packed weight (MatMulNBits holds it) or, for codes as they are, from a
-// panel of the same layout with one byte per code built per 16 columns (bytes_panel): the same
-// order either way, so the held weight gives matmul_nbits' bits. One row takes two panels at once
-// (four independent chains); 2 to 4 rows one panel.
+// panel of the same layout built per 16 columns (rows_panel, 4-bit storage for 3- and 4-bit codes,
+// one byte per code otherwise): the same order either way, so the held weight gives matmul_nbits'
+// bits. One row takes two panels at once (four independent chains); 2 to 4 rows one panel.
 
 // vpshufb indices: byte i of each dword to the dword's low byte, the rest zero (per 128-bit lane,
 // as vpshufb works).

@@ -116,9 +116,10 @@ class MatMulNBits:
     call does no weight validation or conversion. At accuracy levels 4 and 0/1 (without g_idx) the
     codes are held instead packed for the kernels in use where they read a packed layout
     (docs/matmul_nbits.md, "Level 4 on a packed weight": the codes' bytes for 2-, 4- and 8-bit
-    codes, plus 8 bytes per block and column), packed again if ``set_isa`` later selects kernels
-    that read another layout. ``MatMulNBits.from_float(W, bits=..., block_size=...,
-    method=...)`` quantizes a float [K, N] weight with :func:`quantize_nbits` first.
+    codes, plus 5 bytes per block and column, 8 with float zero points), packed again if
+    ``set_isa`` later selects kernels that read another layout. ``MatMulNBits.from_float(W,
+    bits=..., block_size=..., method=...)`` quantizes a float [K, N] weight with
+    :func:`quantize_nbits` first.
 
     Examples
     --------
@@ -196,7 +197,7 @@ class MatMulNBits:
     @property
     def nbytes(self) -> int:
         """Bytes held: the codes, float32 scales, the zero points (uint8, or float32 when given as floats), the
-        bias, and at levels 0, 1 and 4 the weight packed for the kernels (codes, scales and scaled zero points)."""
+        bias, and at levels 0, 1 and 4 the weight packed for the kernels (codes, per-block scales and zero points)."""
         w = self._weights
         codes, packed, _ = self._held
         held = w.scales.nbytes + w.kernel_zero_points.nbytes
