@@ -10,6 +10,7 @@ import tracemalloc
 import ml_dtypes
 import numpy as np
 import pytest
+from conftest import kernel_entry
 
 import quantmatmul
 from quantmatmul.matmul_nbits import _decode, dequantize_nbits, matmul_nbits
@@ -1195,19 +1196,44 @@ def test_constant_weight_class_equals_the_function():
                     assert np.array_equal(w(case.A[0, 0]), case.run(level, case.A[0, 0]))
 
 
-def test_constant_weight_holds_at_most_a_quarter_more_than_its_codes_and_scales():
-    """The issue's memory bound: integer zero points are held as one byte per block, so the worst case
-    (2-bit codes in blocks of 16: 4 bytes of codes per block) is exactly 1.25x; float zero points, which
-    are part of the input, are held as float32."""
+def _quads_x16_bytes(bits, block_size, K, N, float_zero_points):
+    """Bytes of a weight packed in "quads x16" (docs/matmul_nbits.md, "Level 4 on a packed weight"): per
+    panel of 16 columns and block, the codes at their storage width (2-bit codes in 2 bits, 3- and 4-bit
+    in 4, 5- to 8-bit in 8), and the panel's float32 scales and zero points (one uint8 per column, or a
+    float32 product with float ones), rounded up to 64 bytes per panel."""
+    panels, kb = -(-N // 16), -(-K // block_size)
+    storage = 2 if bits == 2 else 4 if bits <= 4 else 8
+    floats = 16 * kb + (16 if float_zero_points else 4) * kb
+    return panels * (kb * block_size * 16 * storage // 8 + 4 * (-(-floats // 16) * 16))
+
+
+def test_constant_weight_holds_its_codes_or_their_packed_form_and_nothing_more():
+    """Without a packed layout (the portable entry, or a g_idx) a weight holds its codes as given, float32
+    scales and uint8 zero points: at most 1.25x codes plus scales (the worst case, 2-bit codes in blocks
+    of 16, exactly). Packed (levels 0, 1 and 4 on the x86 entries) it holds the packed form instead of
+    the codes, byte for byte as documented, beside the scales and zero points."""
     import quantmatmul
 
     rng = np.random.default_rng(90)
     for bits in BITS:
         for block_size in (16, 32, 128):
-            for zp in ("packed", "none"):
-                case = Case(rng, bits, block_size, K=2 * block_size + 3, N=5, zp=zp)
-                w = quantmatmul.MatMulNBits(case.B, case.scales, case.zero_points, **case.kw)
-                assert w.nbytes <= 1.25 * case.B.nbytes + case.scales.astype(np.float32).nbytes, (bits, block_size, zp)
+            for zp in ("packed", "none", "float"):
+                for N in (5, 48):
+                    case = Case(rng, bits, block_size, K=2 * block_size + 3, N=N, zp=zp)
+                    own = case.scales.astype(np.float32).nbytes + N * case.k_blocks * (4 if zp == "float" else 1)
+                    with kernel_entry("nbits", "portable"):
+                        w = quantmatmul.MatMulNBits(case.B, case.scales, case.zero_points, **case.kw)
+                        assert w._packed is None
+                        assert w.nbytes == case.B.nbytes + own, (bits, block_size, zp, N)
+                        if zp != "float":
+                            assert w.nbytes <= 1.25 * case.B.nbytes + case.scales.astype(np.float32).nbytes
+                    for level in (0, 4):
+                        w = quantmatmul.MatMulNBits(case.B, case.scales, case.zero_points, **case.kw,
+                                                    accuracy_level=level)
+                        if quantmatmul._core.nbits_weight_layout(level) is None:
+                            continue
+                        packed = _quads_x16_bytes(bits, block_size, case.K, N, zp == "float")
+                        assert w.nbytes == packed + own, (bits, block_size, zp, N, level)
 
 
 def test_constant_weight_class_from_float_copies_and_errors():
@@ -1224,7 +1250,8 @@ def test_constant_weight_class_from_float_copies_and_errors():
     before = w2(A)
     B[:] = 0  # the caller's codes change; the held weight does not
     assert np.array_equal(w2(A), before)
-    assert w2.nbytes == q.B.nbytes + 4 * q.scales.size + q.scales.size  # codes + float32 scales + uint8 zero points
+    codes = q.B.nbytes if w2._packed is None else _quads_x16_bytes(4, 32, 96, 40, False)  # as given, or packed
+    assert w2.nbytes == codes + 4 * q.scales.size + q.scales.size  # + float32 scales + uint8 zero points
     assert "MatMulNBits(K=96, N=40, bits=4" in repr(w2)
     with pytest.raises(TypeError, match="^MatMulNBits: A dtype float16 does not match the weight's scales dtype"):
         w(A.astype(np.float16))

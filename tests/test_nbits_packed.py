@@ -1,4 +1,4 @@
-"""test_nbits_packed.py: MatMulNBits on a weight packed once for the kernel entry (the "quads x16" layout: level 4 on the avx2, avx512_vnni and amx entries, levels 0/1 on avx2): the same bits as the codes read as they are, on every path; levels 0/1 in their documented float32 order; packing follows set_isa."""
+"""test_nbits_packed.py: MatMulNBits on a weight packed once for the kernel entry (the "quads x16" layout: level 4 on the avx2, avx512_vnni and amx entries, levels 0/1 on every x86 entry): the same bits as the codes read as they are, on every path; levels 0/1 in their documented float32 order; packing follows set_isa."""
 
 import copy
 import pickle
@@ -177,8 +177,8 @@ def test_codes_are_needed_where_the_kernels_do_not_read_the_packed_weight():
 def test_weights_the_layout_does_not_take():
     """No packing for g_idx (level 4 runs through the float kernels there), for block sizes above
     4096 (the int32 block sums could overflow), or at levels 2/3 (their rounding reads the codes);
-    those weights keep their codes and run as before. Levels 0/1 pack on avx2 only (the AVX-512
-    float kernels read the codes)."""
+    those weights keep their codes and run as before. Levels 0/1 pack on every x86 entry (the AVX-512
+    ones since nbits_packed_f32_avx512.cpp)."""
     rng = np.random.default_rng(6400)
     with kernel_entry("nbits", "avx2"):
         g = Case(rng, 4, 32, K=96, N=9, batch=(2,), g="random")
@@ -200,7 +200,7 @@ def test_weights_the_layout_does_not_take():
     for isa, hidden in ENTRIES:
         if isa != "avx2":
             with kernel_entry("nbits", isa, hidden):
-                assert _core.nbits_weight_layout(0) is None and _core.nbits_weight_layout(4) == "quads x16"
+                assert _core.nbits_weight_layout(0) == "quads x16" and _core.nbits_weight_layout(4) == "quads x16"
 
 
 def test_pickle_and_deepcopy_give_the_same_results():
@@ -247,16 +247,32 @@ def _levels01_model(case):
     return y
 
 
+# The entries whose levels 0/1 read the layout: avx2, and every AVX-512 one (nbits_packed_f32_avx512.cpp:
+# avx512_vnni, amx, and with BF16 features shown their avx512bf16 / amxbf16 entries, which run the same
+# level-0/1 code), native where the CPU has them, else emulated.
+F32_ENTRIES = ENTRIES + [
+    (level, ()) for level in ("avx512_vnni", "avx512_vnni-emulated", "amx", "amx-emulated") if level in _HERE
+]
+
+
+@pytest.mark.parametrize(
+    "entry",
+    F32_ENTRIES,
+    ids=[f"{level}{'-bf16' if not hidden and level != 'avx2' else ''}" for level, hidden in F32_ENTRIES],
+)
 @pytest.mark.parametrize("bits", BITS)
-def test_levels01_few_rows_follow_the_documented_order(bits):
-    """Levels 0/1 with up to 12 rows on AVX2, bit for bit against a numpy model of the documented
-    order, on the held (packed) weight and on the codes (matmul_nbits: panels of the layout built
-    per call): every zero-point form, blocks of 16 to 256, K with a partial last block, N with a
-    column tail, one row (two panels at a time) to 12 (passes of 4), bias or none."""
+def test_levels01_few_rows_follow_the_documented_order(bits, entry):
+    """Levels 0/1 with up to 12 rows on every x86 entry, bit for bit against a numpy model of the
+    documented order, on the held (packed) weight and on the codes (matmul_nbits: panels of the
+    layout built per call): every zero-point form, blocks of 16 to 256, K with a partial last
+    block, N with a column tail (AVX-512: passes of four panels at 1-2 rows, two at 3-4, and the
+    panels left over one at a time), one row to 12 (passes of 4), bias or none."""
     rng = np.random.default_rng(6800 + bits)
-    with kernel_entry("nbits", "avx2"):
-        for i, block_size in enumerate((16, 32, 64, 256, 32, 16)):
-            M = (1, 2, 3, 4, 5, 12)[i]
+    isa, hidden = entry
+    with kernel_entry("nbits", isa, hidden) as name:
+        assert _core.nbits_weight_layout(0) == "quads x16", name
+        for i, block_size in enumerate((16, 32, 64, 256, 32, 16, 128, 32)):
+            M = (1, 2, 3, 4, 5, 12, 6, 9)[i]
             K = block_size * int(rng.integers(1, 6)) - int(rng.integers(0, block_size // 2 + 1))
             case = Case(
                 rng, bits, block_size, K=K, N=int(rng.integers(1, 70)), batch=(M,), zp=ZP_FORMS[i % 3], bias=bool(i % 2)

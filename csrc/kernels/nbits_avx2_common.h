@@ -61,6 +61,32 @@ class Scratch {
   size_t capacity_ = 0;
 };
 
+// Levels 0/1 on the "quads x16" layout (nbits_packed_avx2.cpp, nbits_packed_f32_avx512.cpp): A's
+// rows padded with zeros to k_blocks * block_size (A itself where K fills its blocks, else a copy
+// in `padded`; codes past K meet +0), and into asum [M][k_blocks] each block's sum of A in order
+// of k from +0, the blocks side by side.
+inline const float* padded_rows_and_block_sums(const float* A, int64_t M, const NBitsWeight& w, Scratch& padded,
+                                               float* asum) {
+  const int64_t K = w.K, kb = w.k_blocks, bs = w.block_size, row = kb * bs;
+  const float* rows = A;
+  if (row != K) {
+    float* const copy = padded.get<float>(M * row);
+    for (int64_t m = 0; m < M; ++m) {
+      for (int64_t k = 0; k < K; ++k) copy[m * row + k] = A[m * K + k];
+      zero_floats(copy + m * row + K, row - K);
+    }
+    rows = copy;
+  }
+  for (int64_t m = 0; m < M; ++m) {
+    float* const sums = asum + m * kb;
+    const float* const a = rows + m * row;
+    zero_floats(sums, kb);
+    for (int64_t i = 0; i < bs; ++i)
+      for (int64_t b = 0; b < kb; ++b) sums[b] += a[b * bs + i];
+  }
+  return rows;
+}
+
 inline float horizontal_sum(__m256 v) {
   const __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
   const __m128 t = _mm_add_ps(s, _mm_movehl_ps(s, s));

@@ -74,7 +74,7 @@ const NBitsDispatch kNBitsEntry = {
     .prepare_f32 = prepare_bf16,
     .int8_tiling = tiles::kNBitsTiling,
     .int8_layout = &kNBitsQuads16,  // read by the VNNI kernels below 8 rows
-    .f32_layout = nullptr,
+    .f32_layout = &kNBitsQuads16,  // levels 0/1: nbits_packed_f32_avx512.cpp
 };
 
 }  // namespace QMM_KERNEL_NS

@@ -79,7 +79,7 @@ const NBitsDispatch kNBitsEntry = {
     .prepare_int8 = vnni::nbits_prepare_int8,
     .prepare_f32 = prepare_bf16,
     .int8_layout = &kNBitsQuads16,  // read by the VNNI kernels below 8 rows
-    .f32_layout = nullptr,
+    .f32_layout = &kNBitsQuads16,  // levels 0/1: nbits_packed_f32_avx512.cpp
 };
 
 }  // namespace QMM_KERNEL_NS

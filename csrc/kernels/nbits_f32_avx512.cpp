@@ -22,7 +22,10 @@
 // Where the lane order differs from k's (2 and 4 bits), A is permuted to match, once per task
 // (decode) or through the panel's row order (prefill). nbits_rows_f32 picks, per task of columns:
 //
-//  - M <= 12 (decode): A permuted per group and zero-padded to whole groups; per column, every
+//  - M <= 12, levels 0/1 without a g_idx: the block-factored kernel on the "quads x16" layout
+//    (nbits_packed_f32_avx512.cpp; packed weight, or panels built per call); the prefill below reads
+//    a packed weight's panels (nbits_dequantize_packed32) where there is one;
+//  - M <= 12 (decode), levels 2/3 or a g_idx: A permuted per group and zero-padded to whole groups; per column, every
 //    group's weights are computed in registers once and multiplied into up to 6 rows (passes of
 //    up to 6 rows), in 4 / 2 / 1 FMA chains per row (1 / 2-4 / 5-6 rows); k in chunks whose rows
 //    of A stay in L1 (4096 codes for one row), the chunks' sums waiting between them in memory;
@@ -509,6 +512,7 @@ constexpr Tile kTiles[2][kTileRows] = {
 // first 16 floats of each panel row are written. columns: 16 rows of 16 * ceil(K / 16) floats.
 template <int Bits>
 void build_panel(const NBitsWeight& w, int64_t n, int64_t cols, float* columns, float* panel, float* zp_buffer) {
+  if (w.packed) return QMM_KERNEL_NS::nbits_dequantize_packed32(w, n, cols, panel);  // levels 0/1: no codes
   const int64_t groups = (w.K + 15) / 16, lda = 16 * groups, halves = cols > 16 ? 2 : 1;
   const int32_t* code = kLanes<Bits>.code;
   for (int64_t h = 0; h < halves; ++h) {
@@ -558,6 +562,9 @@ void prefill(const float* A, int64_t M, const NBitsWeight& w, int64_t n0, int64_
 template <int Bits>
 void rows_for(const float* A, int64_t M, const NBitsWeight& w, int64_t n0, int64_t n1, const float* bias, float* Y) {
   if (M > kDecodeMaxRows) return prefill<Bits>(A, M, w, n0, n1, bias, Y);
+  // Levels 0/1 without a g_idx: block-factored on the quads x16 layout (packed or built per call).
+  if (w.operands == NBitsOperands::kFloat32 && !w.g_idx)
+    return QMM_KERNEL_NS::nbits_rows_packed_f32(A, M, w, n0, n1, bias, Y);
   decode<Bits>(A, M, w, n0, n1, bias, Y);
 }
 

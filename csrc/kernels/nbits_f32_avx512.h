@@ -23,6 +23,14 @@ void nbits_f32_panel32(const NBitsWeight& w, int64_t n, int64_t cols, float* pan
 // Columns per task that nbits_rows_f32's prefill path (more than 12 rows) wants: its tile's width.
 constexpr int64_t kNBitsF32PrefillColumns = 32;
 
+// Levels 0/1 on the "quads x16" layout (nbits_packed_f32_avx512.cpp), which nbits_rows_f32 and
+// nbits_f32_panel32 call: the few-row kernel (columns [n0, n1), n0 a multiple of 16; without a
+// packed weight, the AVX2 kernel on panels built per call: the same order), and the prefill's
+// panel, as nbits_f32_panel32 writes it, from the packed weight.
+void nbits_rows_packed_f32(const float* A, int64_t M, const NBitsWeight& w, int64_t n0, int64_t n1, const float* bias,
+                           float* Y);
+void nbits_dequantize_packed32(const NBitsWeight& w, int64_t n, int64_t cols, float* panel);
+
 }  // namespace qmm::avx512_vnni
 
 // The same functions of the emulated build (identical declarations: a build defines one set).
@@ -38,5 +46,13 @@ void nbits_f32_panel32(const NBitsWeight& w, int64_t n, int64_t cols, float* pan
 
 // Columns per task that nbits_rows_f32's prefill path (more than 12 rows) wants: its tile's width.
 constexpr int64_t kNBitsF32PrefillColumns = 32;
+
+// Levels 0/1 on the "quads x16" layout (nbits_packed_f32_avx512.cpp), which nbits_rows_f32 and
+// nbits_f32_panel32 call: the few-row kernel (columns [n0, n1), n0 a multiple of 16; without a
+// packed weight, the AVX2 kernel on panels built per call: the same order), and the prefill's
+// panel, as nbits_f32_panel32 writes it, from the packed weight.
+void nbits_rows_packed_f32(const float* A, int64_t M, const NBitsWeight& w, int64_t n0, int64_t n1, const float* bias,
+                           float* Y);
+void nbits_dequantize_packed32(const NBitsWeight& w, int64_t n, int64_t cols, float* panel);
 
 }  // namespace qmm::avx512_vnni_emulated

@@ -469,27 +469,11 @@ void nbits_rows_int8_packed(const QuantizedA& a, const NBitsWeight& w, int64_t n
 
 void nbits_rows_packed(const float* A, int64_t M, const NBitsWeight& w, int64_t n0, int64_t n1, const float* bias,
                        float* Y) {
-  const int64_t K = w.K, kb = w.k_blocks, bs = w.block_size, padded = kb * bs;
+  const int64_t kb = w.k_blocks, padded = kb * w.block_size;
   const int64_t p0 = n0 / kPanel, p1 = (n1 + kPanel - 1) / kPanel;  // n0: a multiple of the panel (the driver's tasks)
   thread_local Scratch asum_storage, padded_storage;
   float* const asum = asum_storage.get<float>(M * kb);
-  const float* rows = A;
-  if (padded != K) {  // K's last block partial: A's rows padded with zeros (codes past K meet +0)
-    float* const copy = padded_storage.get<float>(M * padded);
-    for (int64_t m = 0; m < M; ++m) {
-      for (int64_t k = 0; k < K; ++k) copy[m * padded + k] = A[m * K + k];
-      zero_floats(copy + m * padded + K, padded - K);
-    }
-    rows = copy;
-  }
-  // Each block's sum of A in order of k from +0, the blocks side by side.
-  for (int64_t m = 0; m < M; ++m) {
-    float* const sums = asum + m * kb;
-    const float* const a = rows + m * padded;
-    zero_floats(sums, kb);
-    for (int64_t i = 0; i < bs; ++i)
-      for (int64_t b = 0; b < kb; ++b) sums[b] += a[b * bs + i];
-  }
+  const float* rows = padded_rows_and_block_sums(A, M, w, padded_storage, asum);
   if (w.packed) {
     auto packed = [&](int64_t p, int) { return quads_panel(w, p); };
     if (w.bits == 8) return panels_rows_f32_sized<8, true>(rows, asum, M, w, p0, p1, bias, Y, packed);

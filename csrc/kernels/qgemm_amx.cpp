@@ -169,7 +169,7 @@ const NBitsDispatch kNBits = {
     .prepare_f32 = f32::nbits_prepare_f32,
     .int8_tiling = QMM_KERNEL_NS::kNBitsTiling,
     .int8_layout = &kNBitsQuads16,  // read by the VNNI kernels below 8 rows
-    .f32_layout = nullptr,
+    .f32_layout = &kNBitsQuads16,  // levels 0/1: nbits_packed_f32_avx512.cpp
 };
 
 }  // namespace

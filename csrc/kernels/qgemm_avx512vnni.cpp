@@ -71,7 +71,7 @@ const NBitsDispatch kNBits = {
     .prepare_int8 = QMM_KERNEL_NS::nbits_prepare_int8,
     .prepare_f32 = QMM_KERNEL_NS::nbits_prepare_f32,
     .int8_layout = &kNBitsQuads16,  // read below 8 rows (nbits_packed_avx512vnni.cpp)
-    .f32_layout = nullptr,
+    .f32_layout = &kNBitsQuads16,  // levels 0/1: nbits_packed_f32_avx512.cpp
 };
 
 }  // namespace
