@@ -274,6 +274,7 @@ PackedNBits pack_nbits_weight(const NBitsLayout* layout, const NBitsWeight& w) {
   packed.block_size = w.block_size;
   packed.k_blocks = w.k_blocks;
   packed.row_bytes = w.row_bytes;
+  packed.u8_zero_points = w.zero_points_u8 != nullptr;
   packed.code_bytes = bytes;
   packed.codes = alloc_buffer<uint8_t>(static_cast<size_t>(bytes));
   const int64_t floats_per_panel = layout->panel_floats(w);

@@ -68,6 +68,9 @@ struct NBitsPacked {
   const NBitsLayout* layout;
   const uint8_t* codes;  // packed_bytes(w)
   const float* floats;  // panel_floats(w) per panel
+  // Integer zero points (held as uint8 in the panels) or float ones: the weight's own scales and
+  // zero points need not be passed with a packed weight (MatMulNBits holds only the packed form).
+  bool u8_zero_points;
 };
 
 // The layout of the x86 entries' level-4 kernels (avx2, avx512_vnni and the AMX entries, which run
@@ -87,21 +90,22 @@ static inline int64_t quads_storage_bits(int64_t bits) { return bits == 2 ? 2 : 
 // Bytes of one panel's codes per block: block_size / 4 quads x 64 bytes x S / 8.
 static inline int64_t quads_block_bytes(const NBitsWeight& w) { return w.block_size * quads_storage_bits(w.bits) * 2; }
 // A panel of the layout as its kernels read it: the codes (k_blocks runs of quads_block_bytes), and
-// per block the 16 columns' scales and either their integer zero points or scale * zero point (one
-// float32 product, as every kernel forms it; the kernels form it from the integer ones, the same
-// product), [k_blocks][16] each, zeros past N: the panel's floats (packed with the codes).
+// per block the 16 columns' scales and zero points (integer ones as uint8, float ones as float32;
+// the kernels form scale * zero point, one float32 product), [k_blocks][16] each, zeros past N: the
+// panel's floats (packed with the codes). They are the weight's scales and zero points exactly, so
+// a packed weight needs no other copy of them (quads_unpack_floats gives them back).
 struct QuadsPanel {
   const uint8_t* codes;
   const float* scales;
-  const float* scaled_zero_points;  // or null, and then:
+  const float* float_zero_points;  // or null, and then:
   const uint8_t* zero_points;  // [k_blocks][16] uint8 (integer zero points: 1 byte per block and column, not 4)
 };
 // The per-block data of columns [n0, n0 + 16) from w's scales and zero points, into scales and
-// scaled_zero_points ([k_blocks][16] each), or with zero_points given and integer zero points in w,
-// into scales and zero_points: packed once with the codes (built per call it took more than half of
-// a one-row call's time on AVX-512: a column-strided gather per panel), and built for panels made
-// on the fly from codes as they are.
-static inline void quads_block_data(const NBitsWeight& w, int64_t n0, float* scales, float* scaled_zero_points,
+// float_zero_points ([k_blocks][16] each; integer zero points converted), or with zero_points given
+// and integer zero points in w, into scales and zero_points: packed once with the codes (built per
+// call it took more than half of a one-row call's time on AVX-512: a column-strided gather per
+// panel), and built for panels made on the fly from codes as they are.
+static inline void quads_block_data(const NBitsWeight& w, int64_t n0, float* scales, float* float_zero_points,
                                     uint8_t* zero_points = nullptr) {
   const int64_t kb = w.k_blocks, cols = w.N - n0 < kQuadsPanel ? w.N - n0 : kQuadsPanel;  // no std::min: kernel files
   for (int64_t c = 0; c < kQuadsPanel; ++c) {  // each column's row of scales and zero points in order
@@ -110,7 +114,7 @@ static inline void quads_block_data(const NBitsWeight& w, int64_t n0, float* sca
       for (int64_t b = 0; b < kb; ++b) {
         scales[b * kQuadsPanel + c] = 0.0f;
         if (zero_points && w.zero_points_u8) zero_points[b * kQuadsPanel + c] = 0;
-        else scaled_zero_points[b * kQuadsPanel + c] = 0.0f;
+        else float_zero_points[b * kQuadsPanel + c] = 0.0f;
       }
     } else if (w.zero_points_u8 && zero_points) {
       const uint8_t* z = w.zero_points_u8 + (n0 + c) * kb;
@@ -122,13 +126,13 @@ static inline void quads_block_data(const NBitsWeight& w, int64_t n0, float* sca
       const uint8_t* z = w.zero_points_u8 + (n0 + c) * kb;
       for (int64_t b = 0; b < kb; ++b) {
         scales[b * kQuadsPanel + c] = s[b];
-        scaled_zero_points[b * kQuadsPanel + c] = s[b] * static_cast<float>(z[b]);
+        float_zero_points[b * kQuadsPanel + c] = static_cast<float>(z[b]);
       }
     } else {
       const float* z = w.zero_points + (n0 + c) * kb;
       for (int64_t b = 0; b < kb; ++b) {
         scales[b * kQuadsPanel + c] = s[b];
-        scaled_zero_points[b * kQuadsPanel + c] = s[b] * z[b];
+        float_zero_points[b * kQuadsPanel + c] = z[b];
       }
     }
   }
@@ -137,19 +141,50 @@ static inline void quads_block_data(const NBitsWeight& w, int64_t n0, float* sca
 static inline const uint8_t* quads_panel_codes(const NBitsWeight& w, int64_t p) {
   return w.packed->codes + p * w.k_blocks * quads_block_bytes(w);
 }
-// Floats per panel of w.packed: 16 scales per block, then 16 scaled zero points (float zero
-// points) or 16 uint8 zero points (4 floats' room) per block, rounded up to 64 bytes so that every
-// panel's data is 64-byte aligned.
+// Whether w's zero points are integers (uint8): from the packed form where there is one (the
+// weight's own arrays may be absent then), else from w's arrays.
+static inline bool u8_zero_points(const NBitsWeight& w) {
+  return w.packed ? w.packed->u8_zero_points : w.zero_points_u8 != nullptr;
+}
+// Floats per panel of w.packed: 16 scales per block, then 16 float zero points or 16 uint8 zero
+// points (4 floats' room) per block, rounded up to 64 bytes so that every panel's data is 64-byte
+// aligned.
 static inline int64_t quads_panel_floats(const NBitsWeight& w) {
-  const int64_t floats = kQuadsPanel * w.k_blocks + (w.zero_points_u8 ? 4 : kQuadsPanel) * w.k_blocks;
+  const int64_t floats = kQuadsPanel * w.k_blocks + (u8_zero_points(w) ? 4 : kQuadsPanel) * w.k_blocks;
   return (floats + 15) / 16 * 16;
 }
 // Panel p of w.packed: its codes and per-block data.
 static inline QuadsPanel quads_panel(const NBitsWeight& w, int64_t p) {
   const float* const scales = w.packed->floats + p * quads_panel_floats(w);
   const float* const rest = scales + kQuadsPanel * w.k_blocks;
-  if (w.zero_points_u8) return {quads_panel_codes(w, p), scales, nullptr, reinterpret_cast<const uint8_t*>(rest)};
+  if (u8_zero_points(w)) return {quads_panel_codes(w, p), scales, nullptr, reinterpret_cast<const uint8_t*>(rest)};
   return {quads_panel_codes(w, p), scales, rest, nullptr};
+}
+// Block b of column n: its scale and zero point (as float32), from w's arrays, or from the panel
+// of a weight packed in kNBitsQuads16 (the same values; such a weight may come without the arrays).
+static inline void block_scale_and_zero_point(const NBitsWeight& w, int64_t n, int64_t b, float& scale, float& zp) {
+  if (w.packed && w.packed->layout == &kNBitsQuads16) {
+    const QuadsPanel panel = quads_panel(w, n / kQuadsPanel);
+    const int64_t at = b * kQuadsPanel + n % kQuadsPanel;
+    scale = panel.scales[at];
+    zp = panel.zero_points ? static_cast<float>(panel.zero_points[at]) : panel.float_zero_points[at];
+    return;
+  }
+  scale = w.scales[n * w.k_blocks + b];
+  zp = w.zero_points_u8 ? static_cast<float>(w.zero_points_u8[n * w.k_blocks + b]) : w.zero_points[n * w.k_blocks + b];
+}
+// The GEMMs' per-block data of columns [n0, n0 + cols): sb[b * stride + c] = the scale and
+// szb[b * stride + c] = scale * (zero point - offset), one float32 product (offset: 128 where the
+// 8-bit codes enter as c - 128, else 0); columns past cols untouched.
+static inline void block_scales(const NBitsWeight& w, int64_t n0, int64_t cols, int64_t stride, float offset, float* sb,
+                                float* szb) {
+  for (int64_t c = 0; c < cols; ++c)
+    for (int64_t b = 0; b < w.k_blocks; ++b) {
+      float scale, zp;
+      block_scale_and_zero_point(w, n0 + c, b, scale, zp);
+      sb[b * stride + c] = scale;
+      szb[b * stride + c] = scale * (zp - offset);
+    }
 }
 
 // Helpers kernel files share are static inline (see requantize.h).
@@ -258,7 +293,8 @@ struct PackedNBits {
   Buffer<float> floats;
   int64_t code_bytes = 0, float_count = 0;
   int64_t N = 0, K = 0, bits = 0, block_size = 0, k_blocks = 0, row_bytes = 0;  // the weight's shape
-  NBitsPacked view() const { return {layout, codes.get(), floats.get()}; }
+  bool u8_zero_points = false;
+  NBitsPacked view() const { return {layout, codes.get(), floats.get(), u8_zero_points}; }
   size_t bytes() const { return static_cast<size_t>(code_bytes) + sizeof(float) * static_cast<size_t>(float_count); }
 };
 PackedNBits pack_nbits_weight(const NBitsLayout* layout, const NBitsWeight& w);

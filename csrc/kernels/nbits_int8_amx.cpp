@@ -175,13 +175,7 @@ void tiles(const QuantizedA& a, const NBitsWeight& w, int64_t n0, int64_t n1, co
     zero_floats(sb, kb * kPanel);  // columns past the panel's keep scale 0
     zero_floats(szb, kb * kPanel);
     zero_floats(acc, groups * kGroup * kPanel);
-    for (int64_t c = 0; c < cols; ++c) {
-      const int64_t n = p0 + c;
-      for (int64_t b = 0; b < kb; ++b) {
-        sb[b * kPanel + c] = w.scales[n * kb + b];
-        szb[b * kPanel + c] = w.scales[n * kb + b] * (zero_point(w, n * kb + b) - (Signed8 ? 128.0f : 0.0f));
-      }
-    }
+    block_scales(w, p0, cols, kPanel, Signed8 ? 128.0f : 0.0f, sb, szb);  // from the panels of a packed weight
     for (int64_t k0 = 0; k0 < padded; k0 += chunk) {
       const int64_t k1 = min_i64(padded, k0 + chunk);
       vnni::nbits_decode_panel16(w, p0, min_i64(cols, 16), k0, k1, panel);

@@ -417,13 +417,7 @@ void nbits_int8_gemm(const QuantizedA& a, const NBitsWeight& w, int64_t n0, int6
   zero_floats(sb, kb * 16);  // columns past N keep scale 0
   zero_floats(szb, kb * 16);
   zero_floats(acc, M * 16);
-  for (int64_t c = 0; c < cols; ++c) {
-    const int64_t n = n0 + c;
-    for (int64_t b = 0; b < kb; ++b) {
-      sb[b * 16 + c] = w.scales[n * kb + b];
-      szb[b * 16 + c] = w.scales[n * kb + b] * (zero_point(w, n * kb + b) - (signed8 ? 128.0f : 0.0f));
-    }
-  }
+  block_scales(w, n0, cols, 16, signed8 ? 128.0f : 0.0f, sb, szb);  // from the panels of a packed weight
   if (packed) {  // the panel by shifts and masks of the packed codes (8-bit ones held as c - 128)
     avx2::nbits_panel_from_packed(w, n0, panel);
   } else {

@@ -450,13 +450,7 @@ void gemm(const QuantizedA& a, const NBitsWeight& w, int64_t n0, int64_t n1, con
   zero_floats(sb, kb * 16);  // columns past N keep scale 0
   zero_floats(szb, kb * 16);
   zero_floats(acc, M * 16);
-  for (int64_t c = 0; c < cols; ++c) {
-    const int64_t n = n0 + c;
-    for (int64_t b = 0; b < kb; ++b) {
-      sb[b * 16 + c] = w.scales[n * kb + b];
-      szb[b * 16 + c] = w.scales[n * kb + b] * (zero_point(w, n * kb + b) - (signed8 ? 128.0f : 0.0f));
-    }
-  }
+  block_scales(w, n0, cols, 16, signed8 ? 128.0f : 0.0f, sb, szb);  // from the panels of a packed weight
   QMM_KERNEL_NS::nbits_decode_panel16(w, n0, cols, 0, padded, panel);
   if (signed8) {
     // start[b] = -128 * (sum of the block's c - 128) per column: vpdpbusd with ones adds each

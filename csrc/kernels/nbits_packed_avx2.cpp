@@ -29,10 +29,10 @@ namespace {
 
 constexpr int64_t kPanel = kQuadsPanel;
 
-// Eight columns' scale * zero point from `at` on in a panel's per-block data: packed (float zero
-// points), or formed from the packed uint8 zero points and the scales sb (the same float32 product).
+// Eight columns' scale * zero point from `at` on in a panel's per-block data: the scales sb times
+// the panel's float or uint8 zero points (one float32 product).
 inline __m256 scaled_zero_points8(const QuadsPanel& panel, __m256 sb, int64_t at) {
-  if (!panel.zero_points) return _mm256_load_ps(panel.scaled_zero_points + at);
+  if (!panel.zero_points) return _mm256_mul_ps(sb, _mm256_load_ps(panel.float_zero_points + at));
   const __m128i z = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(panel.zero_points + at));
   return _mm256_mul_ps(sb, _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(z)));
 }
@@ -362,7 +362,7 @@ inline __m256i quads_order(__m256i x) {
 // dword of each column's row each), 8 columns' dwords transposed in registers (4 x 4 per lane).
 // columns: room for 16 rows of `stride` bytes.
 void rows_panel(const NBitsWeight& w, int64_t n0, uint8_t* columns, int64_t stride, uint8_t* codes, float* scales,
-                float* scaled_zero_points) {
+                float* float_zero_points) {
   const int64_t kb = w.k_blocks, padded = kb * w.block_size, cols = min_i64(kPanel, w.N - n0);
   const int S = w.bits == 4 || w.bits == 3 ? 4 : 8;
   const int64_t dwords = padded * S / 32;  // per row: one per k-group of 32 / S codes
@@ -398,7 +398,7 @@ void rows_panel(const NBitsWeight& w, int64_t n0, uint8_t* columns, int64_t stri
       if (S == 4) x = quads_order(x);
       std::memcpy(codes + g * 64 + 4 * c, &x, 4);
     }
-  quads_block_data(w, n0, scales, scaled_zero_points);
+  quads_block_data(w, n0, scales, float_zero_points);
 }
 
 // Panels [p0, p1) for rows [0, M) of A (rows: padded to k_blocks * block_size), in passes of up to
@@ -491,9 +491,9 @@ void nbits_rows_packed(const float* A, int64_t M, const NBitsWeight& w, int64_t 
   float* const floats = floats_storage.get<float>(4 * kPanel * kb);
   auto built = [&](int64_t p, int slot) {
     uint8_t* c = codes + slot * kPanel * padded;
-    float *scales = floats + 2 * slot * kPanel * kb, *scaled_zero_points = scales + kPanel * kb;
-    rows_panel(w, p * kPanel, columns, stride, c, scales, scaled_zero_points);
-    return QuadsPanel{c, scales, scaled_zero_points, nullptr};
+    float *scales = floats + 2 * slot * kPanel * kb, *float_zero_points = scales + kPanel * kb;
+    rows_panel(w, p * kPanel, columns, stride, c, scales, float_zero_points);
+    return QuadsPanel{c, scales, float_zero_points, nullptr};
   };
   if (w.bits == 4 || w.bits == 3) panels_rows_f32_sized<4, false>(rows, asum, M, w, p0, p1, bias, Y, built);
   else panels_rows_f32_sized<8, false>(rows, asum, M, w, p0, p1, bias, Y, built);
@@ -509,8 +509,8 @@ void nbits_dequantize_packed(const NBitsWeight& w, int64_t n0, float* panel) {
   for (int64_t b = 0; b * bs < K8; ++b) {
     alignas(32) float zp[16], scale[16];
     for (int64_t c = 0; c < kPanel; ++c) {
-      zp[c] = c < cols ? zero_point(w, (n0 + c) * kb + b) : 0.0f;
-      scale[c] = c < cols ? w.scales[(n0 + c) * kb + b] : 0.0f;  // columns past N: (0 - 0) * 0
+      zp[c] = scale[c] = 0.0f;  // columns past N: (0 - 0) * 0
+      if (c < cols) block_scale_and_zero_point(w, n0 + c, b, scale[c], zp[c]);  // the panel's
     }
     const __m256 zp0 = _mm256_load_ps(zp), zp1 = _mm256_load_ps(zp + 8);
     const __m256 scale0 = _mm256_load_ps(scale), scale1 = _mm256_load_ps(scale + 8);

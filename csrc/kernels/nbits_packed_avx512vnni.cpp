@@ -79,13 +79,13 @@ void panel_rows(const QuantizedA& a, int64_t m0, const NBitsWeight& w, int64_t p
       }
     }
     const __m512 sb = _mm512_load_ps(sb_panel + b * kPanel);
-    // scale * zero point: packed (float zero points) or formed here from the packed uint8 ones (the same product).
+    // scale * zero point, formed here from the panel's uint8 or float zero points (one float32 product).
     // (uint8 -> uint16 -> int32: SIMDe has no _mm512_cvtepu8_epi32)
     const __m512 szp =
         panel.zero_points
             ? _mm512_mul_ps(sb, _mm512_cvtepi32_ps(_mm512_cvtepu16_epi32(_mm256_cvtepu8_epi16(
                                     _mm_load_si128(reinterpret_cast<const __m128i*>(panel.zero_points + b * kPanel))))))
-            : _mm512_load_ps(panel.scaled_zero_points + b * kPanel);
+            : _mm512_mul_ps(sb, _mm512_load_ps(panel.float_zero_points + b * kPanel));
     for (int r = 0; r < MR; ++r) {
       const __m512 product = _mm512_mul_ps(_mm512_set1_ps(scale_a[r * kb + b]), sb);
       const __m512 total = _mm512_cvtepi32_ps(dot[r]), bsum = _mm512_set1_ps(block_sum[r * kb + b]);

@@ -56,10 +56,10 @@ inline __m512 code_values(__m512i run, __m512 table) {
   }
 }
 
-// Scale * zero point of the panel's 16 columns for block b: packed (float zero points), or formed
-// from the packed uint8 zero points and the scales sb (the same float32 product).
+// Scale * zero point of the panel's 16 columns for block b: the scales sb times the panel's float
+// or uint8 zero points (one float32 product).
 inline __m512 scaled_zero_points16(const QuadsPanel& panel, __m512 sb, int64_t b) {
-  if (!panel.zero_points) return _mm512_load_ps(panel.scaled_zero_points + b * kPanel);
+  if (!panel.zero_points) return _mm512_mul_ps(sb, _mm512_load_ps(panel.float_zero_points + b * kPanel));
   const __m128i z = _mm_load_si128(reinterpret_cast<const __m128i*>(panel.zero_points + b * kPanel));
   return _mm512_mul_ps(sb, _mm512_cvtepi32_ps(_mm512_cvtepu16_epi32(_mm256_cvtepu8_epi16(z))));  // SIMDe: no epu8_epi32
 }
@@ -189,8 +189,8 @@ void nbits_dequantize_packed32(const NBitsWeight& w, int64_t n, int64_t cols, fl
     for (int64_t b = 0; b * bs < K16; ++b) {
       alignas(64) float zp[16], scale[16];
       for (int64_t c = 0; c < kPanel; ++c) {
-        zp[c] = c < count ? zero_point(w, (n0 + c) * kb + b) : 0.0f;
-        scale[c] = c < count ? w.scales[(n0 + c) * kb + b] : 0.0f;  // columns past N: (0 - 0) * 0
+        zp[c] = scale[c] = 0.0f;  // columns past N: (0 - 0) * 0
+        if (c < count) block_scale_and_zero_point(w, n0 + c, b, scale[c], zp[c]);  // the panel's
       }
       const __m512 vzp = _mm512_load_ps(zp), vscale = _mm512_load_ps(scale);
       for (int64_t g = 0; g < bs / 4 / Q; ++g) {
