@@ -139,11 +139,12 @@ qmm::NBitsWeight nbits_weight(const In& codes, int64_t K, int64_t bits, int64_t 
 using NBitsProduct = void (*)(const qmm::NBitsDispatch&, const float*, int64_t, const qmm::NBitsWeight&, const float*,
                               float*);
 
-// codes may be None where packed is given and the entry in use reads its layout at this level: its
-// kernels then never read the codes (a MatMulNBits at levels 0, 1 and 4 holds only the packed form).
+// codes, scales and zero_points may be None where packed is given and the entry in use reads its
+// layout at this level: its kernels then read only the packed form (a MatMulNBits at levels 0, 1
+// and 4 holds nothing else).
 template <NBitsProduct product, bool level4>
 nb::ndarray<nb::numpy> matmul_nbits_binding(const In& A, std::optional<In> codes, int64_t K, int64_t bits,
-                                            int64_t block_size, const In& scales, const In& zero_points,
+                                            int64_t block_size, std::optional<In> scales, std::optional<In> zero_points,
                                             std::optional<In> bias, int operands, std::optional<In> g_idx,
                                             const qmm::PackedNBits* packed) {
   const qmm::NBitsDispatch& entry = qmm::nbits_kernels();  // one entry for the check and the call
@@ -151,11 +152,22 @@ nb::ndarray<nb::numpy> matmul_nbits_binding(const In& A, std::optional<In> codes
   const bool use_packed = packed && packed->layout && packed->layout == qmm::nbits_layout(entry, level) && !g_idx;
   if (!codes && !use_packed)
     throw nb::value_error("matmul_nbits: the codes are needed: the kernels in use do not read the packed weight");
+  if (codes && (!scales || !zero_points))
+    throw nb::value_error("matmul_nbits: the codes come with their scales and zero points");
   const int64_t M = static_cast<int64_t>(A.shape(0));
-  qmm::NBitsWeight w = codes ? nbits_weight(*codes, K, bits, block_size, scales, zero_points, operands, g_idx)
-                             : nbits_weight(nullptr, packed->N, packed->row_bytes, packed->K, packed->bits,
-                                            packed->block_size, scales, zero_points, operands, g_idx);
   const qmm::NBitsPacked view = use_packed ? packed->view() : qmm::NBitsPacked{};
+  qmm::NBitsWeight w{};
+  if (codes) {
+    w = nbits_weight(*codes, K, bits, block_size, *scales, *zero_points, operands, g_idx);
+  } else {  // only the packed form: the shape from it, no arrays (scales and zero points given are not read)
+    w.N = packed->N;
+    w.K = packed->K;
+    w.bits = packed->bits;
+    w.block_size = packed->block_size;
+    w.k_blocks = packed->k_blocks;
+    w.row_bytes = packed->row_bytes;
+    w.operands = static_cast<qmm::NBitsOperands>(operands);
+  }
   if (use_packed) w.packed = &view;
   NewArray<float> y({M, w.N});
   {
@@ -485,12 +497,12 @@ void bind_matmul_nbits(nb::module_& m) {
   // operands (matmul_nbits_f32): 0 float32 (levels 0/1), 1 float16, 2 bfloat16 (levels 2/3: W is
   // rounded here; A must arrive rounded already).
   m.def("matmul_nbits_f32", matmul_nbits_binding<qmm::matmul_nbits_f32, false>, nb::arg("A"), nb::arg("codes").none(),
-        nb::arg("K"), nb::arg("bits"), nb::arg("block_size"), nb::arg("scales"), nb::arg("zero_points"),
+        nb::arg("K"), nb::arg("bits"), nb::arg("block_size"), nb::arg("scales").none(), nb::arg("zero_points").none(),
         nb::arg("bias").none(), nb::arg("operands") = 0, nb::arg("g_idx").none() = nb::none(),
         nb::arg("packed").none() = nb::none());
   // packed: the weight packed by pack_nbits_weight (the kernels of an entry with its layout read it).
   m.def("matmul_nbits_int8", matmul_nbits_binding<qmm::matmul_nbits_int8, true>, nb::arg("A"), nb::arg("codes").none(),
-        nb::arg("K"), nb::arg("bits"), nb::arg("block_size"), nb::arg("scales"), nb::arg("zero_points"),
+        nb::arg("K"), nb::arg("bits"), nb::arg("block_size"), nb::arg("scales").none(), nb::arg("zero_points").none(),
         nb::arg("bias").none(), nb::arg("operands") = 0, nb::arg("g_idx").none() = nb::none(),
         nb::arg("packed").none() = nb::none());
 
@@ -501,6 +513,25 @@ void bind_matmul_nbits(nb::module_& m) {
                                "A MatMulNBits weight packed for one kernel entry's kernels at a level")
       .def_prop_ro("layout", [](const qmm::PackedNBits& p) { return std::string(p.layout->name); })
       .def_prop_ro("nbytes", &qmm::PackedNBits::bytes);
+  // The scales (float32) and zero points (uint8, or float32 for float ones) [N, k_blocks] of a packed
+  // weight, exactly as they were given to pack_nbits_weight.
+  m.def("unpack_nbits_floats", [](const qmm::PackedNBits& packed) {
+    NewArray<float> scales({packed.N, packed.k_blocks});
+    if (packed.u8_zero_points) {
+      NewArray<uint8_t> zero_points({packed.N, packed.k_blocks});
+      {
+        nb::gil_scoped_release release;
+        qmm::unpack_nbits_floats(packed, scales.data(), zero_points.data());
+      }
+      return nb::make_tuple(scales.array(), zero_points.array());
+    }
+    NewArray<float> zero_points({packed.N, packed.k_blocks});
+    {
+      nb::gil_scoped_release release;
+      qmm::unpack_nbits_floats(packed, scales.data(), zero_points.data());
+    }
+    return nb::make_tuple(scales.array(), zero_points.array());
+  });
   // The codes [N, row_bytes] of a packed weight, as they were given to pack_nbits_weight.
   m.def("unpack_nbits_weight", [](const qmm::PackedNBits& packed) {
     NewArray<uint8_t> codes({packed.N, packed.row_bytes});

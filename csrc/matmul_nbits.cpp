@@ -241,6 +241,20 @@ void quads_unpack(const NBitsWeight& w, const uint8_t* packed_codes, uint8_t* co
   }
 }
 
+void quads_unpack_floats(const NBitsWeight& w, const float* packed_floats, float* scales, void* zero_points) {
+  NBitsPacked view{&kNBitsQuads16, nullptr, packed_floats, w.packed->u8_zero_points};
+  NBitsWeight panels = w;
+  panels.packed = &view;
+  const int64_t kb = w.k_blocks;
+  for (int64_t n = 0; n < w.N; ++n)
+    for (int64_t b = 0; b < kb; ++b) {
+      float zp;
+      block_scale_and_zero_point(panels, n, b, scales[n * kb + b], zp);
+      if (view.u8_zero_points) static_cast<uint8_t*>(zero_points)[n * kb + b] = static_cast<uint8_t>(zp);
+      else static_cast<float*>(zero_points)[n * kb + b] = zp;
+    }
+}
+
 }  // namespace
 
 const NBitsLayout kNBitsQuads16 = {.name = "quads x16",
@@ -248,9 +262,12 @@ const NBitsLayout kNBitsQuads16 = {.name = "quads x16",
                                    .packed_bytes = quads_packed_bytes,
                                    .pack = quads_pack,
                                    .panel_floats = quads_panel_floats,
-                                   .unpack = quads_unpack};
+                                   .unpack = quads_unpack,
+                                   .unpack_floats = quads_unpack_floats};
 
-void unpack_nbits_weight(const PackedNBits& packed, uint8_t* codes) {
+namespace {
+// The weight's shape as `packed` holds it (no arrays; w.packed its view).
+NBitsWeight packed_shape(const PackedNBits& packed, const NBitsPacked& view) {
   NBitsWeight w{};
   w.N = packed.N;
   w.K = packed.K;
@@ -258,7 +275,19 @@ void unpack_nbits_weight(const PackedNBits& packed, uint8_t* codes) {
   w.block_size = packed.block_size;
   w.k_blocks = packed.k_blocks;
   w.row_bytes = packed.row_bytes;
-  packed.layout->unpack(w, packed.codes.get(), codes);
+  w.packed = &view;
+  return w;
+}
+}  // namespace
+
+void unpack_nbits_weight(const PackedNBits& packed, uint8_t* codes) {
+  const NBitsPacked view = packed.view();
+  packed.layout->unpack(packed_shape(packed, view), packed.codes.get(), codes);
+}
+
+void unpack_nbits_floats(const PackedNBits& packed, float* scales, void* zero_points) {
+  const NBitsPacked view = packed.view();
+  packed.layout->unpack_floats(packed_shape(packed, view), packed.floats.get(), scales, zero_points);
 }
 
 PackedNBits pack_nbits_weight(const NBitsLayout* layout, const NBitsWeight& w) {

@@ -62,6 +62,9 @@ struct NBitsLayout {
   // The inverse for the codes: w's rows (w.codes' layout, N x row_bytes) from the packed codes,
   // bit for bit (codes past K included), so a holder may keep only the packed form.
   void (*unpack)(const NBitsWeight& w, const uint8_t* packed_codes, uint8_t* codes);
+  // And the scales [N, k_blocks] and zero points [N, k_blocks] (uint8 or float32, as packed) from
+  // the packed floats, exactly.
+  void (*unpack_floats)(const NBitsWeight& w, const float* packed_floats, float* scales, void* zero_points);
 };
 
 struct NBitsPacked {
@@ -93,7 +96,7 @@ static inline int64_t quads_block_bytes(const NBitsWeight& w) { return w.block_s
 // per block the 16 columns' scales and zero points (integer ones as uint8, float ones as float32;
 // the kernels form scale * zero point, one float32 product), [k_blocks][16] each, zeros past N: the
 // panel's floats (packed with the codes). They are the weight's scales and zero points exactly, so
-// a packed weight needs no other copy of them (quads_unpack_floats gives them back).
+// a packed weight needs no other copy of them (NBitsLayout::unpack_floats gives them back).
 struct QuadsPanel {
   const uint8_t* codes;
   const float* scales;
@@ -299,8 +302,10 @@ struct PackedNBits {
 };
 PackedNBits pack_nbits_weight(const NBitsLayout* layout, const NBitsWeight& w);
 struct NBitsDispatch;
-// The codes [N, row_bytes] of the weight `packed` holds, as they were (layout->unpack).
+// The codes [N, row_bytes] of the weight `packed` holds, as they were (layout->unpack); its
+// scales and zero points [N, k_blocks] (uint8 where packed.u8_zero_points, else float32), exactly.
 void unpack_nbits_weight(const PackedNBits& packed, uint8_t* codes);
+void unpack_nbits_floats(const PackedNBits& packed, float* scales, void* zero_points);
 
 // The two drivers on a given entry instead of the selected one (the self-test of csrc/dispatch.cpp).
 void matmul_nbits_f32(const NBitsDispatch& kernels, const float* A, int64_t M, const NBitsWeight& w, const float* bias,

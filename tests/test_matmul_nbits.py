@@ -1210,8 +1210,8 @@ def _quads_x16_bytes(bits, block_size, K, N, float_zero_points):
 def test_constant_weight_holds_its_codes_or_their_packed_form_and_nothing_more():
     """Without a packed layout (the portable entry, or a g_idx) a weight holds its codes as given, float32
     scales and uint8 zero points: at most 1.25x codes plus scales (the worst case, 2-bit codes in blocks
-    of 16, exactly). Packed (levels 0, 1 and 4 on the x86 entries) it holds the packed form instead of
-    the codes, byte for byte as documented, beside the scales and zero points."""
+    of 16, exactly). Packed (levels 0, 1 and 4 on the x86 entries) it holds only the packed form, byte
+    for byte as documented (the codes, scales and zero points are in it)."""
     import quantmatmul
 
     rng = np.random.default_rng(90)
@@ -1233,7 +1233,7 @@ def test_constant_weight_holds_its_codes_or_their_packed_form_and_nothing_more()
                         if quantmatmul._core.nbits_weight_layout(level) is None:
                             continue
                         packed = _quads_x16_bytes(bits, block_size, case.K, N, zp == "float")
-                        assert w.nbytes == packed + own, (bits, block_size, zp, N, level)
+                        assert w.nbytes == packed, (bits, block_size, zp, N, level)
 
 
 def test_constant_weight_class_from_float_copies_and_errors():
@@ -1250,8 +1250,8 @@ def test_constant_weight_class_from_float_copies_and_errors():
     before = w2(A)
     B[:] = 0  # the caller's codes change; the held weight does not
     assert np.array_equal(w2(A), before)
-    codes = q.B.nbytes if w2._packed is None else _quads_x16_bytes(4, 32, 96, 40, False)  # as given, or packed
-    assert w2.nbytes == codes + 4 * q.scales.size + q.scales.size  # + float32 scales + uint8 zero points
+    as_given = q.B.nbytes + 4 * q.scales.size + q.scales.size  # codes, float32 scales, uint8 zero points
+    assert w2.nbytes == (as_given if w2._packed is None else _quads_x16_bytes(4, 32, 96, 40, False))
     assert "MatMulNBits(K=96, N=40, bits=4" in repr(w2)
     with pytest.raises(TypeError, match="^MatMulNBits: A dtype float16 does not match the weight's scales dtype"):
         w(A.astype(np.float16))

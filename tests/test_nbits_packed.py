@@ -107,28 +107,36 @@ def test_packed_extreme_codes_and_nonfinite_rows(bits, entry, level):
             _same_bits(y, expected, f"bits {bits} block {block_size} M {M}")
 
 
-def test_packing_follows_the_entry():
-    """Packed for the entry in use when constructed, and then held only packed (the codes dropped);
-    after set_isa to an entry without the layout (portable) the codes come back from the packed
-    form, bit for bit, and the result is that entry's; back at avx2 it is packed again."""
+@pytest.mark.parametrize("zp", ZP_FORMS)
+def test_packing_follows_the_entry(zp):
+    """Packed for the entry in use when constructed, and then held only packed (the codes, scales
+    and zero points dropped: the packed form holds them); after set_isa to an entry without the
+    layout (portable) the codes, scales and zero points come back from the packed form, bit for
+    bit, and the result is that entry's; back at avx2 it is packed again."""
     rng = np.random.default_rng(6300)
-    case = Case(rng, 4, 32, K=200, N=30, batch=(3,), zp="packed", bias=True)
+    case = Case(rng, 4, 32, K=200, N=30, batch=(3,), zp=zp, bias=True)
+    reference = MatMulNBits(case.B, case.scales, case.zero_points, None, case.bias, **case.kw, accuracy_level=4)
+    with kernel_entry("nbits", "portable"):
+        given = reference._for_kernels()  # held as given: the codes, float32 scales and the kernels' zero points
     with kernel_entry("nbits", "avx2"):
         held = _held(case, accuracy_level=4)
-        codes, packed, layout = held._held
-        assert codes is None and layout == "quads x16" and held.nbytes >= packed.nbytes > case.B.nbytes
-        assert held.nbytes < 2 * packed.nbytes  # codes not held twice
+        arrays, layout = held._held
+        assert arrays.codes is None and arrays.scales is None and arrays.zero_points is None
+        assert layout == "quads x16" and held.nbytes == arrays.packed.nbytes + case.bias.nbytes
         _same_bits(held(case.A), case.run(4), "avx2")
     with kernel_entry("nbits", "portable") as entry:
         assert entry == "portable" and _core.nbits_weight_layout(4) is None
         y = held(case.A)
-        codes, packed, layout = held._held
-        assert packed is None and layout is None
-        assert np.array_equal(codes, case.B.reshape(case.N, -1))
+        arrays, layout = held._held
+        assert arrays.packed is None and layout is None
+        assert np.array_equal(arrays.codes, case.B.reshape(case.N, -1))
+        for name in ("scales", "zero_points"):
+            back, before = getattr(arrays, name), getattr(given, name)
+            assert back.dtype == before.dtype and np.array_equal(back.view(np.uint8), before.view(np.uint8)), name
         _same_bits(y, case.run(4), "portable, held vs function")
     with kernel_entry("nbits", "avx2"):
         y = held(case.A)
-        assert held._packed is not None and held._held[0] is None
+        assert held._packed is not None and held._held[0].codes is None
         _same_bits(y, case.run(4), "avx2 again")
 
 
@@ -152,7 +160,8 @@ def test_unpack_restores_the_codes(bits):
 
 def test_codes_are_needed_where_the_kernels_do_not_read_the_packed_weight():
     """Without the codes, a call under an entry of another layout (or none) is refused with a clear
-    error, never run on absent codes."""
+    error, never run on absent codes; with the packed form (read by the entry in use) the codes,
+    scales and zero points may all be absent; codes without their scales are refused."""
     rng = np.random.default_rng(6600)
     case = Case(rng, 4, 32, K=64, N=16, batch=(2,))
     B = case.B.reshape(case.N, -1)
@@ -164,6 +173,10 @@ def test_codes_are_needed_where_the_kernels_do_not_read_the_packed_weight():
         _same_bits(y, _core.matmul_nbits_int8(case.A, B, case.K, 4, 32, scales, zero_points, None), "no codes")
         y = _core.matmul_nbits_f32(case.A, None, case.K, 4, 32, scales, zero_points, None, packed=packed)
         _same_bits(y, _core.matmul_nbits_f32(case.A, B, case.K, 4, 32, scales, zero_points, None), "no codes, f32")
+        y = _core.matmul_nbits_int8(case.A, None, case.K, 4, 32, None, None, None, packed=packed)  # as MatMulNBits
+        _same_bits(y, _core.matmul_nbits_int8(case.A, B, case.K, 4, 32, scales, zero_points, None), "packed only")
+        with pytest.raises(ValueError, match="matmul_nbits: the codes come with their scales and zero points"):
+            _core.matmul_nbits_int8(case.A, B, case.K, 4, 32, None, None, None)
         for operands in (1, 2):  # levels 2/3: their kernels read the codes
             with pytest.raises(ValueError, match="matmul_nbits: the codes are needed"):
                 _core.matmul_nbits_f32(case.A, None, case.K, 4, 32, scales, zero_points, None, operands, packed=packed)
@@ -183,7 +196,7 @@ def test_weights_the_layout_does_not_take():
     with kernel_entry("nbits", "avx2"):
         g = Case(rng, 4, 32, K=96, N=9, batch=(2,), g="random")
         held = _held(g, accuracy_level=4)
-        assert held._packed is None and held._held[0] is not None
+        assert held._packed is None and held._held[0].codes is not None
         _same_bits(held(g.A), g.run(4), "g_idx")
         big = Case(rng, 4, 8192, K=8192, N=3, batch=(2,))
         held = _held(big, accuracy_level=4)
@@ -204,17 +217,18 @@ def test_weights_the_layout_does_not_take():
 
 
 def test_pickle_and_deepcopy_give_the_same_results():
-    """A held weight (packed, codes dropped) pickles and deep-copies with its codes; the copy packs
-    them again for the kernels in use, also under another entry, with the original's bits."""
+    """A held weight (packed, codes, scales and zero points dropped) pickles and deep-copies with its
+    codes, scales and zero points; the copy packs them again for the kernels in use, also under
+    another entry, with the original's bits."""
     rng = np.random.default_rng(6700)
     case = Case(rng, 4, 32, K=160, N=40, batch=(3,), zp="packed", bias=True)
     with kernel_entry("nbits", "avx2"):
         held = _held(case, accuracy_level=4)
         expected = held(case.A)
         for clone in (pickle.loads(pickle.dumps(held)), copy.deepcopy(held)):
-            assert clone._held[1] is None or clone._held[1] is not held._held[1]
+            assert clone._held[0].packed is None and clone._held[1] is None  # the arrays, packed on first use
             _same_bits(clone(case.A), expected, "copy")
-            assert clone._packed is not None and clone._held[0] is None
+            assert clone._packed is not None and clone._packed is not held._packed and clone._held[0].codes is None
     with kernel_entry("nbits", "portable"):
         _same_bits(pickle.loads(pickle.dumps(held))(case.A), case.run(4), "copy under portable")
 

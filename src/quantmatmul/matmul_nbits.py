@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import ml_dtypes
 import numpy as np
 
@@ -17,6 +19,23 @@ _F32, _F64 = np.dtype(np.float32), np.dtype(np.float64)
 _BF16 = np.dtype(ml_dtypes.bfloat16)
 _CHUNK = 1 << 18  # elements of dequantized weight held at once (1 MiB of float32)
 _TINY_AMAX = np.float32(127.0) / np.finfo(np.float32).max  # below it ORT's 127 / max|a| overflows
+
+
+def _unpacked(packed) -> _Held:
+    """The codes, scales and zero points a packed weight holds, exactly as they were packed."""
+    scales, zero_points = _core.unpack_nbits_floats(packed)
+    return _Held(_core.unpack_nbits_weight(packed), scales, zero_points)
+
+
+class _Held(NamedTuple):
+    """The weight as the kernels take it: its codes [N, row_bytes], float32 scales and zero points
+    (uint8 or float32) [N, k_blocks], or all three None and `packed`, the weight packed for the
+    kernels in use (_core.pack_nbits_weight), which then holds them all."""
+
+    codes: np.ndarray | None
+    scales: np.ndarray | None
+    zero_points: np.ndarray | None
+    packed: object = None
 
 
 def matmul_nbits(A, B, scales, zero_points=None, g_idx=None, bias=None, *, K, N, bits=4, block_size,
@@ -103,7 +122,7 @@ def matmul_nbits(A, B, scales, zero_points=None, g_idx=None, bias=None, *, K, N,
     level = _level(fn, accuracy_level)
     A = _activations(fn, A, K, None)
     w = _Weights(fn, B, scales, zero_points, g_idx, K, N, bits, block_size, A.dtype)
-    return _apply(A, w, _bias(fn, bias, A.dtype, N), level, w.B)
+    return _apply(A, w, _bias(fn, bias, A.dtype, N), level, _Held(w.B, w.scales, w.kernel_zero_points))
 
 
 class MatMulNBits:
@@ -142,45 +161,48 @@ class MatMulNBits:
         self._weights = _Weights(fn, B, scales, zero_points, g_idx, K, N, bits, block_size, self.dtype)
         self._bias = _bias(fn, bias, self.dtype, N)
         self.K, self.N, self.bits, self.block_size = K, N, bits, block_size
-        # What is held of the codes, replaced as one tuple (calls on other threads see one state):
-        # (codes or None, the weight packed for a kernel layout or None, that layout's name or None).
-        # At levels 0, 1 and 4 without g_idx the codes are packed once for the layout the active
-        # kernel entry reads at that level and then held only packed (as ONNX Runtime prepacks);
-        # set_isa to an entry of another layout (or none) packs again, or restores the codes, from
-        # the packed form.
-        self._held = (np.array(self._weights.B, order="C"), None, None)  # a private contiguous copy
-        self._weights.B = None  # held in _held
+        # What is held of the weight, replaced as one tuple (calls on other threads see one state):
+        # (_Held: the codes, scales and zero points, or the weight packed for a kernel layout; that
+        # layout's name or None). At levels 0, 1 and 4 without g_idx the weight is packed once for
+        # the layout the active kernel entry reads at that level and then held only packed (as ONNX
+        # Runtime prepacks: the packed form holds the codes, scales and zero points exactly); set_isa
+        # to an entry of another layout (or none) packs again, or restores the arrays, from it.
+        w = self._weights
+        codes = np.array(w.B, order="C")  # a private contiguous copy
+        self._held = (_Held(codes, np.ascontiguousarray(w.scales), w.kernel_zero_points), None)
+        w.B = w.scales = w.kernel_zero_points = None  # held in _held
         self._for_kernels()
 
-    def _for_kernels(self):
-        """(codes, packed) for a call now: packed (re)made for the layout the active entry reads at this
-        accuracy level (csrc/matmul_nbits.h, NBitsLayout) where it has one that takes this weight, else codes."""
-        codes, packed, layout = self._held
+    def _for_kernels(self) -> _Held:
+        """The weight for a call now: packed (re)made for the layout the active entry reads at this
+        accuracy level (csrc/matmul_nbits.h, NBitsLayout) where it has one that takes this weight, else
+        the codes, scales and zero points."""
+        held, layout = self._held
         w = self._weights
         if w.g_idx is not None:
-            return codes, None
+            return held
         current = _core.nbits_weight_layout(self.accuracy_level)
         if current != layout:
-            if codes is None:
-                codes = _core.unpack_nbits_weight(packed)
+            if held.packed is not None:
+                held = _unpacked(held.packed)
             packed = None if current is None else _core.pack_nbits_weight(
-                codes, w.K, w.bits, w.block_size, np.ascontiguousarray(w.scales), w.kernel_zero_points,
-                self.accuracy_level)
-            self._held = (None if packed is not None else codes, packed, current)
-            codes = self._held[0]
-        return codes, packed
+                held.codes, w.K, w.bits, w.block_size, held.scales, held.zero_points, self.accuracy_level)
+            if packed is not None:
+                held = _Held(None, None, None, packed)
+            self._held = (held, current)
+        return held
 
     @property
     def _packed(self):
         """The weight packed for the kernels (levels 0, 1 and 4), or None."""
-        return self._held[1]
+        return self._held[0].packed
 
     def __getstate__(self):
-        """Pickling and copy.deepcopy: the codes as given (from the packed form where only that is
-        held); the copy packs them again for its own kernels on first use."""
+        """Pickling and copy.deepcopy: the codes, scales and zero points as given (from the packed form
+        where only that is held); the copy packs them again for its own kernels on first use."""
         state = self.__dict__.copy()
-        codes, packed, _ = self._held
-        state["_held"] = (_core.unpack_nbits_weight(packed) if codes is None else codes, None, None)
+        held = self._held[0]
+        state["_held"] = (held if held.packed is None else _unpacked(held.packed), None)
         return state
 
     def __setstate__(self, state):
@@ -196,18 +218,18 @@ class MatMulNBits:
 
     @property
     def nbytes(self) -> int:
-        """Bytes held: the codes, float32 scales, the zero points (uint8, or float32 when given as floats), the
-        bias, and at levels 0, 1 and 4 the weight packed for the kernels (codes, per-block scales and zero points)."""
-        w = self._weights
-        codes, packed, _ = self._held
-        held = w.scales.nbytes + w.kernel_zero_points.nbytes
-        held += (0 if codes is None else codes.nbytes) + (0 if packed is None else packed.nbytes)
-        return held + (0 if self._bias is None else self._bias.nbytes)
+        """Bytes held: the codes, float32 scales and the zero points (uint8, or float32 when given as floats),
+        or at levels 0, 1 and 4 instead the weight packed for the kernels (codes, per-block scales and zero
+        points), and the bias."""
+        held = self._held[0]
+        nbytes = held.packed.nbytes if held.packed is not None else sum(
+            x.nbytes for x in (held.codes, held.scales, held.zero_points))
+        return nbytes + (0 if self._bias is None else self._bias.nbytes)
 
     def __call__(self, A) -> np.ndarray:
-        codes, packed = self._for_kernels()  # this call's: another thread's set_isa may change what is held
+        held = self._for_kernels()  # this call's: another thread's set_isa may change what is held
         return _apply(_activations(self._FN, A, self.K, self.dtype), self._weights, self._bias, self.accuracy_level,
-                      codes, packed)
+                      held)
 
     def __repr__(self) -> str:
         return (f"MatMulNBits(K={self.K}, N={self.N}, bits={self.bits}, block_size={self.block_size}, "
@@ -243,21 +265,21 @@ def _bias(fn, bias, dtype, N):
     return bias
 
 
-def _apply(A, w, bias, level, codes, packed=None):
-    """The product for validated operands: A [..., K] times the weight (its codes as given, or None
-    with `packed`, the weight packed for the kernels), in A's dtype."""
+def _apply(A, w, bias, level, held):
+    """The product for validated operands: A [..., K] times the weight (w: its shape and g_idx; held:
+    its codes, scales and zero points, or the weight packed for the kernels), in A's dtype."""
     out_shape = A.shape[:-1] + (w.N,)
     a2 = A.reshape(-1, w.K)
     if A.dtype == _F32 and w.g_idx is None and level in (0, 1, 4) and a2.shape[0]:  # all in C++: no numpy warnings
-        y = _product_int8(a2, w, codes, packed, bias) if level == 4 else _product_float(a2, w, codes, bias, None, packed)
+        y = _product_int8(a2, w, held, bias) if level == 4 else _product_float(a2, w, held, bias, None)
         return y.reshape(out_shape)
     with np.errstate(all="ignore"):
         if a2.shape[0] == 0:
             y = np.zeros((0, w.N), _F32)
         elif level == 4:
-            y = _product_int8(a2, w, codes, packed, bias)
+            y = _product_int8(a2, w, held, bias)
         else:
-            y = _product_float(a2, w, codes, bias, {2: np.float16, 3: _BF16}.get(level), packed)
+            y = _product_float(a2, w, held, bias, {2: np.float16, 3: _BF16}.get(level))
         return y.astype(A.dtype).reshape(out_shape)
 
 
@@ -432,20 +454,24 @@ def _round_to(x, dtype):
     return x.astype(dtype).astype(_F32)
 
 
-def _product_float(a2, w, codes, bias, compute_dtype, packed=None):
+def _product_float(a2, w, held, bias, compute_dtype):
     """Levels 0-3: float32 [M, N]; with compute_dtype, A and each dequantized W are rounded to it first.
-    codes may be None with `packed` (levels 0/1, the weight MatMulNBits holds packed)."""
+    held: the codes, scales and zero points, or (levels 0/1) the weight MatMulNBits holds packed."""
     a32 = a2.astype(_F32)
     if compute_dtype is not None:
         a32 = _round_to(a32, compute_dtype)
     # Levels 0-3: the C++ kernels (csrc/matmul_nbits.h), W rounded there for levels 2 and 3.
     operands = {None: 0, np.dtype(np.float16): 1, np.dtype(ml_dtypes.bfloat16): 2}[
         None if compute_dtype is None else np.dtype(compute_dtype)]
-    codes = None if codes is None else np.ascontiguousarray(codes)
-    return _core.matmul_nbits_f32(np.ascontiguousarray(a32), codes, w.K, w.bits, w.block_size,
-                                  np.ascontiguousarray(w.scales), w.kernel_zero_points,
-                                  None if bias is None else np.ascontiguousarray(bias, dtype=_F32), operands,
-                                  w.kernel_g_idx, packed)
+    return _core.matmul_nbits_f32(np.ascontiguousarray(a32), *_arrays(held), w.K, w.bits, w.block_size,
+                                  *_arrays(held, 1), None if bias is None else np.ascontiguousarray(bias, dtype=_F32),
+                                  operands, w.kernel_g_idx, held.packed)
+
+
+def _arrays(held, start=0):
+    """The held codes (start 0: one array) or scales and zero points (start 1: two), contiguous, or Nones."""
+    parts = (held.codes,) if start == 0 else (held.scales, held.zero_points)
+    return tuple(None if x is None else np.ascontiguousarray(x) for x in parts)
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -475,19 +501,17 @@ def _quantize_a(a32, block_size, k_blocks):
     return qa.astype(_F32), scale.astype(_F32)
 
 
-def _product_int8(a2, w, codes, packed, bias):
+def _product_int8(a2, w, held, bias):
     """Level 4: float32 [M, N], bias added; docs/matmul_nbits.md."""
     if w.g_idx is None:  # the C++ kernels (csrc/matmul_nbits.h): A quantized there exactly as below
-        codes = None if codes is None else np.ascontiguousarray(codes)  # None: held only packed (MatMulNBits)
-        return _core.matmul_nbits_int8(np.ascontiguousarray(a2, dtype=_F32), codes, w.K, w.bits,
-                                       w.block_size, np.ascontiguousarray(w.scales),
-                                       w.kernel_zero_points,
+        return _core.matmul_nbits_int8(np.ascontiguousarray(a2, dtype=_F32), *_arrays(held), w.K, w.bits,
+                                       w.block_size, *_arrays(held, 1),
                                        None if bias is None else np.ascontiguousarray(bias, dtype=_F32),
-                                       packed=packed)
+                                       packed=held.packed)
     # A non-trivial g_idx changes the scales inside an A block, so the integer form does not factor:
     # the dequantized int8 A (float32 qa * scale_a) times W through the float32 kernels, an order the
     # level-4 bound covers.
     M, kb, bs = a2.shape[0], w.k_blocks, w.block_size
     qa, scale_a = _quantize_a(a2.astype(_F32), bs, kb)
     a_fq = (qa * scale_a[:, :, None]).reshape(M, w.padded_K)[:, : w.K]
-    return _product_float(a_fq, w, codes, bias, None)
+    return _product_float(a_fq, w, held, bias, None)
