@@ -1250,6 +1250,16 @@ def test_constant_weight_class_from_float_copies_and_errors():
     before = w2(A)
     B[:] = 0  # the caller's codes change; the held weight does not
     assert np.array_equal(w2(A), before)
+    # Nor do its scales and zero points, held as given (portable, level 2) or packed, integer or float.
+    for entry, level, zp_form in (("portable", 0, "packed"), (None, 2, "float"), (None, 0, "float"), (None, 4, "packed")):
+        case = Case(rng, 4, 32, K=96, N=40, batch=(5,), zp=zp_form)
+        scales, zero_points = case.scales.copy(), case.zero_points.copy()
+        with kernel_entry("nbits", entry or quantmatmul.cpu_info()["isa"]):
+            held = quantmatmul.MatMulNBits(case.B, scales, zero_points, **case.kw, accuracy_level=level)
+            before = held(case.A)
+            scales[:] = 1
+            zero_points[:] = 3
+            assert np.array_equal(held(case.A).view(np.uint32), before.view(np.uint32)), (entry, level, zp_form)
     as_given = q.B.nbytes + 4 * q.scales.size + q.scales.size  # codes, float32 scales, uint8 zero points
     assert w2.nbytes == (as_given if w2._packed is None else _quads_x16_bytes(4, 32, 96, 40, False))
     assert "MatMulNBits(K=96, N=40, bits=4" in repr(w2)

@@ -499,6 +499,11 @@ void nbits_rows_packed(const float* A, int64_t M, const NBitsWeight& w, int64_t 
   else panels_rows_f32_sized<8, false>(rows, asum, M, w, p0, p1, bias, Y, built);
 }
 
+void nbits_rows_panel(const NBitsWeight& w, int64_t n0, uint8_t* columns, int64_t stride, uint8_t* codes, float* scales,
+                      float* float_zero_points) {
+  rows_panel(w, n0, columns, stride, codes, scales, float_zero_points);
+}
+
 void nbits_dequantize_packed(const NBitsWeight& w, int64_t n0, float* panel) {
   const int64_t K = w.K, K8 = (K + 7) / 8 * 8, kb = w.k_blocks, bs = w.block_size, bytes = quads_block_bytes(w);
   const int S = static_cast<int>(quads_storage_bits(w.bits)), Q = 8 / S;

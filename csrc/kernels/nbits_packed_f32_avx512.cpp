@@ -14,7 +14,7 @@
 //   y = fnmadd(asum_b, scale_b * zero_point_b, fma(dot_b, scale_b, y)) for the blocks in order from
 //   y = +0 (asum_b: the block's sum of A in order of k from +0); then y + bias,
 // so its results are the AVX2 table's bit for bit; without a packed weight (codes as they are) the
-// AVX2 kernel builds the layout's panels per call and runs them (the same order).
+// AVX2 code builds the layout's panels per call (the same panels the AVX2 kernel reads).
 //
 // Built twice like nbits_f32_avx512.cpp: natively with -mavx512f/bw/vl/dq, and over SIMDe
 // (QMM_EMULATED) for the tests on AVX2 machines.
@@ -124,37 +124,43 @@ void panel_rows(const float* const a[MR], const float* asum, const QuadsPanel pa
   }
 }
 
-// Panels [p0, p1) for rows [0, M) of A (rows: padded to k_blocks * block_size), in passes of up to
-// 4 rows, each over up to 4 panels at a time (1-2 rows) or 2 (3-4 rows): 4 to 8 FMA chains.
-template <int S, bool Signed8>
+// Panels [p0, p1) for rows [0, M) of A (rows: padded to k_blocks * block_size), four panels at a
+// time (panel_of(p, slot): panel p, slot 0-3 the room for a panel built on the fly), each in passes
+// of up to 4 rows over up to 4 panels at once (1-2 rows) or 2 (3-4 rows): 4 to 8 FMA chains.
+template <int S, bool Signed8, class PanelOf>
 void panels_rows(const float* rows, const float* asum, int64_t M, const NBitsWeight& w, int64_t p0, int64_t p1,
-                 const float* bias, float* Y) {
+                 const float* bias, float* Y, PanelOf panel_of) {
   const int64_t padded = w.k_blocks * w.block_size, kb = w.k_blocks;
-  for (int64_t m0 = 0; m0 < M; m0 += 4) {
-    const int64_t pass = min_i64(4, M - m0), width = pass <= 2 ? 4 : 2;
-    const float* a[4];
-    for (int r = 0; r < 4; ++r) a[r] = rows + min_i64(m0 + r, M - 1) * padded;
-    const float* s = asum + m0 * kb;
-    float* y = Y + m0 * w.N;
-    for (int64_t p = p0; p < p1;) {
-      QuadsPanel panels[4];
-      int64_t n0[4];
-      const int64_t count = p1 - p >= width ? width : 1;
-      for (int64_t t = 0; t < count; ++t) {
-        panels[t] = quads_panel(w, p + t);
-        n0[t] = (p + t) * kPanel;
+  for (int64_t p = p0; p < p1; p += 4) {
+    const int64_t count = min_i64(4, p1 - p);
+    QuadsPanel panels[4];
+    int64_t n0[4];
+    for (int64_t t = 0; t < count; ++t) {
+      panels[t] = panel_of(p + t, static_cast<int>(t));
+      n0[t] = (p + t) * kPanel;
+    }
+    for (int64_t m0 = 0; m0 < M; m0 += 4) {
+      const int64_t pass = min_i64(4, M - m0), width = pass <= 2 ? 4 : 2;
+      const float* a[4];
+      for (int r = 0; r < 4; ++r) a[r] = rows + min_i64(m0 + r, M - 1) * padded;
+      const float* s = asum + m0 * kb;
+      float* y = Y + m0 * w.N;
+      for (int64_t t = 0; t < count;) {
+        const int64_t n = count - t >= width ? width : 1;
+        const QuadsPanel* at = panels + t;
+        const int64_t* n0_at = n0 + t;
+        switch (pass * 8 + n) {
+          case 8 + 4: panel_rows<S, Signed8, 1, 4>(a, s, at, n0_at, w, bias, y); break;
+          case 8 + 1: panel_rows<S, Signed8, 1, 1>(a, s, at, n0_at, w, bias, y); break;
+          case 16 + 4: panel_rows<S, Signed8, 2, 4>(a, s, at, n0_at, w, bias, y); break;
+          case 16 + 1: panel_rows<S, Signed8, 2, 1>(a, s, at, n0_at, w, bias, y); break;
+          case 24 + 2: panel_rows<S, Signed8, 3, 2>(a, s, at, n0_at, w, bias, y); break;
+          case 24 + 1: panel_rows<S, Signed8, 3, 1>(a, s, at, n0_at, w, bias, y); break;
+          case 32 + 2: panel_rows<S, Signed8, 4, 2>(a, s, at, n0_at, w, bias, y); break;
+          default: panel_rows<S, Signed8, 4, 1>(a, s, at, n0_at, w, bias, y);
+        }
+        t += n;
       }
-      switch (pass * 8 + count) {
-        case 8 + 4: panel_rows<S, Signed8, 1, 4>(a, s, panels, n0, w, bias, y); break;
-        case 8 + 1: panel_rows<S, Signed8, 1, 1>(a, s, panels, n0, w, bias, y); break;
-        case 16 + 4: panel_rows<S, Signed8, 2, 4>(a, s, panels, n0, w, bias, y); break;
-        case 16 + 1: panel_rows<S, Signed8, 2, 1>(a, s, panels, n0, w, bias, y); break;
-        case 24 + 2: panel_rows<S, Signed8, 3, 2>(a, s, panels, n0, w, bias, y); break;
-        case 24 + 1: panel_rows<S, Signed8, 3, 1>(a, s, panels, n0, w, bias, y); break;
-        case 32 + 2: panel_rows<S, Signed8, 4, 2>(a, s, panels, n0, w, bias, y); break;
-        default: panel_rows<S, Signed8, 4, 1>(a, s, panels, n0, w, bias, y);
-      }
-      p += count;
     }
   }
 }
@@ -165,17 +171,36 @@ namespace QMM_KERNEL_NS {
 
 void nbits_rows_packed_f32(const float* A, int64_t M, const NBitsWeight& w, int64_t n0, int64_t n1, const float* bias,
                            float* Y) {
-  if (!w.packed) return avx2::nbits_rows_packed(A, M, w, n0, n1, bias, Y);  // panels built per call, same order
+  const int64_t kb = w.k_blocks, padded = kb * w.block_size;
   const int64_t p0 = n0 / kPanel, p1 = (n1 + kPanel - 1) / kPanel;  // n0: a multiple of the panel (the driver's tasks)
   thread_local Scratch asum_storage, padded_storage;
-  float* const asum = asum_storage.get<float>(M * w.k_blocks);
+  float* const asum = asum_storage.get<float>(M * kb);
   const float* rows = padded_rows_and_block_sums(A, M, w, padded_storage, asum);
-  if (w.bits == 8) return panels_rows<8, true>(rows, asum, M, w, p0, p1, bias, Y);
-  switch (quads_storage_bits(w.bits)) {
-    case 2: return panels_rows<2, false>(rows, asum, M, w, p0, p1, bias, Y);
-    case 4: return panels_rows<4, false>(rows, asum, M, w, p0, p1, bias, Y);
-    default: return panels_rows<8, false>(rows, asum, M, w, p0, p1, bias, Y);
+  if (w.packed) {
+    auto packed = [&](int64_t p, int) { return quads_panel(w, p); };
+    if (w.bits == 8) return panels_rows<8, true>(rows, asum, M, w, p0, p1, bias, Y, packed);
+    switch (quads_storage_bits(w.bits)) {
+      case 2: return panels_rows<2, false>(rows, asum, M, w, p0, p1, bias, Y, packed);
+      case 4: return panels_rows<4, false>(rows, asum, M, w, p0, p1, bias, Y, packed);
+      default: return panels_rows<8, false>(rows, asum, M, w, p0, p1, bias, Y, packed);
+    }
   }
+  // The codes as they are: panels of the layout built here by the AVX2 code (avx2::nbits_rows_panel:
+  // 4-bit storage for 3- and 4-bit codes, a byte per code for the others, 8-bit ones as they are),
+  // four at a time.
+  thread_local Scratch columns_storage, codes_storage, floats_storage;
+  const int64_t stride = padded + 32;  // the builder writes up to 16 past a row
+  uint8_t* const columns = columns_storage.get<uint8_t>(kPanel * stride);
+  uint8_t* const codes = codes_storage.get<uint8_t>(4 * kPanel * padded);
+  float* const floats = floats_storage.get<float>(8 * kPanel * kb);
+  auto built = [&](int64_t p, int slot) {
+    uint8_t* c = codes + slot * kPanel * padded;
+    float *scales = floats + 2 * slot * kPanel * kb, *zero_points = scales + kPanel * kb;
+    avx2::nbits_rows_panel(w, p * kPanel, columns, stride, c, scales, zero_points);
+    return QuadsPanel{c, scales, zero_points, nullptr};
+  };
+  if (w.bits == 4 || w.bits == 3) return panels_rows<4, false>(rows, asum, M, w, p0, p1, bias, Y, built);
+  panels_rows<8, false>(rows, asum, M, w, p0, p1, bias, Y, built);
 }
 
 void nbits_dequantize_packed32(const NBitsWeight& w, int64_t n, int64_t cols, float* panel) {

@@ -169,7 +169,8 @@ class MatMulNBits:
         # to an entry of another layout (or none) packs again, or restores the arrays, from it.
         w = self._weights
         codes = np.array(w.B, order="C")  # a private contiguous copy
-        self._held = (_Held(codes, np.ascontiguousarray(w.scales), w.kernel_zero_points), None)
+        # Private copies: later changes to the caller's arrays do not reach the held weight.
+        self._held = (_Held(codes, np.array(w.scales, order="C"), np.array(w.kernel_zero_points, order="C")), None)
         w.B = w.scales = w.kernel_zero_points = None  # held in _held
         self._for_kernels()
 
@@ -357,7 +358,7 @@ class _Weights:
         if scales.shape not in ((N, kb), (N * kb,)):
             raise ValueError(f"{fn}: scales has shape {scales.shape}, expected {(N, kb)} or ({N * kb},) "
                              f"for N={N}, K={K}, block_size={block_size}")
-        self.scales = scales.reshape(N, kb).astype(_F32)
+        self.scales = scales.reshape(N, kb).astype(_F32, copy=False)  # may be the caller's: never written
 
         # Zero points as the kernels take them, [N, k_blocks]: integer ones as uint8 (a quarter of
         # the bytes of float32), float ones as float32.
@@ -382,7 +383,7 @@ class _Weights:
                 if zp.shape not in ((N, kb), (N * kb,)):
                     raise ValueError(f"{fn}: zero_points has shape {zp.shape}, expected {(N, kb)} or ({N * kb},) "
                                      f"for unpacked {zp.dtype} zero points, N={N}, k_blocks={kb}")
-                self.kernel_zero_points = zp.reshape(N, kb).astype(_F32)
+                self.kernel_zero_points = zp.reshape(N, kb).astype(_F32, copy=False)  # likewise
                 self.integer_zero_points = False
             else:
                 raise TypeError(f"{fn}: zero_points dtype {zp.dtype} is not supported, expected uint8 (packed) "
@@ -457,7 +458,7 @@ def _round_to(x, dtype):
 def _product_float(a2, w, held, bias, compute_dtype):
     """Levels 0-3: float32 [M, N]; with compute_dtype, A and each dequantized W are rounded to it first.
     held: the codes, scales and zero points, or (levels 0/1) the weight MatMulNBits holds packed."""
-    a32 = a2.astype(_F32)
+    a32 = a2.astype(_F32, copy=False)
     if compute_dtype is not None:
         a32 = _round_to(a32, compute_dtype)
     # Levels 0-3: the C++ kernels (csrc/matmul_nbits.h), W rounded there for levels 2 and 3.
