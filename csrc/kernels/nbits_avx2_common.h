@@ -87,6 +87,46 @@ inline const float* padded_rows_and_block_sums(const float* A, int64_t M, const 
   return rows;
 }
 
+// The levels-0/1 few-row driver of the "quads x16" kernels (nbits_packed_avx2.cpp, AVX-512's
+// nbits_packed_f32_avx512.cpp): A's rows padded and their block sums, then
+// kernel(S, Signed8, rows, asum, p0, p1, panel_of) over the panels [p0, p1) of columns [n0, n1) (n0
+// a multiple of 16), S and Signed8 as std::integral_constant, panel_of(p, slot) panel p: the packed
+// weight's, or (codes as they are) one built into slot `slot` (< slots) by build (rows_panel's
+// signature: 4-bit storage for 3- and 4-bit codes, a byte per code for the others).
+template <class Build, class Kernel>
+inline void quads_rows_f32(const float* A, int64_t M, const NBitsWeight& w, int64_t n0, int64_t n1, int slots,
+                           Build build, Kernel kernel) {
+  using Eight = std::integral_constant<int, 8>;
+  const int64_t kb = w.k_blocks, padded = kb * w.block_size, panel = kQuadsPanel;
+  const int64_t p0 = n0 / panel, p1 = (n1 + panel - 1) / panel;
+  thread_local Scratch asum_storage, padded_storage;
+  float* const asum = asum_storage.get<float>(M * kb);
+  const float* rows = padded_rows_and_block_sums(A, M, w, padded_storage, asum);
+  if (w.packed) {
+    auto packed = [&](int64_t p, int) { return quads_panel(w, p); };
+    if (w.bits == 8) return kernel(Eight{}, std::true_type{}, rows, asum, p0, p1, packed);
+    switch (quads_storage_bits(w.bits)) {
+      case 2: return kernel(std::integral_constant<int, 2>{}, std::false_type{}, rows, asum, p0, p1, packed);
+      case 4: return kernel(std::integral_constant<int, 4>{}, std::false_type{}, rows, asum, p0, p1, packed);
+      default: return kernel(Eight{}, std::false_type{}, rows, asum, p0, p1, packed);
+    }
+  }
+  thread_local Scratch columns_storage, codes_storage, floats_storage;
+  const int64_t stride = padded + 32;  // the builder writes up to 16 past a row
+  uint8_t* const columns = columns_storage.get<uint8_t>(panel * stride);
+  uint8_t* const codes = codes_storage.get<uint8_t>(slots * panel * padded);
+  float* const floats = floats_storage.get<float>(2 * slots * panel * kb);
+  auto built = [&](int64_t p, int slot) {
+    uint8_t* c = codes + slot * panel * padded;
+    float *scales = floats + 2 * slot * panel * kb, *zero_points = scales + panel * kb;
+    build(w, p * panel, columns, stride, c, scales, zero_points);
+    return QuadsPanel{c, scales, zero_points, nullptr};
+  };
+  if (w.bits == 4 || w.bits == 3)
+    return kernel(std::integral_constant<int, 4>{}, std::false_type{}, rows, asum, p0, p1, built);
+  kernel(Eight{}, std::false_type{}, rows, asum, p0, p1, built);
+}
+
 inline float horizontal_sum(__m256 v) {
   const __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
   const __m128 t = _mm_add_ps(s, _mm_movehl_ps(s, s));

@@ -469,34 +469,12 @@ void nbits_rows_int8_packed(const QuantizedA& a, const NBitsWeight& w, int64_t n
 
 void nbits_rows_packed(const float* A, int64_t M, const NBitsWeight& w, int64_t n0, int64_t n1, const float* bias,
                        float* Y) {
-  const int64_t kb = w.k_blocks, padded = kb * w.block_size;
-  const int64_t p0 = n0 / kPanel, p1 = (n1 + kPanel - 1) / kPanel;  // n0: a multiple of the panel (the driver's tasks)
-  thread_local Scratch asum_storage, padded_storage;
-  float* const asum = asum_storage.get<float>(M * kb);
-  const float* rows = padded_rows_and_block_sums(A, M, w, padded_storage, asum);
-  if (w.packed) {
-    auto packed = [&](int64_t p, int) { return quads_panel(w, p); };
-    if (w.bits == 8) return panels_rows_f32_sized<8, true>(rows, asum, M, w, p0, p1, bias, Y, packed);
-    switch (quads_storage_bits(w.bits)) {
-      case 2: return panels_rows_f32_sized<2, false>(rows, asum, M, w, p0, p1, bias, Y, packed);
-      case 4: return panels_rows_f32_sized<4, false>(rows, asum, M, w, p0, p1, bias, Y, packed);
-      default: return panels_rows_f32_sized<8, false>(rows, asum, M, w, p0, p1, bias, Y, packed);
-    }
-  }
-  // The codes as they are: two panels at a time built here in the layout (rows_panel).
-  thread_local Scratch columns_storage, codes_storage, floats_storage;
-  const int64_t stride = padded + 32;  // decode_padded_column writes up to 16 past
-  uint8_t* const columns = columns_storage.get<uint8_t>(kPanel * stride);
-  uint8_t* const codes = codes_storage.get<uint8_t>(2 * kPanel * padded);
-  float* const floats = floats_storage.get<float>(4 * kPanel * kb);
-  auto built = [&](int64_t p, int slot) {
-    uint8_t* c = codes + slot * kPanel * padded;
-    float *scales = floats + 2 * slot * kPanel * kb, *float_zero_points = scales + kPanel * kb;
-    rows_panel(w, p * kPanel, columns, stride, c, scales, float_zero_points);
-    return QuadsPanel{c, scales, float_zero_points, nullptr};
-  };
-  if (w.bits == 4 || w.bits == 3) panels_rows_f32_sized<4, false>(rows, asum, M, w, p0, p1, bias, Y, built);
-  else panels_rows_f32_sized<8, false>(rows, asum, M, w, p0, p1, bias, Y, built);
+  // Two panels built at a time for the codes as they are.
+  quads_rows_f32(A, M, w, n0, n1, 2, rows_panel,
+                 [&](auto s, auto signed8, const float* rows, const float* asum, int64_t p0, int64_t p1, auto panel) {
+                   panels_rows_f32_sized<decltype(s)::value, decltype(signed8)::value>(rows, asum, M, w, p0, p1, bias,
+                                                                                       Y, panel);
+                 });
 }
 
 void nbits_rows_panel(const NBitsWeight& w, int64_t n0, uint8_t* columns, int64_t stride, uint8_t* codes, float* scales,

@@ -171,36 +171,11 @@ namespace QMM_KERNEL_NS {
 
 void nbits_rows_packed_f32(const float* A, int64_t M, const NBitsWeight& w, int64_t n0, int64_t n1, const float* bias,
                            float* Y) {
-  const int64_t kb = w.k_blocks, padded = kb * w.block_size;
-  const int64_t p0 = n0 / kPanel, p1 = (n1 + kPanel - 1) / kPanel;  // n0: a multiple of the panel (the driver's tasks)
-  thread_local Scratch asum_storage, padded_storage;
-  float* const asum = asum_storage.get<float>(M * kb);
-  const float* rows = padded_rows_and_block_sums(A, M, w, padded_storage, asum);
-  if (w.packed) {
-    auto packed = [&](int64_t p, int) { return quads_panel(w, p); };
-    if (w.bits == 8) return panels_rows<8, true>(rows, asum, M, w, p0, p1, bias, Y, packed);
-    switch (quads_storage_bits(w.bits)) {
-      case 2: return panels_rows<2, false>(rows, asum, M, w, p0, p1, bias, Y, packed);
-      case 4: return panels_rows<4, false>(rows, asum, M, w, p0, p1, bias, Y, packed);
-      default: return panels_rows<8, false>(rows, asum, M, w, p0, p1, bias, Y, packed);
-    }
-  }
-  // The codes as they are: panels of the layout built here by the AVX2 code (avx2::nbits_rows_panel:
-  // 4-bit storage for 3- and 4-bit codes, a byte per code for the others, 8-bit ones as they are),
-  // four at a time.
-  thread_local Scratch columns_storage, codes_storage, floats_storage;
-  const int64_t stride = padded + 32;  // the builder writes up to 16 past a row
-  uint8_t* const columns = columns_storage.get<uint8_t>(kPanel * stride);
-  uint8_t* const codes = codes_storage.get<uint8_t>(4 * kPanel * padded);
-  float* const floats = floats_storage.get<float>(8 * kPanel * kb);
-  auto built = [&](int64_t p, int slot) {
-    uint8_t* c = codes + slot * kPanel * padded;
-    float *scales = floats + 2 * slot * kPanel * kb, *zero_points = scales + kPanel * kb;
-    avx2::nbits_rows_panel(w, p * kPanel, columns, stride, c, scales, zero_points);
-    return QuadsPanel{c, scales, zero_points, nullptr};
-  };
-  if (w.bits == 4 || w.bits == 3) return panels_rows<4, false>(rows, asum, M, w, p0, p1, bias, Y, built);
-  panels_rows<8, false>(rows, asum, M, w, p0, p1, bias, Y, built);
+  // Four panels built at a time (by the AVX2 code) for the codes as they are.
+  quads_rows_f32(A, M, w, n0, n1, 4, avx2::nbits_rows_panel,
+                 [&](auto s, auto signed8, const float* rows, const float* asum, int64_t p0, int64_t p1, auto panel) {
+                   panels_rows<decltype(s)::value, decltype(signed8)::value>(rows, asum, M, w, p0, p1, bias, Y, panel);
+                 });
 }
 
 void nbits_dequantize_packed32(const NBitsWeight& w, int64_t n, int64_t cols, float* panel) {
