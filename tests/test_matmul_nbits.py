@@ -839,6 +839,8 @@ def test_vnni_level4_extreme_codes_and_activations(vnni, bits):
                     case = case.replace(zero_points=np.zeros_like(case.zero_points))
                 y = case.run(4)
                 assert np.array_equal(y, _under("avx2", lambda case=case: case.run(4))), (vnni, bits, block_size, M, zp)
+                held = quantmatmul.MatMulNBits(case.B, case.scales, case.zero_points, **case.kw, accuracy_level=4)
+                assert np.array_equal(held(case.A), y), ("packed", vnni, bits, block_size, M, zp)  # few-row kernel
                 y_eff, tol = tight_tolerance(case, 4)
                 assert_within(y, y_eff, tol, f"{vnni} bits {bits} block {block_size} M {M} zp {zp}")
 

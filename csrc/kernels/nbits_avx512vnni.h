@@ -25,6 +25,9 @@ namespace qmm {
 // 2 threads, ms GEMM / few-row: 16 rows 2.40 / 1.16, 32 rows 3.59 / 2.44, 128 rows 9.38 / 8.39 at
 // blocks of 32; 7.58 / 7.28 at 128; 256 rows 19.3 / 16.8 and 12.9 / 13.0; 512 rows 34.0 / 35.0).
 constexpr int64_t kNBitsPackedMaxRows = 255;
+// 8-bit codes (no shift and mask to save, a column sum to add): GEMM / few-row 2.03 at 8 rows, 1.26
+// at 24, 1.13 at 32, 0.90 at 64 (bs 32); 1.79, 1.03, 0.91 at 8, 24, 32 (bs 128).
+constexpr int64_t kNBitsPackedMaxRows8 = 23;
 }  // namespace qmm
 
 namespace qmm::avx512_vnni {

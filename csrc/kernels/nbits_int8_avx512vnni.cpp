@@ -311,11 +311,11 @@ void decode_rows(const QuantizedA& a, const NBitsWeight& w, int64_t n0, int64_t 
 constexpr int64_t kGemmMinRows = 8;  // as the AVX2 kernels: below it the per-column kernel
 // Up to kNBitsPackedMaxRows rows a packed weight takes the few-row kernel of nbits_packed_avx512vnni.cpp
 // (at 8 rows, 4-bit K = N = 4096, 2 threads: 1.54 ms through the GEMM's per-task panels here, 0.83
-// there; faster up to 255 rows: nbits_avx512vnni.h); 8-bit
-// codes below 8 rows only, since from 8 rows their GEMM forms its zero-point term as sb * (zp - 128),
-// other float32 operations than the few-row kernel's (as on AVX2).
+// there; faster up to 255 rows: nbits_avx512vnni.h); 8-bit codes up to kNBitsPackedMaxRows8, the
+// few-row kernel taking this GEMM's integers and zero-point term sb * (zp - 128) from 8 rows.
 inline bool packed_rows(const NBitsWeight& w, int64_t M) {
-  return w.packed && w.packed->layout == &kNBitsQuads16 && M <= (w.bits == 8 ? kGemmMinRows - 1 : kNBitsPackedMaxRows);
+  return w.packed && w.packed->layout == &kNBitsQuads16 &&
+         M <= (w.bits == 8 ? kNBitsPackedMaxRows8 : kNBitsPackedMaxRows);
 }
 constexpr int kGroupRows = 8;  // rows interleaved by quads, the tile's height
 

@@ -62,30 +62,42 @@ void panel_rows(const QuantizedA& a, int64_t m0, const NBitsWeight& w, int64_t p
       for (int r = 0; r < MR; ++r) y[r] = _mm512_sub_ps(lane_sums(acc[r]), lane_sums(correction[r]));
     __m512i dot[MR];
     for (int r = 0; r < MR; ++r) dot[r] = _mm512_setzero_si512();
+    // 8-bit codes in the GEMM's order take the GEMM's integers: (qa + 128) as uint8 times c - 128
+    // as stored, plus -128 * sum (c - 128) per column (column_sum: the codes against ones), which is
+    // sum qa (c - 128) exactly; its zero-point term is then scale * (zero point - 128).
+    constexpr bool kGemmIntegers = Eight && InOrder;
+    __m512i column_sum = _mm512_setzero_si512();
     const uint8_t* block = codes + b * bytes;
     for (int64_t g = 0; g < groups; ++g) {
       const __m512i run = _mm512_load_si512(reinterpret_cast<const void*>(block + 64 * g));
       for (int j = 0; j < Q; ++j) {
         __m512i quad;
-        if constexpr (Eight) quad = _mm512_xor_si512(run, flip);  // c - 128 back to c
+        if constexpr (kGemmIntegers) quad = run;
+        else if constexpr (Eight) quad = _mm512_xor_si512(run, flip);  // c - 128 back to c
         else if constexpr (S == 8) quad = run;
         else quad = _mm512_and_si512(j ? _mm512_srli_epi16(run, S * j) : run, mask);
         const int64_t k = b * bs + 4 * (g * Q + j);
+        if constexpr (kGemmIntegers) column_sum = _mm512_dpbusd_epi32(column_sum, _mm512_set1_epi8(1), quad);
         for (int r = 0; r < MR; ++r) {
           int32_t four;
           std::memcpy(&four, qa[r] + k, 4);
-          dot[r] = _mm512_dpbusd_epi32(dot[r], quad, _mm512_set1_epi32(four));
+          if constexpr (kGemmIntegers)  // qa + 128 = qa ^ 0x80 per byte (qa is never -128)
+            dot[r] = _mm512_dpbusd_epi32(dot[r], _mm512_set1_epi32(four ^ static_cast<int32_t>(0x80808080u)), quad);
+          else dot[r] = _mm512_dpbusd_epi32(dot[r], quad, _mm512_set1_epi32(four));
         }
       }
+    }
+    if constexpr (kGemmIntegers) {
+      const __m512i start = _mm512_sub_epi32(_mm512_setzero_si512(), _mm512_slli_epi32(column_sum, 7));
+      for (int r = 0; r < MR; ++r) dot[r] = _mm512_add_epi32(dot[r], start);
     }
     const __m512 sb = _mm512_load_ps(sb_panel + b * kPanel);
     // scale * zero point, formed here from the panel's uint8 or float zero points (one float32 product).
     // (uint8 -> uint16 -> int32: SIMDe has no _mm512_cvtepu8_epi32)
-    const __m512 szp =
-        panel.zero_points
-            ? _mm512_mul_ps(sb, _mm512_cvtepi32_ps(_mm512_cvtepu16_epi32(_mm256_cvtepu8_epi16(
-                                    _mm_load_si128(reinterpret_cast<const __m128i*>(panel.zero_points + b * kPanel))))))
-            : _mm512_mul_ps(sb, _mm512_load_ps(panel.float_zero_points + b * kPanel));
+    const __m512 zp = panel.zero_points ? _mm512_cvtepi32_ps(_mm512_cvtepu16_epi32(_mm256_cvtepu8_epi16(_mm_load_si128(
+                                              reinterpret_cast<const __m128i*>(panel.zero_points + b * kPanel)))))
+                                        : _mm512_load_ps(panel.float_zero_points + b * kPanel);
+    const __m512 szp = _mm512_mul_ps(sb, kGemmIntegers ? _mm512_sub_ps(zp, _mm512_set1_ps(128.0f)) : zp);
     for (int r = 0; r < MR; ++r) {
       const __m512 product = _mm512_mul_ps(_mm512_set1_ps(scale_a[r * kb + b]), sb);
       const __m512 total = _mm512_cvtepi32_ps(dot[r]), bsum = _mm512_set1_ps(block_sum[r * kb + b]);
