@@ -43,16 +43,16 @@ def _same_bits(y, expected, what):
 @pytest.mark.parametrize("entry", ENTRIES, ids=[level for level, _ in ENTRIES])
 @pytest.mark.parametrize("bits", BITS)
 def test_packed_equals_unpacked_bit_for_bit(bits, entry, level):
-    """Every width x block sizes 16..512 x rows 1-15 (AVX2's packed few-row kernel: passes of 4 rows
-    and their tails, both float32 orders; 8-bit codes from 8 rows on take the GEMM; the VNNI
-    few-row kernel below 8 rows, its GEMM from 8) and 16, 21 (the GEMMs, and the AMX tiles, with
-    their panels taken from the packed codes) x every zero-point form, K from 1 to 19 blocks (whole
-    groups of 8 blocks and blocks left over, the float32 order's two parts), N from 1 to 41 (panels
-    of 16 and a column tail; tasks of 16 and 32 columns): the
-    held weight (packed) gives the bits of matmul_nbits (codes read as they are), within the tight
-    tolerance of the exact product of the level's operands. Level 0 (levels 0/1: avx2 packs, its
-    few-row kernel reads the packed weight or panels built from the codes; from 13 rows the prefill
-    dequantizes either; the other entries read the codes) likewise."""
+    """Every width x block sizes 16..512 x rows 1-15 (the packed few-row kernels: passes of 4 rows
+    and their tails, both float32 orders; AVX2's 8-bit codes from 8 rows on take the GEMM; the VNNI
+    kernel's 8-bit codes from 8 rows the GEMM's integers) and 16, 21 (AVX2's GEMM and the AMX tiles
+    with their panels taken from the packed codes; VNNI's few-row kernel still, against its GEMM on
+    the codes) x every zero-point form, K from 1 to 19 blocks (whole groups of 8 blocks and blocks
+    left over, the float32 order's two parts), N from 1 to 41 (panels of 16 and a column tail;
+    tasks of 16 and 32 columns): the held weight (packed) gives the bits of matmul_nbits (codes
+    read as they are), within the tight tolerance of the exact product of the level's operands.
+    Level 0 likewise (every x86 entry packs at levels 0/1: the few-row kernels read the packed
+    weight or panels built from the codes; from 13 rows the prefill dequantizes either)."""
     rng = np.random.default_rng(6100 + bits + level)
     isa, hidden = entry
     with kernel_entry("nbits", isa, hidden) as name:
