@@ -1,4 +1,4 @@
-"""test_nbits_bf16.py: MatMulNBits level 3 on the avx512bf16 and amxbf16 entries (vdpbf16ps / tdpbf16ps over bfloat16 pairs, more than 12 rows): bit for bit against a numpy model of each one's documented order, within the level-3 bound, and the entries' choice."""
+"""test_nbits_bf16.py: MatMulNBits level 3 on the avx512bf16 and amxbf16 entries (vdpbf16ps / tdpbf16ps over bfloat16 pairs, more than 8 rows): bit for bit against a numpy model of each one's documented order, within the level-3 bound, and the entries' choice."""
 
 from __future__ import annotations
 
@@ -51,15 +51,16 @@ def _bf16(x):
     return np.asarray(x, np.float32).astype(ml_dtypes.bfloat16).astype(np.float32)
 
 
-# Rows around the 12-row groups and 48-row blocks (13 is the first on the pair path); K odd and
-# even, around the 128-pair chunks; columns around the 16-column panels and 32-column tasks.
-SHAPES = [(13, 64, 16), (25, 255, 33), (48, 257, 70), (61, 512, 17), (14, 33, 40)]
+# Rows around the 12-row groups and 48-row blocks (9 is the first on the pair path); K odd and
+# even, around the 128-pair chunks; columns around the 16-column panels and 32-column tasks (64 up
+# to 12 rows).
+SHAPES = [(9, 64, 16), (10, 100, 70), (13, 64, 16), (25, 255, 33), (48, 257, 70), (61, 512, 17), (14, 33, 40)]
 
 
 @pytest.mark.parametrize("entry, level, hidden", BF16_ENTRIES, ids=[e[0] for e in BF16_ENTRIES])
 @pytest.mark.parametrize("bits", [2, 3, 4, 5, 8])
 def test_level3_prefill_is_the_pair_order_bit_for_bit(entry, level, hidden, bits):
-    """Level 3, more than 12 rows: A and W rounded to bfloat16 (W as dequantize_nbits computes it),
+    """Level 3, more than 8 rows: A and W rounded to bfloat16 (W as dequantize_nbits computes it),
     each output from +0 in the entry's order (vdpbf16ps: over k pairs, the odd-indexed product
     first; tdpbf16ps: per 32 k, even and odd sums apart, then added), then + bias."""
     rng = np.random.default_rng(bits)
@@ -80,10 +81,10 @@ def test_level3_prefill_is_the_pair_order_bit_for_bit(entry, level, hidden, bits
 
 @pytest.mark.parametrize("entry, level, hidden", BF16_ENTRIES, ids=[e[0] for e in BF16_ENTRIES])
 def test_level3_within_the_bound_and_other_paths_are_the_avx512_entry(entry, level, hidden):
-    """Every width, zero-point form, g_idx form, bias and A dtype at level 3 with more than 12 rows
+    """Every width, zero-point form, g_idx form, bias and A dtype at level 3 with more than 8 rows
     stays within the documented bound and the tight tolerance; denormal inputs (which vdpbf16ps
     reads as zero) stay within the bound. The paths the entry does not replace (levels 0-2 and 4,
-    12 rows or fewer) give the avx512_vnni entry's bits."""
+    8 rows or fewer) give the avx512_vnni entry's bits."""
     rng = np.random.default_rng(30)
     plain = [e for e in ENTRIES if e not in BF16_ENTRIES and e[1] == level]
     for i, bits in enumerate([2, 3, 4, 5, 6, 7, 8]):
@@ -103,7 +104,7 @@ def test_level3_within_the_bound_and_other_paths_are_the_avx512_entry(entry, lev
             case.A[:5] = (case.A[:5].astype(np.float64) * 2.0**-130).astype(case.dtype)
         with nbits_entry(level, hidden):
             Y = case.run(3)
-            small = case.run(3, A=case.A[:12])
+            small = case.run(3, A=case.A[:8])
             others = [case.run(lv) for lv in (0, 2, 4)]
         assert_within(Y, case.exact(), case.bound(3), f"{entry} {case}")
         if i != 2:
@@ -113,7 +114,7 @@ def test_level3_within_the_bound_and_other_paths_are_the_avx512_entry(entry, lev
             with nbits_entry(plain_level, plain_hidden):
                 assert np.array_equal(
                     small.view(np.uint16 if case.dtype == BF16 else np.uint32),
-                    case.run(3, A=case.A[:12]).view(np.uint16 if case.dtype == BF16 else np.uint32),
+                    case.run(3, A=case.A[:8]).view(np.uint16 if case.dtype == BF16 else np.uint32),
                 )
                 for lv, theirs in zip((0, 2, 4), others):
                     mine = case.run(lv)

@@ -1,4 +1,4 @@
-// nbits_bf16_amx.cpp: MatMulNBits accuracy level 3 (bfloat16 operands) on AMX-BF16 for more than 12 rows: tdpbf16ps tiles over bfloat16 pairs in k; the amxbf16 MatMulNBits entry.
+// nbits_bf16_amx.cpp: MatMulNBits accuracy level 3 (bfloat16 operands) on AMX-BF16 for more than 8 rows: tdpbf16ps tiles over bfloat16 pairs in k; the amxbf16 MatMulNBits entry.
 //
 // Level 3 multiplies A rounded to bfloat16 (the front end rounds it) by W rounded to bfloat16
 // (round(float32(q - zero_point) * scale), as dequantize_nbits computes it), in float32: every
@@ -11,7 +11,7 @@
 // Per task of 32 columns: the weights dequantized and rounded into a float32 panel by the
 // avx512_vnni build's prefill code (nbits_f32_panel32), made into two pair panels (the float8
 // pair tables' B layout), then the float8 table's tile kernel (pair_rows_amx); A arrives as rows
-// of pair words (this entry's prepare_f32, once per call). Everything else (levels 0-2, 12 rows
+// of pair words (this entry's prepare_f32, once per call). Everything else (levels 0-2, 8 rows
 // or fewer, level 4 on AMX-INT8) is the amx entry's: this entry differs from it only here, and
 // needs AMX-BF16 besides, so it outranks it where the CPU has that (every AMX CPU so far).
 // Built twice, as float8_amx.cpp (CMakeLists.txt, amxbf16).
@@ -45,7 +45,7 @@ void rows_bf16(const float* A, int64_t M, const NBitsWeight& w, int64_t n0, int6
                 QMM_KERNEL_NS::pair_rows_amx);  // A as prepare_bf16 wrote it
 }
 
-// Level 3 with more than 12 rows: row r as ceil(K / 2) pair words at r * ceil(K / 2) (out holds M * K
+// Level 3 with more than 8 rows: row r as ceil(K / 2) pair words at r * ceil(K / 2) (out holds M * K
 // floats: enough). Else the avx512_vnni build's preparation.
 bool prepare_bf16(const float* A, int64_t M, const NBitsWeight& w, float* out, int64_t part, int64_t parts) {
   if (!on_pairs(w, M)) return vnni::nbits_prepare_f32(A, M, w, out, part, parts);

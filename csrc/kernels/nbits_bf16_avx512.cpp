@@ -1,4 +1,4 @@
-// nbits_bf16_avx512.cpp: MatMulNBits accuracy level 3 (bfloat16 operands) on AVX512-BF16 for more than 12 rows: 12 x 32 vdpbf16ps tiles over bfloat16 pairs in k.
+// nbits_bf16_avx512.cpp: MatMulNBits accuracy level 3 (bfloat16 operands) on AVX512-BF16 for more than 8 rows: 12 x 32 vdpbf16ps tiles over bfloat16 pairs in k.
 //
 // Level 3 multiplies A rounded to bfloat16 (the front end rounds it) by W rounded to bfloat16
 // (round(float32(q - zero_point) * scale), as dequantize_nbits computes it), in float32. Every
@@ -12,7 +12,7 @@
 // Per task of 32 columns: the weights dequantized and rounded into a float32 panel by the
 // avx512_vnni build's prefill code (nbits_f32_panel32), made into two pair panels [ceil(K/2)][16]
 // words, then float8_avx512.inc's blocking with pair_tile_avx512bf16.inc's tile; A arrives as pair
-// words in groups of 12 rows (this entry's prepare_f32, once per call). Other levels, 12 rows or
+// words in groups of 12 rows (this entry's prepare_f32, once per call). Other levels, 8 rows or
 // fewer, and level 4 are the avx512_vnni build's kernels: the entry differs from that build's only
 // here. Built twice, as float8_avx512bf16.cpp (CMakeLists.txt, avx512bf16).
 #include "avx512_intrinsics.h"
@@ -50,7 +50,7 @@ void rows_bf16(const float* A, int64_t M, const NBitsWeight& w, int64_t n0, int6
                 pair_rows);  // A as prepare_bf16 wrote it
 }
 
-// Level 3 with more than 12 rows: each group of 12 rows (the last M % 12) as pair words, [ceil(K/2)][rows],
+// Level 3 with more than 8 rows: each group of 12 rows (the last M % 12) as pair words, [ceil(K/2)][rows],
 // at the group's first row times ceil(K / 2) words (out holds M * K floats: enough). Else the
 // avx512_vnni build's preparation.
 bool prepare_bf16(const float* A, int64_t M, const NBitsWeight& w, float* out, int64_t part, int64_t parts) {
