@@ -8,8 +8,8 @@
 // widens it. One broadcast of a[r][k] per row meets the 16 columns in one FMA. So a k of one row
 // and 16 columns costs a shift, a lookup and an FMA (AVX2: two vpshufb, two conversions, two FMAs).
 //
-// The order is the AVX2 table's (nbits_packed_avx2.cpp, docs/matmul_nbits.md "Levels 0/1, few
-// rows"), per output in float32 with every product fused into its sum:
+// The order is the AVX2 table's (nbits_packed_avx2.cpp; docs/matmul_nbits.md, "Float32 order of
+// levels 0/1 on AVX2 and AVX-512"), per output in float32 with every product fused into its sum:
 //   dot_b = a[k0] q[k0] + a[k0 + 1] q[k0 + 1] + ... over block b's k in order, from +0;
 //   y = fnmadd(asum_b, scale_b * zero_point_b, fma(dot_b, scale_b, y)) for the blocks in order from
 //   y = +0 (asum_b: the block's sum of A in order of k from +0); then y + bias,
