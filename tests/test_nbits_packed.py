@@ -109,7 +109,8 @@ def test_packed_extreme_codes_and_nonfinite_rows(bits, entry, level):
 
 @pytest.mark.parametrize("entry", ENTRIES, ids=[level for level, _ in ENTRIES])
 def test_packed_gemm_rows_beyond_the_few_row_kernel(entry):
-    """Level 4 where a packed weight leaves the few-row kernel for the GEMM on its panels (AVX2 from
+    """Level 4 in the few-row kernel's passes of up to 8 rows (VNNI, 2- and 4-bit storage: every row
+    tail 2-7 past whole passes) and where a packed weight leaves it for the GEMM on its panels (AVX2 from
     16 rows, AVX-512 VNNI from 256; 8-bit codes from 8 on AVX2, from 24 on VNNI; AMX tiles from 16):
     the bits of the codes read
     as they are, every zero-point form, 2-, 4- and 8-bit codes, short K (the row counts are large)."""
@@ -117,7 +118,7 @@ def test_packed_gemm_rows_beyond_the_few_row_kernel(entry):
     isa, hidden = entry
     with kernel_entry("nbits", isa, hidden):
         for bits in (2, 4, 8):
-            for M in (16, 24, 255, 256, 300):
+            for M in (10, 11, 12, 14, 16, 24, 255, 256, 300):
                 zp = ZP_FORMS[int(rng.integers(0, len(ZP_FORMS)))]
                 block_size = (16, 32, 64)[int(rng.integers(0, 3))]
                 K = block_size * int(rng.integers(1, 4)) - int(rng.integers(0, block_size // 2 + 1))

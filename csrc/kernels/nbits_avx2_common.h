@@ -14,6 +14,7 @@
 #include <cstdint>
 #include <new>
 #include <type_traits>
+#include <utility>
 
 #include "matmul_nbits.h"
 
@@ -139,21 +140,23 @@ inline float horizontal_sum(__m256 v) {
 constexpr int64_t kInt8GemmMinRows = 8;
 
 // The packed few-row kernels' loop (AVX2 and AVX-512 VNNI): panels [p0, p1) x rows [0, M) in passes
-// of up to 4 rows, body(mr, in_order, p, m0) with the pass's rows mr (1-4) and in_order (from
-// kInt8GemmMinRows rows of M: the GEMM's float32 order) as compile-time constants.
-template <class Body>
+// of up to 4 rows (up to InOrderRows rows from kInt8GemmMinRows rows of M), body(mr, in_order, p,
+// m0) with the pass's rows mr and in_order (from kInt8GemmMinRows rows of M: the GEMM's float32
+// order) as compile-time constants.
+template <int InOrderRows = 4, class Body>
 inline void quads_row_passes(int64_t M, int64_t p0, int64_t p1, Body body) {
-  auto pass = [&](auto in_order) {
+  auto pass = [&](auto in_order, auto rows) {
+    constexpr int R = decltype(rows)::value;
     for (int64_t p = p0; p < p1; ++p)
-      for (int64_t m0 = 0; m0 < M; m0 += 4) switch (min_i64(4, M - m0)) {
-          case 1: body(std::integral_constant<int, 1>{}, in_order, p, m0); break;
-          case 2: body(std::integral_constant<int, 2>{}, in_order, p, m0); break;
-          case 3: body(std::integral_constant<int, 3>{}, in_order, p, m0); break;
-          default: body(std::integral_constant<int, 4>{}, in_order, p, m0);
-        }
+      for (int64_t m0 = 0; m0 < M; m0 += R) {
+        const int64_t mr = min_i64(R, M - m0);
+        [&]<int... I>(std::integer_sequence<int, I...>) {
+          ((mr == I + 1 ? (body(std::integral_constant<int, I + 1>{}, in_order, p, m0), 0) : 0), ...);
+        }(std::make_integer_sequence<int, R>{});
+      }
   };
-  if (M >= kInt8GemmMinRows) pass(std::true_type{});
-  else pass(std::false_type{});
+  if (M >= kInt8GemmMinRows) pass(std::true_type{}, std::integral_constant<int, InOrderRows>{});
+  else pass(std::false_type{}, std::integral_constant<int, 4>{});
 }
 
 // How many vpmaddubsw results (u8 codes of `bits` bits x s8 qa, |qa| <= 127: pair sums of at most
