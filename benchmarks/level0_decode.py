@@ -10,7 +10,7 @@ quantmatmul with ORT (level 0 and level 4) in one process.
 
 import sys
 
-from levels import per_level
+from levels import nbits_per_level
 
 from quantmatmul import bench
 
@@ -22,12 +22,7 @@ CASES = [C(1, 4096, n, 4, bs, level) for n in (4096, 11008) for bs in (32, 128) 
 
 
 def main(levels: str, threads: str, repeat: str, path: str) -> None:
-    per_level(
-        levels,
-        threads,
-        path,
-        lambda t, progress: bench.run_nbits(CASES, threads=t, repeat=int(repeat), progress=progress),
-    )
+    nbits_per_level(CASES, levels, threads, repeat, path)
 
 
 if __name__ == "__main__":

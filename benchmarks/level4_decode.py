@@ -8,7 +8,7 @@ The held weight (MatMulNBits) reads its packed form ("quads x16") where the leve
 
 import sys
 
-from levels import per_level
+from levels import nbits_per_level
 
 from quantmatmul import bench
 
@@ -33,12 +33,7 @@ CASES = [
 
 
 def main(levels: str, threads: str, repeat: str, path: str) -> None:
-    per_level(
-        levels,
-        threads,
-        path,
-        lambda t, progress: bench.run_nbits(CASES, threads=t, repeat=int(repeat), progress=progress),
-    )
+    nbits_per_level(CASES, levels, threads, repeat, path)
 
 
 if __name__ == "__main__":

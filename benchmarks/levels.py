@@ -24,6 +24,16 @@ def per_level(levels: str, threads: str, path: str, run) -> None:
         json.dump(report, f, indent=1)
 
 
+def nbits_per_level(cases, levels: str, threads: str, repeat: str, path: str) -> None:
+    """bench.run_nbits(cases) for each thread count and kernel level: the MatMulNBits scripts' main."""
+    per_level(
+        levels,
+        threads,
+        path,
+        lambda t, progress: bench.run_nbits(cases, threads=t, repeat=int(repeat), progress=progress),
+    )
+
+
 def main(levels: str, threads: str, repeat: str, path: str) -> None:
     cases = [c for c in bench.CASES if not c.a.name.startswith("float8")]
     per_level(
