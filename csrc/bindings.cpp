@@ -111,29 +111,22 @@ class NewArray {
   std::vector<size_t> shape_;
 };
 
-// The weight's arrays as the kernels take them (no copies: they must outlive its use); codes may be
-// null (a weight held only packed), its rows' count and bytes then given by the packed form.
-qmm::NBitsWeight nbits_weight(const uint8_t* codes, int64_t N, int64_t row_bytes, int64_t K, int64_t bits,
-                              int64_t block_size, const In& scales, const In& zero_points, int operands,
-                              const std::optional<In>& g_idx) {
+// The weight's arrays as the kernels take them (no copies: they must outlive its use).
+qmm::NBitsWeight nbits_weight(const In& codes, int64_t K, int64_t bits, int64_t block_size, const In& scales,
+                              const In& zero_points, int operands, const std::optional<In>& g_idx) {
   const bool integer_zero_points = zero_points.dtype() == nb::dtype<uint8_t>();
-  return qmm::NBitsWeight{codes,
-                          N,
+  return qmm::NBitsWeight{static_cast<const uint8_t*>(codes.data()),
+                          static_cast<int64_t>(codes.shape(0)),
                           K,
                           bits,
                           block_size,
                           static_cast<int64_t>(scales.shape(1)),
-                          row_bytes,
+                          static_cast<int64_t>(codes.shape(1)),
                           static_cast<const float*>(scales.data()),
                           integer_zero_points ? nullptr : static_cast<const float*>(zero_points.data()),
                           integer_zero_points ? static_cast<const uint8_t*>(zero_points.data()) : nullptr,
                           static_cast<qmm::NBitsOperands>(operands),
                           g_idx ? static_cast<const int32_t*>(g_idx->data()) : nullptr};
-}
-qmm::NBitsWeight nbits_weight(const In& codes, int64_t K, int64_t bits, int64_t block_size, const In& scales,
-                              const In& zero_points, int operands, const std::optional<In>& g_idx) {
-  return nbits_weight(static_cast<const uint8_t*>(codes.data()), static_cast<int64_t>(codes.shape(0)),
-                      static_cast<int64_t>(codes.shape(1)), K, bits, block_size, scales, zero_points, operands, g_idx);
 }
 
 using NBitsProduct = void (*)(const qmm::NBitsDispatch&, const float*, int64_t, const qmm::NBitsWeight&, const float*,
@@ -159,16 +152,11 @@ nb::ndarray<nb::numpy> matmul_nbits_binding(const In& A, std::optional<In> codes
   qmm::NBitsWeight w{};
   if (codes) {
     w = nbits_weight(*codes, K, bits, block_size, *scales, *zero_points, operands, g_idx);
-  } else {  // only the packed form: the shape from it, no arrays (scales and zero points given are not read)
-    w.N = packed->N;
-    w.K = packed->K;
-    w.bits = packed->bits;
-    w.block_size = packed->block_size;
-    w.k_blocks = packed->k_blocks;
-    w.row_bytes = packed->row_bytes;
+    if (use_packed) w.packed = &view;
+  } else {  // only the packed form (scales and zero points given are not read)
+    w = qmm::packed_nbits_weight(*packed, view);
     w.operands = static_cast<qmm::NBitsOperands>(operands);
   }
-  if (use_packed) w.packed = &view;
   NewArray<float> y({M, w.N});
   {
     nb::gil_scoped_release release;
@@ -516,21 +504,16 @@ void bind_matmul_nbits(nb::module_& m) {
   // The scales (float32) and zero points (uint8, or float32 for float ones) [N, k_blocks] of a packed
   // weight, exactly as they were given to pack_nbits_weight.
   m.def("unpack_nbits_floats", [](const qmm::PackedNBits& packed) {
-    NewArray<float> scales({packed.N, packed.k_blocks});
-    if (packed.u8_zero_points) {
-      NewArray<uint8_t> zero_points({packed.N, packed.k_blocks});
+    auto unpack = [&](auto zero_points) {
+      NewArray<float> scales({packed.N, packed.k_blocks});
       {
         nb::gil_scoped_release release;
         qmm::unpack_nbits_floats(packed, scales.data(), zero_points.data());
       }
       return nb::make_tuple(scales.array(), zero_points.array());
-    }
-    NewArray<float> zero_points({packed.N, packed.k_blocks});
-    {
-      nb::gil_scoped_release release;
-      qmm::unpack_nbits_floats(packed, scales.data(), zero_points.data());
-    }
-    return nb::make_tuple(scales.array(), zero_points.array());
+    };
+    if (packed.u8_zero_points) return unpack(NewArray<uint8_t>({packed.N, packed.k_blocks}));
+    return unpack(NewArray<float>({packed.N, packed.k_blocks}));
   });
   // The codes [N, row_bytes] of a packed weight, as they were given to pack_nbits_weight.
   m.def("unpack_nbits_weight", [](const qmm::PackedNBits& packed) {

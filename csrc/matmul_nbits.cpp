@@ -241,16 +241,13 @@ void quads_unpack(const NBitsWeight& w, const uint8_t* packed_codes, uint8_t* co
   }
 }
 
-void quads_unpack_floats(const NBitsWeight& w, const float* packed_floats, float* scales, void* zero_points) {
-  NBitsPacked view{&kNBitsQuads16, nullptr, packed_floats, w.packed->u8_zero_points};
-  NBitsWeight panels = w;
-  panels.packed = &view;
+void quads_unpack_floats(const NBitsWeight& w, float* scales, void* zero_points) {
   const int64_t kb = w.k_blocks;
   for (int64_t n = 0; n < w.N; ++n)
     for (int64_t b = 0; b < kb; ++b) {
       float zp;
-      block_scale_and_zero_point(panels, n, b, scales[n * kb + b], zp);
-      if (view.u8_zero_points) static_cast<uint8_t*>(zero_points)[n * kb + b] = static_cast<uint8_t>(zp);
+      block_scale_and_zero_point(w, n, b, scales[n * kb + b], zp);
+      if (w.packed->u8_zero_points) static_cast<uint8_t*>(zero_points)[n * kb + b] = static_cast<uint8_t>(zp);
       else static_cast<float*>(zero_points)[n * kb + b] = zp;
     }
 }
@@ -265,9 +262,7 @@ const NBitsLayout kNBitsQuads16 = {.name = "quads x16",
                                    .unpack = quads_unpack,
                                    .unpack_floats = quads_unpack_floats};
 
-namespace {
-// The weight's shape as `packed` holds it (no arrays; w.packed its view).
-NBitsWeight packed_shape(const PackedNBits& packed, const NBitsPacked& view) {
+NBitsWeight packed_nbits_weight(const PackedNBits& packed, const NBitsPacked& view) {
   NBitsWeight w{};
   w.N = packed.N;
   w.K = packed.K;
@@ -278,16 +273,15 @@ NBitsWeight packed_shape(const PackedNBits& packed, const NBitsPacked& view) {
   w.packed = &view;
   return w;
 }
-}  // namespace
 
 void unpack_nbits_weight(const PackedNBits& packed, uint8_t* codes) {
   const NBitsPacked view = packed.view();
-  packed.layout->unpack(packed_shape(packed, view), packed.codes.get(), codes);
+  packed.layout->unpack(packed_nbits_weight(packed, view), packed.codes.get(), codes);
 }
 
 void unpack_nbits_floats(const PackedNBits& packed, float* scales, void* zero_points) {
   const NBitsPacked view = packed.view();
-  packed.layout->unpack_floats(packed_shape(packed, view), packed.floats.get(), scales, zero_points);
+  packed.layout->unpack_floats(packed_nbits_weight(packed, view), scales, zero_points);
 }
 
 PackedNBits pack_nbits_weight(const NBitsLayout* layout, const NBitsWeight& w) {

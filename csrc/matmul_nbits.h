@@ -62,9 +62,9 @@ struct NBitsLayout {
   // The inverse for the codes: w's rows (w.codes' layout, N x row_bytes) from the packed codes,
   // bit for bit (codes past K included), so a holder may keep only the packed form.
   void (*unpack)(const NBitsWeight& w, const uint8_t* packed_codes, uint8_t* codes);
-  // And the scales [N, k_blocks] and zero points [N, k_blocks] (uint8 or float32, as packed) from
-  // the packed floats, exactly.
-  void (*unpack_floats)(const NBitsWeight& w, const float* packed_floats, float* scales, void* zero_points);
+  // And the scales [N, k_blocks] and zero points [N, k_blocks] (uint8 or float32, as packed) of the
+  // packed weight w.packed, exactly.
+  void (*unpack_floats)(const NBitsWeight& w, float* scales, void* zero_points);
 };
 
 struct NBitsPacked {
@@ -306,6 +306,9 @@ struct NBitsDispatch;
 // scales and zero points [N, k_blocks] (uint8 where packed.u8_zero_points, else float32), exactly.
 void unpack_nbits_weight(const PackedNBits& packed, uint8_t* codes);
 void unpack_nbits_floats(const PackedNBits& packed, float* scales, void* zero_points);
+// The weight as `packed` holds it, for its kernels: the shape, w.packed = &view (packed.view()), no
+// codes, scales or zero points.
+NBitsWeight packed_nbits_weight(const PackedNBits& packed, const NBitsPacked& view);
 
 // The two drivers on a given entry instead of the selected one (the self-test of csrc/dispatch.cpp).
 void matmul_nbits_f32(const NBitsDispatch& kernels, const float* A, int64_t M, const NBitsWeight& w, const float* bias,

@@ -32,7 +32,7 @@ void nbits_rows_packed(const float* A, int64_t M, const NBitsWeight& w, int64_t 
 // Columns [n0, n0 + 16) of w's codes as they are as a panel of kNBitsQuads16 (3- and 4-bit codes
 // in 4-bit storage, the others a byte per code, 8-bit ones not offset) with its scales and float
 // zero points ([k_blocks][16] each); columns: room for 16 rows of `stride` (k_blocks * block_size +
-// 32) bytes (nbits_packed_avx2.cpp: rows_panel, which the AVX-512 few-row kernel calls too).
+// 32) bytes (nbits_packed_avx2.cpp; the AVX-512 few-row kernel builds its panels with it too).
 void nbits_rows_panel(const NBitsWeight& w, int64_t n0, uint8_t* columns, int64_t stride, uint8_t* codes, float* scales,
                       float* float_zero_points);
 // Levels 0/1 prefill on a packed weight: columns n0 .. n0+15 (n0 a multiple of 16) dequantized into

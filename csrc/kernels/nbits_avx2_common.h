@@ -92,7 +92,7 @@ inline const float* padded_rows_and_block_sums(const float* A, int64_t M, const 
 // nbits_packed_f32_avx512.cpp): A's rows padded and their block sums, then
 // kernel(S, Signed8, rows, asum, p0, p1, panel_of) over the panels [p0, p1) of columns [n0, n1) (n0
 // a multiple of 16), S and Signed8 as std::integral_constant, panel_of(p, slot) panel p: the packed
-// weight's, or (codes as they are) one built into slot `slot` (< slots) by build (rows_panel's
+// weight's, or (codes as they are) one built into slot `slot` (< slots) by build (avx2::nbits_rows_panel's
 // signature: 4-bit storage for 3- and 4-bit codes, a byte per code for the others).
 template <class Build, class Kernel>
 inline void quads_rows_f32(const float* A, int64_t M, const NBitsWeight& w, int64_t n0, int64_t n1, int slots,

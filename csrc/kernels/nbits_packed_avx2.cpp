@@ -196,7 +196,7 @@ void panels_rows_sized(const QuantizedA& a, const NBitsWeight& w, int64_t p0, in
 //   y = fnmadd(asum_b, scale_b * zero_point_b, fma(dot_b, scale_b, y)) for the blocks in order from
 //   y = +0 (asum_b: the block's sum of A in order of k from +0); then y + bias.
 // The codes come from the packed weight (MatMulNBits holds it) or, for codes as they are, from a
-// panel of the same layout built per 16 columns (rows_panel, 4-bit storage for 3- and 4-bit codes,
+// panel of the same layout built per 16 columns (nbits_rows_panel, 4-bit storage for 3- and 4-bit codes,
 // one byte per code otherwise): the same order either way, so the held weight gives matmul_nbits'
 // bits. One row takes two panels at once (four independent chains); 2 to 4 rows one panel.
 
@@ -355,14 +355,16 @@ inline __m256i quads_order(__m256i x) {
   return _mm256_xor_si256(x, _mm256_xor_si256(t, _mm256_slli_epi32(t, 4)));
 }
 
+}  // namespace
+
 // Columns [n0, n0 + 16) of w's codes (as they are) as a panel of the layout (codes, and per block
-// the scales and scale * zero point, zeros past N), as quads_pack writes it for 3- and 4-bit codes
+// the scales and float zero points, zeros past N), as quads_pack writes it for 3- and 4-bit codes
 // (S = 4; 3-bit ones transcoded to 4-bit rows first) and for 8-bit ones with the codes unchanged
 // (S = 8, not c - 128); 2-, 5-, 6- and 7-bit codes one byte per code (S = 8). Per 4 k-groups (a
 // dword of each column's row each), 8 columns' dwords transposed in registers (4 x 4 per lane).
-// columns: room for 16 rows of `stride` bytes.
-void rows_panel(const NBitsWeight& w, int64_t n0, uint8_t* columns, int64_t stride, uint8_t* codes, float* scales,
-                float* float_zero_points) {
+// columns: room for 16 rows of `stride` bytes. (The AVX-512 few-row kernel builds its panels with it too.)
+void avx2::nbits_rows_panel(const NBitsWeight& w, int64_t n0, uint8_t* columns, int64_t stride, uint8_t* codes,
+                            float* scales, float* float_zero_points) {
   const int64_t kb = w.k_blocks, padded = kb * w.block_size, cols = min_i64(kPanel, w.N - n0);
   const int S = w.bits == 4 || w.bits == 3 ? 4 : 8;
   const int64_t dwords = padded * S / 32;  // per row: one per k-group of 32 / S codes
@@ -401,9 +403,11 @@ void rows_panel(const NBitsWeight& w, int64_t n0, uint8_t* columns, int64_t stri
   quads_block_data(w, n0, scales, float_zero_points);
 }
 
+namespace {
+
 // Panels [p0, p1) for rows [0, M) of A (rows: padded to k_blocks * block_size), in passes of up to
-// 4 rows (one row: two panels at a time). panel(p, slot) gives panel p's codes, scales and scaled
-// zero points (slot: 0 or 1, room for a panel built on the fly).
+// 4 rows (one row: two panels at a time). panel(p, slot) gives panel p's codes, scales and zero
+// points (slot: 0 or 1, room for a panel built on the fly).
 template <int S, bool Signed8, int Groups, class PanelOf>
 void panels_rows_f32(const float* rows, const float* asum, int64_t M, const NBitsWeight& w, int64_t p0, int64_t p1,
                      const float* bias, float* Y, PanelOf panel) {
@@ -470,16 +474,11 @@ void nbits_rows_int8_packed(const QuantizedA& a, const NBitsWeight& w, int64_t n
 void nbits_rows_packed(const float* A, int64_t M, const NBitsWeight& w, int64_t n0, int64_t n1, const float* bias,
                        float* Y) {
   // Two panels built at a time for the codes as they are.
-  quads_rows_f32(A, M, w, n0, n1, 2, rows_panel,
+  quads_rows_f32(A, M, w, n0, n1, 2, nbits_rows_panel,
                  [&](auto s, auto signed8, const float* rows, const float* asum, int64_t p0, int64_t p1, auto panel) {
                    panels_rows_f32_sized<decltype(s)::value, decltype(signed8)::value>(rows, asum, M, w, p0, p1, bias,
                                                                                        Y, panel);
                  });
-}
-
-void nbits_rows_panel(const NBitsWeight& w, int64_t n0, uint8_t* columns, int64_t stride, uint8_t* codes, float* scales,
-                      float* float_zero_points) {
-  rows_panel(w, n0, columns, stride, codes, scales, float_zero_points);
 }
 
 void nbits_dequantize_packed(const NBitsWeight& w, int64_t n0, float* panel) {

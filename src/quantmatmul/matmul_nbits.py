@@ -464,15 +464,15 @@ def _product_float(a2, w, held, bias, compute_dtype):
     # Levels 0-3: the C++ kernels (csrc/matmul_nbits.h), W rounded there for levels 2 and 3.
     operands = {None: 0, np.dtype(np.float16): 1, np.dtype(ml_dtypes.bfloat16): 2}[
         None if compute_dtype is None else np.dtype(compute_dtype)]
-    return _core.matmul_nbits_f32(np.ascontiguousarray(a32), *_arrays(held), w.K, w.bits, w.block_size,
-                                  *_arrays(held, 1), None if bias is None else np.ascontiguousarray(bias, dtype=_F32),
-                                  operands, w.kernel_g_idx, held.packed)
+    return _core.matmul_nbits_f32(np.ascontiguousarray(a32), _contiguous(held.codes), w.K, w.bits, w.block_size,
+                                  _contiguous(held.scales), _contiguous(held.zero_points),
+                                  None if bias is None else np.ascontiguousarray(bias, dtype=_F32), operands,
+                                  w.kernel_g_idx, held.packed)
 
 
-def _arrays(held, start=0):
-    """The held codes (start 0: one array) or scales and zero points (start 1: two), contiguous, or Nones."""
-    parts = (held.codes,) if start == 0 else (held.scales, held.zero_points)
-    return tuple(None if x is None else np.ascontiguousarray(x) for x in parts)
+def _contiguous(x):
+    """x as a C-contiguous array (itself where it is one), or None."""
+    return None if x is None else np.ascontiguousarray(x)
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -505,8 +505,8 @@ def _quantize_a(a32, block_size, k_blocks):
 def _product_int8(a2, w, held, bias):
     """Level 4: float32 [M, N], bias added; docs/matmul_nbits.md."""
     if w.g_idx is None:  # the C++ kernels (csrc/matmul_nbits.h): A quantized there exactly as below
-        return _core.matmul_nbits_int8(np.ascontiguousarray(a2, dtype=_F32), *_arrays(held), w.K, w.bits,
-                                       w.block_size, *_arrays(held, 1),
+        return _core.matmul_nbits_int8(np.ascontiguousarray(a2, dtype=_F32), _contiguous(held.codes), w.K, w.bits,
+                                       w.block_size, _contiguous(held.scales), _contiguous(held.zero_points),
                                        None if bias is None else np.ascontiguousarray(bias, dtype=_F32),
                                        packed=held.packed)
     # A non-trivial g_idx changes the scales inside an A block, so the integer form does not factor:
