@@ -5,6 +5,7 @@
 #include <atomic>
 #include <condition_variable>
 #include <cstdlib>
+#include <memory>
 #include <mutex>
 #include <thread>
 #include <vector>
@@ -61,7 +62,7 @@ class Pool {
       helpers_ = want - 1;
       ++generation_;
     }
-    wake_.notify_all();
+    for (int i = 0; i < want - 1; ++i) slots_[i]->notify_one();  // only the helpers wanted
     work();  // the caller works too, until no task is left to take
     // Then it waits for the helpers still running a task, not for those not yet awake: a small job
     // is over without them (waking a thread takes tens of microseconds on a busy or virtual
@@ -75,10 +76,10 @@ class Pool {
   Pool() : threads_(default_threads()) {}
 
   void ensure_workers(int n) {
-    while (static_cast<int>(workers_.size()) < n) {
-      const int index = static_cast<int>(workers_.size());
-      workers_.emplace_back([this, index] { worker_loop(index); });
-      workers_.back().detach();
+    while (static_cast<int>(slots_.size()) < n) {
+      const int index = static_cast<int>(slots_.size());
+      slots_.push_back(std::make_unique<std::condition_variable>());
+      std::thread(&Pool::worker_loop, this, index, slots_.back().get()).detach();
     }
   }
 
@@ -88,12 +89,12 @@ class Pool {
     t_inside_task = false;
   }
 
-  void worker_loop(int index) {
+  void worker_loop(int index, std::condition_variable* wake) {
     uint64_t seen = 0;
     for (;;) {
       {
         std::unique_lock<std::mutex> lock(mutex_);
-        wake_.wait(lock, [&] { return generation_ != seen; });
+        wake->wait(lock, [&] { return generation_ != seen; });
         seen = generation_;
         if (index >= helpers_ || task_ == nullptr) continue;  // fewer helpers wanted, or the job is over
         ++active_;
@@ -106,8 +107,10 @@ class Pool {
 
   std::atomic<int> threads_;
   std::mutex job_mutex_, mutex_;
-  std::condition_variable wake_, done_;
-  std::vector<std::thread> workers_;
+  // Worker i sleeps on its own slots_[i], so a job wakes only the helpers it wants: on a 16-thread
+  // pool, a job for 2 threads wakes one worker, not 15 that find nothing to do and queue on mutex_.
+  std::vector<std::unique_ptr<std::condition_variable>> slots_;  // grown by the caller under job_mutex_
+  std::condition_variable done_;
   const std::function<void(int64_t)>* task_ = nullptr;
   int64_t count_ = 0;
   std::atomic<int64_t> next_{0};

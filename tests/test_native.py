@@ -560,3 +560,46 @@ def test_constant_b_tasks_over_row_runs(isa, M, N):
             assert np.array_equal(qm.QLinearMatMul(b, b_scale, b_zp)(a, a_s, a_zp, f32(0.7), u8(7)), expected)
     finally:
         qm.set_num_threads(before)
+
+
+def test_jobs_that_want_fewer_helpers_than_the_pool_holds():
+    """A job wakes only the helpers it wants (each worker sleeps on its own condition variable): on
+    a pool grown to 6, jobs for 1 to 6 threads, the count changed between and during them from
+    another Python thread, leave some workers unwoken for many jobs; each must join the next job
+    that wants it, and every result is the one-thread result."""
+    rng = np.random.default_rng(4)
+    weight = qm.MatMulNBits.from_float(rng.normal(size=(512, 1024)).astype(f32), bits=4, block_size=32,
+                                       accuracy_level=4)
+    inputs = [rng.normal(size=(m, 512)).astype(f32) for m in (1, 2, 17)]
+    before = qm.get_num_threads()
+    try:
+        qm.set_num_threads(1)
+        expected = [weight(a) for a in inputs]
+        qm.set_num_threads(6)
+        weight(inputs[2])  # all six threads exist
+        errors, stop = [], threading.Event()
+
+        def caller(seed):
+            try:
+                for i in np.random.default_rng(seed).integers(0, len(inputs), 60):
+                    assert np.array_equal(weight(inputs[int(i)]), expected[int(i)]), int(i)
+            except BaseException as error:  # noqa: BLE001 - reported below
+                errors.append(error)
+
+        def changer():
+            n = 0
+            while not stop.is_set():
+                qm.set_num_threads(1 + n % 6)
+                n += 1
+
+        threads = [threading.Thread(target=caller, args=(s,)) for s in range(2)]
+        switch = threading.Thread(target=changer)
+        for t in [*threads, switch]:
+            t.start()
+        for t in threads:
+            t.join()
+        stop.set()
+        switch.join()
+        assert not errors, errors[0]
+    finally:
+        qm.set_num_threads(before)

@@ -1,0 +1,45 @@
+#!/usr/bin/env bash
+# benchmarks/device.sh: one call on the device host (Intel Xeon, AMX, 16 cores): build, self-tests, the suite natively, the per-level benchmarks; logs and JSON under $OUT.
+#
+# From the tool: run(command="bash benchmarks/device.sh", timeout_s=...). Settings by environment:
+#   LEVELS (amx,avx512_vnni), THREADS (16,2), REPEAT (7), BENCHES (the benchmarks/*.py scripts, in
+#   order), TESTS=0 to skip the suite, TEST_TIMEOUT (s per test file; files run in parallel).
+# The machine has no package registry: the build uses its own scikit-build-core and nanobind, and
+# the suite runs without SIMDe (native tables only: that is the point of running there).
+set -u
+OUT=${OUT:-/tmp/device-out}
+mkdir -p "$OUT"
+LEVELS=${LEVELS:-amx,avx512_vnni}
+THREADS=${THREADS:-16,2}
+REPEAT=${REPEAT:-7}
+BENCHES=${BENCHES:-levels level4_decode float_levels level0_decode}
+export PYTHONUNBUFFERED=1
+exec > >(tee "$OUT/device.log") 2>&1
+
+lscpu | grep -E "Model name|^CPU\(s\)|Thread|Flags" | cut -c1-600
+python3 -m pip list 2>/dev/null | grep -i -E "^(onnxruntime|onnx|torch|numpy|scikit-build-core|nanobind) "
+SECONDS=0
+python3 -m pip install -q --no-build-isolation --no-deps . || exit 1
+echo "build: ${SECONDS} s"
+python3 -c "import quantmatmul as q, json; print(json.dumps(q.cpu_info()))" || exit 1
+
+if [ "${TESTS:-1}" != 0 ]; then
+  SECONDS=0
+  logs=$(mktemp -d)
+  pids=()
+  for f in tests/test_*.py; do
+    QUANTMATMUL_NUM_THREADS=2 OMP_NUM_THREADS=1 timeout "${TEST_TIMEOUT:-200}" \
+      python3 -m pytest -q -rfE -p no:cacheprovider "$f" >"$logs/$(basename "$f" .py).log" 2>&1 &
+    pids+=($!)
+  done
+  wait "${pids[@]}"  # not a bare wait: that also waits for the tee above
+  for f in "$logs"/*.log; do echo "== $f"; tail -n 40 "$f"; done >"$OUT/tests.log"
+  echo "suite: ${SECONDS} s"
+  for f in "$logs"/*.log; do echo "$(basename "$f"): $(tail -n 1 "$f")"; done
+fi
+
+for s in $BENCHES; do
+  SECONDS=0
+  timeout "${BENCH_TIMEOUT:-200}" python3 "benchmarks/$s.py" "$LEVELS" "$THREADS" "$REPEAT" "$OUT/$s.json"
+  echo "$s: ${SECONDS} s"
+done
