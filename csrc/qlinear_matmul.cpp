@@ -121,8 +121,18 @@ void accumulate(const QGemmProblem& p, Epilogue&& epilogue) {
   const int64_t block_rows = L.task_rows;  // the layout's blocking (csrc/qgemm.h)
   const int64_t panels_total = L.n_panels(N);
   const int64_t panel_bytes = L.panel_bytes(K);
-  const int64_t panels_per_task =
+  const int64_t threads = get_num_threads();
+  // Panels per task: the layout's cache-sized block of b; with b given per call, fewer where that
+  // leaves a thread that the call's work is worth (20 us each at about 100 multiply-adds per
+  // nanosecond, as below) without a column block: each such task packs its own columns, and at
+  // 1024^3 a 1 MB block was all of b, the call on one thread.
+  const int64_t cache_panels =
       std::max<int64_t>(1, std::min(panels_total, L.task_panel_bytes / std::max<int64_t>(panel_bytes, 1)));
+  const double call_ns =
+      static_cast<double>(p.batch) * static_cast<double>(M) * static_cast<double>(K) * static_cast<double>(N) / 100.0;
+  const int64_t worth_threads = std::clamp<int64_t>(static_cast<int64_t>(call_ns / 20000.0), 1, threads);
+  const int64_t blocks_wanted = p.b_packed ? 1 : (worth_threads + p.batch - 1) / p.batch;
+  const int64_t panels_per_task = std::min(cache_panels, (panels_total + blocks_wanted - 1) / blocks_wanted);
   const int64_t row_blocks = (M + block_rows - 1) / block_rows;
   const int64_t col_blocks = (panels_total + panels_per_task - 1) / panels_per_task;
   // Exact sums fold the int32 kernel sums into int64 every 2^15 k; wrapped ones need not.
@@ -211,48 +221,47 @@ void accumulate(const QGemmProblem& p, Epilogue&& epilogue) {
     else epilogue(bt, m0, rows, n0, cols, c32.data(), ldc, row_terms.data());
   };
 
-  if (p.b_packed) {
-    // A constant weight: tasks over (matrix, column block, run of row blocks), each task sweeping
-    // its row blocks over one column block of b, which stays in the core's L2 between them (b is
-    // read from memory once per run, not once per row block). A run is all of M unless that
-    // leaves fewer than 16 tasks per thread (the tail of a call: at most a sixteenth of a share).
-    const int64_t threads = get_num_threads();
-    const int64_t per_thread = 16;
-    const int64_t wanted = per_thread * threads, have = p.batch * col_blocks;
-    const int64_t runs = have >= wanted ? 1 : std::min(row_blocks, (wanted + have - 1) / have);
-    const int64_t run_blocks = (row_blocks + runs - 1) / runs;
-    // About 100 multiply-adds per nanosecond on one thread (AVX2 at many rows; fewer on one row): a
-    // small product stays on fewer threads.
-    const double task_ns = static_cast<double>(std::min(run_blocks * block_rows, M)) * static_cast<double>(K) *
-                           static_cast<double>(panels_per_task * nr) / 100.0;
-    parallel_for(
-        p.batch * col_blocks * runs,
-        [&](int64_t task) {
-          const int64_t bt = task / (col_blocks * runs);
-          const int64_t panel0 = (task / runs) % col_blocks * panels_per_task;
-          const int64_t block0 = task % runs * run_blocks, block1 = std::min(row_blocks, block0 + run_blocks);
-          const int64_t ib = p.b_index[bt];
-          for (int64_t block = block0; block < block1; ++block)
-            compute_block(bt, block * block_rows, panel0, p.b_packed->matrix(ib) + panel0 * panel_bytes,
-                          p.b_packed->colsum.data() + ib * N + panel0 * nr);
-        },
-        tasks_worth_a_thread(task_ns));
-    return;
-  }
-  // b given per call: each task packs its own columns into a cache-sized buffer, then sweeps every
-  // row block over them (no full-size packed copy of b, no page faults for one).
-  parallel_for(p.batch * col_blocks, [&](int64_t task) {
-    const int64_t bt = task / col_blocks, panel0 = task % col_blocks * panels_per_task;
-    const int64_t panels = std::min(panels_per_task, panels_total - panel0);
-    thread_local std::vector<int8_t> b_block;
-    thread_local std::vector<int32_t> colsum;
-    b_block.resize(static_cast<size_t>(panels * panel_bytes));
-    colsum.resize(static_cast<size_t>(N));
-    const auto* b_matrix = static_cast<const uint8_t*>(p.b_raw) + p.b_index[bt] * K * N;
-    q.pack_b_panels(b_matrix, b_signed, K, N, panel0, panel0 + panels, b_block.data(), colsum.data());
-    for (int64_t m0 = 0; m0 < M; m0 += block_rows)
-      compute_block(bt, m0, panel0, b_block.data(), colsum.data() + panel0 * nr);
-  });
+  // Tasks over (matrix, column block, run of row blocks), each sweeping its row blocks over one
+  // column block of b, which stays in the core's L2 between them (b is read from memory once per
+  // run, not once per row block). A constant b is packed already; b given per call is packed by
+  // each task, its own columns only, into a cache-sized buffer (no full-size packed copy of b, no
+  // page faults for one). A run is all of M unless that leaves too few tasks: with a constant b,
+  // fewer than 16 per thread (the tail of a call: at most a sixteenth of a share); with b per call,
+  // a thread worth waking without one (a narrow b), each run then packing its column block again
+  // (K * 32 bytes per panel: little beside its rows' work).
+  const int64_t have = p.batch * col_blocks, wanted = p.b_packed ? 16 * threads : worth_threads;
+  const int64_t runs = have >= wanted ? 1 : std::min(row_blocks, (wanted + have - 1) / have);
+  const int64_t run_blocks = (row_blocks + runs - 1) / runs;
+  // About 100 multiply-adds per nanosecond on one thread (AVX2 at many rows; fewer on one row): a
+  // small product stays on fewer threads.
+  const double task_ns = static_cast<double>(std::min(run_blocks * block_rows, M)) * static_cast<double>(K) *
+                         static_cast<double>(panels_per_task * nr) / 100.0;
+  parallel_for(
+      have * runs,
+      [&](int64_t task) {
+        const int64_t bt = task / (col_blocks * runs), ib = p.b_index[bt];
+        const int64_t panel0 = (task / runs) % col_blocks * panels_per_task;
+        const int64_t block0 = task % runs * run_blocks, block1 = std::min(row_blocks, block0 + run_blocks);
+        const int8_t* b_panels;
+        const int32_t* colsum;
+        if (p.b_packed) {
+          b_panels = p.b_packed->matrix(ib) + panel0 * panel_bytes;
+          colsum = p.b_packed->colsum.data() + ib * N + panel0 * nr;
+        } else {
+          thread_local std::vector<int8_t> b_block;
+          thread_local std::vector<int32_t> b_colsum;
+          const int64_t panels = std::min(panels_per_task, panels_total - panel0);
+          b_block.resize(static_cast<size_t>(panels * panel_bytes));
+          b_colsum.resize(static_cast<size_t>(N));
+          const auto* b_matrix = static_cast<const uint8_t*>(p.b_raw) + ib * K * N;
+          q.pack_b_panels(b_matrix, b_signed, K, N, panel0, panel0 + panels, b_block.data(), b_colsum.data());
+          b_panels = b_block.data();
+          colsum = b_colsum.data() + panel0 * nr;
+        }
+        for (int64_t block = block0; block < block1; ++block)
+          compute_block(bt, block * block_rows, panel0, b_panels, colsum);
+      },
+      tasks_worth_a_thread(task_ns));
 }
 
 // Runs the accumulation (Acc: see accumulate) and writes requantize(acc, b, m, n, zp, qmin, qmax)

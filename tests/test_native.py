@@ -55,6 +55,26 @@ def test_every_path_matches_the_oracles(isa, combo):
                 assert np.array_equal(qm.qlinear_matmul(*args, numerics="exact"), oracle.exact(*args)), context
 
 
+def test_b_per_call_narrower_than_a_panel_per_thread(isa):
+    """b given per call, with fewer column panels than the threads its work is worth (about one per
+    2 million multiply-adds): tasks of fewer panels, then runs of row blocks that each pack their
+    column block again; batched (a's matrices over one b, and b's over one a) and per-column. Every
+    thread count gives the oracle's bits."""
+    rng = np.random.default_rng(sum(map(ord, isa)))
+    before = qm.get_num_threads()
+    try:
+        for M, K, N in [(600, 512, 40), (3000, 512, 8), (97, 129, 70)]:  # the first two worth 6 threads
+            args = list(random_problem(rng, (u8, s8, u8), M, K, N, per_column=N % 2 == 0))
+            batched = [args, [np.stack([args[0]] * 3), *args[1:]], [*args[:3], np.stack([args[3]] * 3), *args[4:]]]
+            for problem in batched:
+                expected = oracle.onnxruntime(*problem)
+                for threads in (1, 3, 7):
+                    qm.set_num_threads(threads)
+                    assert np.array_equal(qm.qlinear_matmul(*problem), expected), (isa, M, K, N, threads)
+    finally:
+        qm.set_num_threads(before)
+
+
 def test_deep_k_wraps_identically_on_every_path(isa):
     """K = 70001 > 2^16 pairs: the kernels' int32 chunks must fold into the same wrapped/exact sums."""
     K = 70001
