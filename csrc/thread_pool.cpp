@@ -8,6 +8,7 @@
 #include <memory>
 #include <mutex>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #if defined(__linux__)
@@ -75,11 +76,13 @@ class Pool {
  private:
   Pool() : threads_(default_threads()) {}
 
+  // A worker whose thread cannot start (std::system_error, raised to the caller) leaves no slot.
   void ensure_workers(int n) {
+    slots_.reserve(static_cast<size_t>(n));
     while (static_cast<int>(slots_.size()) < n) {
-      const int index = static_cast<int>(slots_.size());
-      slots_.push_back(std::make_unique<std::condition_variable>());
-      std::thread(&Pool::worker_loop, this, index, slots_.back().get()).detach();
+      auto slot = std::make_unique<std::condition_variable>();
+      std::thread(&Pool::worker_loop, this, static_cast<int>(slots_.size()), slot.get()).detach();
+      slots_.push_back(std::move(slot));  // no reallocation: reserved
     }
   }
 
