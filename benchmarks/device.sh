@@ -2,8 +2,11 @@
 # benchmarks/device.sh: one call on the device host (Intel Xeon, AMX, 16 cores): build, self-tests, the suite natively, the per-level benchmarks; logs and JSON under $OUT.
 #
 # From the tool: run(command="bash benchmarks/device.sh", timeout_s=...). Settings by environment:
-#   LEVELS (amx,avx512_vnni), THREADS (16,2), REPEAT (7), BENCHES (the benchmarks/*.py scripts, in
-#   order), TESTS=0 to skip the suite, TEST_TIMEOUT (s per test file; files run in parallel).
+#   LEVELS (amx,avx512_vnni), THREADS (16,2; 16,8,4,2,1 for a scaling record), REPEAT (7), BENCHES
+#   (the benchmarks/*.py scripts, in order), TESTS=0 to skip the suite, TEST_TIMEOUT (s per test
+#   file; the files run in parallel), BENCH_TIMEOUT (s per script).
+# Measured 2026-11-26: build 21 s, suite 23 s, the four scripts at 2 levels x 2 thread counts and
+# 5 rounds about 80 s; a machine's start took about 30 s of device time.
 # The machine has no package registry: the build uses its own scikit-build-core and nanobind, and
 # the suite runs without SIMDe (native tables only: that is the point of running there).
 set -u
@@ -29,7 +32,7 @@ if [ "${TESTS:-1}" != 0 ]; then
   pids=()
   for f in tests/test_*.py; do
     QUANTMATMUL_NUM_THREADS=2 OMP_NUM_THREADS=1 timeout "${TEST_TIMEOUT:-200}" \
-      python3 -m pytest -q -rfE -p no:cacheprovider "$f" >"$logs/$(basename "$f" .py).log" 2>&1 &
+      python3 -m pytest -q -rfEs -p no:cacheprovider "$f" >"$logs/$(basename "$f" .py).log" 2>&1 &
     pids+=($!)
   done
   wait "${pids[@]}"  # not a bare wait: that also waits for the tee above
