@@ -30,13 +30,6 @@ constexpr int64_t kPanel = kQuadsPanel;
 // blocks of 128 1.04-1.12 at 8-128 rows, 1.13-1.15 at 1 thread; blocks of 32 0.98-1.05). 8-bit
 // storage keeps passes of 4 (8-bit codes 6-10 % slower in passes of 8).
 constexpr int kInOrderRows = 8;
-// Codes (and the blocks' scales and zero points) prefetched this far ahead in a panel, for 2- and
-// 4-bit storage, when the weight's codes exceed kPrefetchAbove (a weight that size streams from
-// memory between calls in a model). Zen 4, level 4 M = 1-16, K = N = 4096, interleaved with ONNX
-// Runtime (whose runs evict ours): 1.10-1.42x at 1-2 threads (M = 64: even); the same weight called
-// back to back from cache: 0.89-0.95x, and 0.81-0.88x for weights of 0.5-2 MB (hence the floor).
-// 8-bit storage: 0.87-0.91x even from memory, so not there.
-constexpr int64_t kPrefetchBytes = 4096, kPrefetchAbove = int64_t{2} << 20;
 
 // The row-wise kernels' horizontal_sum with the lanes in 8 vectors: ((v0 + v4) + (v2 + v6)) + ((v1 + v5) + (v3 + v7)).
 inline __m512 lane_sums(const __m512 v[8]) {
@@ -62,7 +55,7 @@ void panel_rows(const QuantizedA& a, int64_t m0, const NBitsWeight& w, int64_t p
   constexpr int P = MR <= 2 && Q % 2 == 0 && !InOrder ? 2 : 1;
   const int64_t kb = w.k_blocks, bs = w.block_size, padded = kb * bs, bytes = quads_block_bytes(w);
   const int64_t groups = Groups ? Groups : bs / 4 / Q;
-  const int64_t prefetch = S < 8 && (w.N + kPanel - 1) / kPanel * kb * bytes > kPrefetchAbove ? kPrefetchBytes : 0;
+  const int64_t prefetch = quads_prefetch_distance(w);
   const uint8_t* codes = panel.codes;
   const float* sb_panel = panel.scales;
   const int8_t* qa[MR];
@@ -88,17 +81,7 @@ void panel_rows(const QuantizedA& a, int64_t m0, const NBitsWeight& w, int64_t p
     constexpr bool kGemmIntegers = Eight && InOrder;
     __m512i column_sum = _mm512_setzero_si512();
     const uint8_t* block = codes + b * bytes;
-    if (prefetch > 0) {  // addresses as integers: past the panel's last block they point nowhere
-      const int64_t ahead = prefetch / bytes > 0 ? prefetch / bytes : 1;
-      const auto at = [](const void* base, int64_t offset) {
-        return reinterpret_cast<const char*>(reinterpret_cast<uintptr_t>(base) + static_cast<uintptr_t>(offset));
-      };
-      for (int64_t off = 0; off < bytes; off += 64) _mm_prefetch(at(block, prefetch + off), _MM_HINT_T0);
-      const int64_t next = (b + ahead) * kPanel;
-      _mm_prefetch(at(sb_panel, next * 4), _MM_HINT_T0);
-      _mm_prefetch(panel.zero_points ? at(panel.zero_points, next) : at(panel.float_zero_points, next * 4),
-                   _MM_HINT_T0);
-    }
+    if (prefetch > 0) quads_prefetch(panel, b, bytes, prefetch);
     for (int64_t g = 0; g < groups; ++g) {
       const __m512i run = _mm512_load_si512(reinterpret_cast<const void*>(block + 64 * g));
       for (int j = 0; j < Q; ++j) {
