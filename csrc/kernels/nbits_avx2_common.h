@@ -1,4 +1,4 @@
-// nbits_avx2_common.h: internals shared by the AVX2 kernel files: scratch buffers, min/max/fill, and two MatMulNBits helpers.
+// nbits_avx2_common.h: internals shared by the AVX2 kernel files (and the AVX-512 ones on the quads x16 layout): scratch buffers, min/max/fill, and MatMulNBits helpers.
 //
 // Included by nbits_f32_avx2.cpp, nbits_int8_avx2.cpp and qgemm_avx2.cpp, all compiled with
 // -mavx2 -mfma -mf16c -mbmi2. Everything here has internal linkage (an anonymous namespace): an
@@ -163,7 +163,8 @@ inline void quads_row_passes(int64_t M, int64_t p0, int64_t p1, Body body) {
 // scales and zero points this far ahead, for 2- and 4-bit storage, when the weight's codes exceed
 // kQuadsPrefetchAbove: a weight that size streams from memory between calls in a model. Zen 4,
 // level 4, K = N = 4096, interleaved with ONNX Runtime (whose runs evict ours), 1-2 threads: VNNI
-// kernel M = 1-16 1.10-1.42x (M = 64 even), the AVX2 kernel on the same CPU M = 1-8 1.02-1.35x;
+// kernel M = 1-16 1.09-1.42x (even: M = 64, N = 11008 with blocks of 32, M = 2 at 1 thread), the
+// AVX2 kernel on the same CPU M = 1-8 1.02-1.35x;
 // the same weight back to back from cache 0.86-1.0x, weights of 0.5-2 MB 0.81-0.88x (hence the
 // floor); 8-bit storage 0.87-0.91x even from memory, so not there.
 constexpr int64_t kQuadsPrefetchBytes = 4096, kQuadsPrefetchAbove = int64_t{2} << 20;
