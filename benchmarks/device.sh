@@ -4,7 +4,10 @@
 # From the tool: run(command="bash benchmarks/device.sh", timeout_s=...). Settings by environment:
 #   LEVELS (amx,avx512_vnni), THREADS (16,2; 16,8,4,2,1 for a scaling record), REPEAT (7), BENCHES
 #   (the benchmarks/*.py scripts, in order), TESTS=0 to skip the suite, TEST_TIMEOUT (s per test
-#   file; the files run in parallel), BENCH_TIMEOUT (s per script).
+#   file; the files run in parallel), TEST_FILES (tests/test_*.py), BENCH_TIMEOUT (s per script),
+#   PY (python3), BUILD=0 to use the installed build. A rehearsal here, before spending device time:
+#   BUILD=0 PY=.venv/bin/python TEST_FILES=tests/test_version.py LEVELS=avx2 THREADS=2 REPEAT=2 \
+#     BENCHES=levels bash benchmarks/device.sh
 # Measured 2026-11-26: build 21 s, suite 23 s, the four scripts at 2 levels x 2 thread counts and
 # 5 rounds about 80 s; a machine's start took about 30 s of device time.
 # The machine has no package registry: the build uses its own scikit-build-core and nanobind, and
@@ -16,23 +19,26 @@ LEVELS=${LEVELS:-amx,avx512_vnni}
 THREADS=${THREADS:-16,2}
 REPEAT=${REPEAT:-7}
 BENCHES=${BENCHES:-levels level4_decode float_levels level0_decode}
+PY=${PY:-python3}
 export PYTHONUNBUFFERED=1
 exec > >(tee "$OUT/device.log") 2>&1
 
 lscpu | grep -E "Model name|^CPU\(s\)|Thread|Flags" | cut -c1-600
-python3 -m pip list 2>/dev/null | grep -i -E "^(onnxruntime|onnx|torch|numpy|scikit-build-core|nanobind) "
-SECONDS=0
-python3 -m pip install -q --no-build-isolation --no-deps . || exit 1
-echo "build: ${SECONDS} s"
-python3 -c "import quantmatmul as q, json; print(json.dumps(q.cpu_info()))" || exit 1
+"$PY" -m pip list 2>/dev/null | grep -i -E "^(onnxruntime|onnx|torch|numpy|scikit-build-core|nanobind) "
+if [ "${BUILD:-1}" != 0 ]; then
+  SECONDS=0
+  "$PY" -m pip install -q --no-build-isolation --no-deps . || exit 1
+  echo "build: ${SECONDS} s"
+fi
+"$PY" -c "import quantmatmul as q, json; print(json.dumps(q.cpu_info()))" || exit 1
 
 if [ "${TESTS:-1}" != 0 ]; then
   SECONDS=0
   logs=$(mktemp -d)
   pids=()
-  for f in tests/test_*.py; do
+  for f in ${TEST_FILES:-tests/test_*.py}; do
     QUANTMATMUL_NUM_THREADS=2 OMP_NUM_THREADS=1 timeout "${TEST_TIMEOUT:-200}" \
-      python3 -m pytest -q -rfEs -p no:cacheprovider "$f" >"$logs/$(basename "$f" .py).log" 2>&1 &
+      "$PY" -m pytest -q -rfEs -p no:cacheprovider "$f" >"$logs/$(basename "$f" .py).log" 2>&1 &
     pids+=($!)
   done
   wait "${pids[@]}"  # not a bare wait: that also waits for the tee above
@@ -43,6 +49,6 @@ fi
 
 for s in $BENCHES; do
   SECONDS=0
-  timeout "${BENCH_TIMEOUT:-200}" python3 "benchmarks/$s.py" "$LEVELS" "$THREADS" "$REPEAT" "$OUT/$s.json"
+  timeout "${BENCH_TIMEOUT:-200}" "$PY" "benchmarks/$s.py" "$LEVELS" "$THREADS" "$REPEAT" "$OUT/$s.json"
   echo "$s: ${SECONDS} s"
 done
