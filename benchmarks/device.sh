@@ -2,8 +2,9 @@
 # benchmarks/device.sh: one call on the device host (Intel Xeon, AMX, 16 cores): build, self-tests, the suite natively, the per-level benchmarks; logs and JSON under $OUT.
 #
 # From the tool: run(command="bash benchmarks/device.sh", timeout_s=...). Settings by environment:
-#   LEVELS (amx,avx512_vnni), THREADS (16,2; 16,8,4,2,1 for a scaling record), REPEAT (7), BENCHES
-#   (the benchmarks/*.py scripts, in order), TESTS=0 to skip the suite, TEST_TIMEOUT (s per test
+#   LEVELS (amx,avx512_vnni), THREADS (16,2), REPEAT (7), BENCHES (the benchmarks/*.py scripts, in
+#   order; `BENCHES=scaling THREADS=1,2,4,8,16` for the scaling record issues 10 and 11 ask for),
+#   TESTS=0 to skip the suite, TEST_TIMEOUT (s per test
 #   file; the files run in parallel), TEST_FILES (tests/test_*.py), BENCH_TIMEOUT (s per script),
 #   PY (python3), BUILD=0 to use the installed build. A rehearsal here, before spending device time:
 #   BUILD=0 PY=.venv/bin/python TEST_FILES=tests/test_version.py LEVELS=avx2 THREADS=2 REPEAT=2 \
