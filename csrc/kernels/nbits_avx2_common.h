@@ -168,22 +168,33 @@ inline void quads_row_passes(int64_t M, int64_t p0, int64_t p1, Body body) {
 // the same weight back to back from cache 0.86-1.0x, weights of 0.5-2 MB 0.81-0.88x (hence the
 // floor); 8-bit storage 0.87-0.91x even from memory, so not there.
 constexpr int64_t kQuadsPrefetchBytes = 4096, kQuadsPrefetchAbove = int64_t{2} << 20;
-inline int64_t quads_prefetch_distance(const NBitsWeight& w) {
-  const int64_t codes = (w.N + kQuadsPanel - 1) / kQuadsPanel * w.k_blocks * quads_block_bytes(w);
-  return quads_storage_bits(w.bits) < 8 && codes > kQuadsPrefetchAbove ? kQuadsPrefetchBytes : 0;
-}
-// Block b + distance's data of a panel (block_bytes of codes per block) into L1. The addresses are
-// integers: past the panel's last block they point nowhere, and a prefetch never faults.
-inline void quads_prefetch(const QuadsPanel& panel, int64_t b, int64_t block_bytes, int64_t distance) {
-  const auto at = [](const void* base, int64_t offset) {
+// prefetch(panel, b): block b's data that far ahead into L1, or nothing where w does not qualify.
+// The addresses are integers: past the panel's last block they point nowhere, and a prefetch never
+// faults.
+class QuadsPrefetch {
+ public:
+  explicit QuadsPrefetch(const NBitsWeight& w) : block_bytes_(quads_block_bytes(w)) {
+    const int64_t codes = (w.N + kQuadsPanel - 1) / kQuadsPanel * w.k_blocks * block_bytes_;
+    if (quads_storage_bits(w.bits) < 8 && codes > kQuadsPrefetchAbove) {
+      distance_ = kQuadsPrefetchBytes;
+      blocks_ahead_ = distance_ / block_bytes_ > 0 ? distance_ / block_bytes_ : 1;
+    }
+  }
+  void operator()(const QuadsPanel& panel, int64_t b) const {
+    if (distance_ == 0) return;
+    for (int64_t off = 0; off < block_bytes_; off += 64)
+      _mm_prefetch(at(panel.codes, b * block_bytes_ + distance_ + off), _MM_HINT_T0);
+    const int64_t next = (b + blocks_ahead_) * kQuadsPanel;
+    _mm_prefetch(at(panel.scales, next * 4), _MM_HINT_T0);
+    _mm_prefetch(panel.zero_points ? at(panel.zero_points, next) : at(panel.float_zero_points, next * 4), _MM_HINT_T0);
+  }
+
+ private:
+  static const char* at(const void* base, int64_t offset) {
     return reinterpret_cast<const char*>(reinterpret_cast<uintptr_t>(base) + static_cast<uintptr_t>(offset));
-  };
-  for (int64_t off = 0; off < block_bytes; off += 64)
-    _mm_prefetch(at(panel.codes, b * block_bytes + distance + off), _MM_HINT_T0);
-  const int64_t next = (b + (distance / block_bytes > 0 ? distance / block_bytes : 1)) * kQuadsPanel;
-  _mm_prefetch(at(panel.scales, next * 4), _MM_HINT_T0);
-  _mm_prefetch(panel.zero_points ? at(panel.zero_points, next) : at(panel.float_zero_points, next * 4), _MM_HINT_T0);
-}
+  }
+  int64_t block_bytes_, distance_ = 0, blocks_ahead_ = 0;
+};
 
 // How many vpmaddubsw results (u8 codes of `bits` bits x s8 qa, |qa| <= 127: pair sums of at most
 // 2 * 127 * (2^bits - 1)) add up in int16 without overflow: 8 for 4-bit codes, 43 for 2-bit, 1 for 7-bit.

@@ -115,7 +115,7 @@ void panel_rows(const QuantizedA& a, int64_t m0, const NBitsWeight& w, int64_t p
   constexpr int Q = 8 / S;
   const int64_t kb = w.k_blocks, bs = w.block_size, padded = kb * bs, bytes = quads_block_bytes(w);
   const int64_t groups = Groups ? Groups : bs / 4 / Q;
-  const int64_t prefetch = quads_prefetch_distance(w);
+  const QuadsPrefetch prefetch(w);
   const uint8_t* codes = panel.codes;
   const float* sb_panel = panel.scales;
   const int8_t* qa[MR];
@@ -134,7 +134,7 @@ void panel_rows(const QuantizedA& a, int64_t m0, const NBitsWeight& w, int64_t p
     if (!InOrder && b == whole)
       for (int r = 0; r < MR; ++r)
         for (int h = 0; h < 2; ++h) y[r][h] = _mm256_sub_ps(lane_sums(acc[r][h]), lane_sums(correction[r][h]));
-    if (prefetch > 0) quads_prefetch(panel, b, bytes, prefetch);
+    prefetch(panel, b);
     int32_t sums[MR];
     if constexpr (Signed8)
       for (int r = 0; r < MR; ++r) sums[r] = qa_sums[(m0 + r) * kb + b];

@@ -55,7 +55,7 @@ void panel_rows(const QuantizedA& a, int64_t m0, const NBitsWeight& w, int64_t p
   constexpr int P = MR <= 2 && Q % 2 == 0 && !InOrder ? 2 : 1;
   const int64_t kb = w.k_blocks, bs = w.block_size, padded = kb * bs, bytes = quads_block_bytes(w);
   const int64_t groups = Groups ? Groups : bs / 4 / Q;
-  const int64_t prefetch = quads_prefetch_distance(w);
+  const QuadsPrefetch prefetch(w);
   const uint8_t* codes = panel.codes;
   const float* sb_panel = panel.scales;
   const int8_t* qa[MR];
@@ -81,7 +81,7 @@ void panel_rows(const QuantizedA& a, int64_t m0, const NBitsWeight& w, int64_t p
     constexpr bool kGemmIntegers = Eight && InOrder;
     __m512i column_sum = _mm512_setzero_si512();
     const uint8_t* block = codes + b * bytes;
-    if (prefetch > 0) quads_prefetch(panel, b, bytes, prefetch);
+    prefetch(panel, b);
     for (int64_t g = 0; g < groups; ++g) {
       const __m512i run = _mm512_load_si512(reinterpret_cast<const void*>(block + 64 * g));
       for (int j = 0; j < Q; ++j) {
