@@ -505,18 +505,11 @@ def test_fast_path_multiplier_is_float32_arithmetic():
 WEAK_ALLOWED = {"DW.ref.__gxx_personality_v0"}
 
 
-def test_kernel_objects_define_no_shared_symbols():
-    """Kernel files compiled with wide instructions (-mavx2, -mavx512*, AMX) must not define inline
-    functions, templates or STL instantiations with external linkage: the linker could keep their
-    wide copy for the portable code too, and an older CPU would die on an illegal instruction. A
-    kernel object's global symbols are its build's register function (qmm::qmm_kernels_NAME) and
-    functions in its build's own namespace (qmm::NAME, shared by the files of one build); it has no
-    weak ones beyond WEAK_ALLOWED."""
+def _kernel_objects():
+    """The kernel objects (path, build name, source) of the extension last built beside the tests,
+    or a skip where there is no build tree (an installed wheel)."""
     import glob
-    import shutil
 
-    if shutil.which("nm") is None:
-        pytest.skip("nm (binutils) is not installed")
     # The build tree of the extension last built (other trees, e.g. make test-asan's, may sit beside it).
     modules = glob.glob(os.path.join(os.path.dirname(__file__), "..", "build", "*", "_core*.so"))
     if not modules:
@@ -526,17 +519,49 @@ def test_kernel_objects_define_no_shared_symbols():
     if not objects:
         pytest.skip("no build tree beside the tests (installed from a wheel)")
     repo = os.path.join(os.path.dirname(__file__), "..")
+    found = []
     for obj in objects:
         source = obj.split(".dir" + os.sep, 1)[1].removesuffix(".o")
-        if not os.path.exists(os.path.join(repo, source)):
-            continue  # an object left from a source since removed
-        build = obj.split(os.sep + "qmm_kernels_")[1].split(".dir" + os.sep)[0]
+        if os.path.exists(os.path.join(repo, source)):  # else an object left from a source since removed
+            found.append((obj, obj.split(os.sep + "qmm_kernels_")[1].split(".dir" + os.sep)[0], source))
+    return found
+
+
+def test_kernel_objects_define_no_shared_symbols():
+    """Kernel files compiled with wide instructions (-mavx2, -mavx512*, AMX) must not define inline
+    functions, templates or STL instantiations with external linkage: the linker could keep their
+    wide copy for the portable code too, and an older CPU would die on an illegal instruction. A
+    kernel object's global symbols are its build's register function (qmm::qmm_kernels_NAME) and
+    functions in its build's own namespace (qmm::NAME, shared by the files of one build); it has no
+    weak ones beyond WEAK_ALLOWED."""
+    import shutil
+
+    if shutil.which("nm") is None:
+        pytest.skip("nm (binutils) is not installed")
+    for obj, build, _ in _kernel_objects():
         own = (f"_ZN3qmm{len('qmm_kernels_' + build)}qmm_kernels_{build}Ev", f"_ZN3qmm{len(build)}{build}")
         out = subprocess.run(["nm", "--defined-only", obj], capture_output=True, text=True, check=True).stdout
         symbols = [line.split()[1:] for line in out.splitlines() if len(line.split()) == 3]
         weak = [name for kind, name in symbols if kind in "WVu" and name not in WEAK_ALLOWED]
         strong = [name for kind, name in symbols if kind in "TDRBi" and not name.startswith(own)]
         assert not weak and not strong, f"{obj}: shared with the rest of the library: {weak + strong}"
+
+
+def test_few_row_kernels_keep_their_prefetches():
+    """The level-4 few-row kernels on the quads x16 layout prefetch a large weight's panel ahead
+    (QuadsPrefetch, csrc/kernels/nbits_avx2_common.h). A compiler may drop an out-of-line function
+    whose only effect is a prefetch (GCC 12 did, silently: the kernels kept their results and lost
+    their speed), so each such object must still hold prefetch instructions."""
+    import shutil
+
+    if shutil.which("objdump") is None:
+        pytest.skip("objdump (binutils) is not installed")
+    few_row = [(obj, source) for obj, _, source in _kernel_objects() if source.endswith(("nbits_packed_avx2.cpp",
+                                                                                          "nbits_packed_avx512vnni.cpp"))]
+    assert few_row, "no few-row kernel object in the build tree"
+    for obj, source in few_row:
+        out = subprocess.run(["objdump", "-d", obj], capture_output=True, text=True, check=True).stdout
+        assert "prefetcht0" in out, f"{source}: no prefetch instruction left in {obj}"
 
 
 def test_broadcast_parameters_change_between_calls(isa):
