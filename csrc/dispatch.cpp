@@ -75,8 +75,8 @@ void reference_product(const QGemmDispatch& q, const uint8_t* a, bool a_signed, 
   for (int64_t m0 = 0; m0 < M; m0 += L.mr) {
     const int64_t rows = std::min(L.mr, M - m0);
     for (int64_t j = 0; j < L.n_panels(N); ++j)
-      q.kernel(pa.data() + m0 * L.a_row_int32s(K), rows, pb.data() + j * L.panel_bytes(K), 0, groups, b_signed, false,
-               c32.data() + j * L.nr, ldc);
+      q.kernel(pa.data() + m0 * L.a_row_int32s(K), L.a_row_int32s(K), rows, pb.data() + j * L.panel_bytes(K), 0, groups,
+               b_signed, false, c32.data() + j * L.nr, ldc);
     for (int64_t r = 0; r < rows; ++r) {
       int64_t rowsum = 0;
       for (int64_t k = 0; k < K; ++k) rowsum += a_signed ? int8_t(a[(m0 + r) * K + k]) : int64_t(a[(m0 + r) * K + k]);

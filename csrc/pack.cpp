@@ -13,18 +13,19 @@ namespace qmm {
 // Blocking: AVX2's 4x16 tile keeps its accumulators over all of k (as it was tuned on Zen 3);
 // the VNNI and AMX tiles take k in blocks that keep their A and B blocks in L1/L2 (measured on a
 // Sapphire Rapids class Xeon, docs/benchmarks.md), AMX with the larger tasks its larger L2 holds.
-const QGemmLayout kPairsLayout = {kLayoutPairs, "int16 pairs, 4x16", 4,      16, 2, 1, {0, 0}, {0, 0},
-                                  32,           256 << 10,           1 << 15};
-// uint8 a -> int8 a - 128 and int8 b -> uint8 b + 128: in both cases the byte XOR 0x80.
+const QGemmLayout kPairsLayout = {kLayoutPairs, "int16 pairs, 4x16", 4,       16,   2, 1, {0, 0}, {0, 0},
+                                  32,           256 << 10,           1 << 15, false};
+// int8 a -> uint8 a + 128 and uint8 b -> int8 b - 128: in both cases the byte XOR 0x80 (the common
+// uint8 a x int8 b is stored as given: A is read in place where K is whole k-quads).
 // k per kernel call 16384: every call ends in a drain of its accumulator chains and a store of C
 // that the next one loads; one call over all of k (up to 16384) measured 4-8 % faster than calls of
 // 512 on AMD Zen 4 (128x4096x4096, 2048^3, 512x4096x4096, K = 16384), B streaming from L2. Tasks
 // of 512 KB of B: each output row costs the driver a fixed epilogue setup per column block, which
 // wider blocks spread (2048^3 +1.6 %, 128x4096x4096 within 1 % of 256 KB).
-const QGemmLayout kQuadsLayout = {kLayoutQuads, "int8 quads, 8x32", 8,  32,        4,    1,
-                                  {-128, 0},    {0, 128},           32, 512 << 10, 16384};
+const QGemmLayout kQuadsLayout = {kLayoutQuads, "int8 quads, 8x32", 8,  32,        4,     1,
+                                  {0, 128},     {-128, 0},          32, 512 << 10, 16384, true};
 const QGemmLayout kTilesLayout = {
-    kLayoutTiles, "int8 tiles, 32x32x64", 32, 32, 64, 16, {-128, 0}, {0, 128}, 64, 1 << 20, 2048};
+    kLayoutTiles, "int8 tiles, 32x32x64", 32, 32, 64, 16, {0, 128}, {-128, 0}, 64, 1 << 20, 2048, false};
 
 namespace {
 
@@ -149,39 +150,30 @@ void pack_b_pairs(const void* b, bool b_signed, int64_t K, int64_t N, int64_t pa
   } while (p0 < pairs);
 }
 
-// Layout kLayoutQuads. A: each k-group's four bytes as one int32, unsigned values XOR 0x80.
+// Layout kLayoutQuads. A: row-major, K padded to whole k-quads (row r at r * k_groups(K) int32s),
+// signed values XOR 0x80. The driver reads an unsigned A with K a multiple of 4 in place instead.
 void pack_a_quads(const void* a, bool a_signed, int64_t rows, int64_t K, int64_t lda, int32_t* packed) {
-  const QGemmLayout& L = kQuadsLayout;
-  const int64_t groups = L.k_groups(K), whole = K / 4, mr = L.mr;
-  const uint32_t flip = a_signed ? 0u : 0x80808080u;
-  // Every int32 of rows [0, rows) is written below; the padding rows of the last group are zeros.
-  const int64_t padded_rows = (rows + mr - 1) / mr * mr;
-  if (padded_rows > rows) {
-    int32_t* group = packed + (rows / mr) * mr * groups;
-    for (int64_t g = 0; g < groups; ++g)
-      for (int64_t r = rows % mr; r < mr; ++r) group[g * mr + r] = 0;
-  }
+  const int64_t groups = kQuadsLayout.k_groups(K), whole = K / 4 * 4;
+  const uint8_t flip = a_signed ? 0x80 : 0;
   for (int64_t r = 0; r < rows; ++r) {
     const auto* row = static_cast<const uint8_t*>(a) + r * lda;
-    int32_t* out = packed + r / mr * mr * groups + r % mr;
-    for (int64_t g = 0; g < whole; ++g) {
-      uint32_t v;
-      std::memcpy(&v, row + 4 * g, 4);
-      out[g * mr] = static_cast<int32_t>(v ^ flip);
-    }
-    if (whole < groups) {  // the last, partial k-group: zeros (stored) past K
-      uint32_t v = 0;
-      for (int64_t k = 4 * whole; k < K; ++k)
-        v |= static_cast<uint32_t>(row[k] ^ (flip & 0xFF)) << (8 * (k - 4 * whole));
-      out[whole * mr] = static_cast<int32_t>(v);
-    }
+    auto* out = reinterpret_cast<uint8_t*>(packed + r * groups);
+    int64_t k = 0;
+#if defined(__SSE2__)
+    const __m128i vflip = _mm_set1_epi8(static_cast<char>(flip));
+    for (; k + 16 <= whole; k += 16)
+      _mm_storeu_si128(reinterpret_cast<__m128i*>(out + k),
+                       _mm_xor_si128(_mm_loadu_si128(reinterpret_cast<const __m128i*>(row + k)), vflip));
+#endif
+    for (; k < K; ++k) out[k] = static_cast<uint8_t>(row[k] ^ flip);
+    for (; k < groups * 4; ++k) out[k] = 0;  // the last, partial k-quad: zeros (stored) past K
   }
 }
 
 namespace {
 
 // k-quads [g_begin, g_end) of one 32-column panel: for each half of 16 columns, 64 bytes per
-// k-quad (column j's four bytes at 4j), signed values XOR 0x80, zeros past K and N.
+// k-quad (column j's four bytes at 4j), unsigned values XOR 0x80, zeros past K and N.
 void pack_b_quads_rows(const void* b, bool b_signed, int64_t K, int64_t N, int64_t panel, int64_t g_begin,
                        int64_t g_end, int8_t* out_panel, int32_t* colsum, bool first) {
   const auto* bytes = static_cast<const uint8_t*>(b);
@@ -192,7 +184,7 @@ void pack_b_quads_rows(const void* b, bool b_signed, int64_t K, int64_t N, int64
     uint8_t buffers[4][16];
 #if defined(__SSE2__)
     PanelSums sums;
-    const __m128i flip = _mm_set1_epi8(b_signed ? static_cast<char>(0x80) : 0);
+    const __m128i flip = _mm_set1_epi8(b_signed ? 0 : static_cast<char>(0x80));
     alignas(16) uint8_t valid_bytes[16];
     for (int j = 0; j < 16; ++j) valid_bytes[j] = j < cols ? 0xFF : 0;
     const __m128i valid = _mm_load_si128(reinterpret_cast<const __m128i*>(valid_bytes));
@@ -216,7 +208,7 @@ void pack_b_quads_rows(const void* b, bool b_signed, int64_t K, int64_t N, int64
     const int32_t* total = sums.total;
 #else
     int32_t total[16] = {};
-    const uint8_t flip = b_signed ? 0x80 : 0;
+    const uint8_t flip = b_signed ? 0 : 0x80;
     for (int64_t g = g_begin; g < g_end; ++g) {
       uint8_t* dst = out + g * 128 + half * 64;
       for (int i = 0; i < 4; ++i) {
@@ -257,11 +249,11 @@ void pack_b_quads(const void* b, bool b_signed, int64_t K, int64_t N, int64_t pa
 }
 
 // Layout kLayoutTiles. A: per group of 32 rows and k-group of 64, a 32 x 64-byte row-major block,
-// unsigned values XOR 0x80, zeros past K and past the rows.
+// signed values XOR 0x80, zeros past K and past the rows.
 void pack_a_tiles(const void* a, bool a_signed, int64_t rows, int64_t K, int64_t lda, int32_t* packed) {
   const QGemmLayout& L = kTilesLayout;
   const int64_t groups = L.k_groups(K), mr = L.mr, kc = L.kc;
-  const uint8_t flip = a_signed ? 0 : 0x80;
+  const uint8_t flip = a_signed ? 0x80 : 0;
   std::fill(packed, packed + L.packed_a_int32s(rows, K), 0);
   auto* bytes = reinterpret_cast<uint8_t*>(packed);
   for (int64_t r = 0; r < rows; ++r) {

@@ -30,8 +30,8 @@ double measure_peak_gops(double seconds) {
     while (std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count() < seconds) {
       for (int rep = 0; rep < 16; ++rep) {
         for (int64_t j = 0; j < panels; ++j)
-          q.kernel(a.data(), L.mr, b.data() + j * L.panel_bytes(K), 0, groups, true, false, c.data() + j * L.nr,
-                   panels * L.nr);
+          q.kernel(a.data(), L.a_row_int32s(K), L.mr, b.data() + j * L.panel_bytes(K), 0, groups, true, false,
+                   c.data() + j * L.nr, panels * L.nr);
         done += 1;
       }
     }

@@ -3,9 +3,10 @@
 // A packed layout is described by a QGemmLayout; every table of the family names the one its kernel
 // reads, and every packed buffer records the id it was packed with (csrc/qlinear_matmul.h).
 //
-//   packed A: groups of `mr` rows; in a group, for each k-group g (kc consecutive k), mr *
-//             a_int32s int32s holding the group's kc values of k-group g (how: below); K padded
-//             to whole k-groups and the last group to mr rows, with zeros.
+//   packed A: groups of `mr` rows, a_row_int32s(K) int32s per row: rows [r0, r0 + mr) at
+//             r0 * a_row_int32s(K) (r0 a multiple of mr); in a group, for each k-group g (kc
+//             consecutive k), mr * a_int32s int32s holding the group's kc values of k-group g (how:
+//             below), or row-major (kLayoutQuads); K padded to whole k-groups with zeros.
 //   packed B: panels of `nr` columns; in a panel, for each k-group g, nr * kc bytes (how: below);
 //             zero padded past K and N.
 //
@@ -14,13 +15,15 @@
 //             (a[r,2g] low half, a[r,2g+1] high),
 //             B two bytes of b's own signedness per column; mr = 4, nr = 16. vpmaddwd on int16
 //             pairs is exact for every signedness combination.
-//   kLayoutQuads (AVX-512 VNNI): kc = 4; A holds four int8 and B four uint8 per column, each value
-//             stored with an offset (unsigned a - 128, signed b + 128) so that vpdpbusd's
+//   kLayoutQuads (AVX-512 VNNI): kc = 4; A holds four uint8 and B four int8 per column, each value
+//             stored with an offset (signed a + 128, unsigned b - 128) so that vpdpbusd's
 //             uint8 x int8 products are exact; mr = 8, nr = 32. The offsets become zero-point terms:
-//             (a - za)(b - zb) = (a' - (za + oa))(b' - (zb + ob)), docs/quantization.md.
-//             One int32 per row (a_int32s = 1): k-group g of row r at g * mr + r; a panel's k-group
-//             is 128 bytes, column j's four bytes at 4j.
-//   kLayoutTiles (AMX-INT8): the values and offsets of kLayoutQuads (tdpbsud: int8 A x uint8 B), in
+//             (a - za)(b - zb) = (a' - (za + oa))(b' - (zb + ob)), docs/quantization.md. uint8 a x
+//             int8 b, the common pair, is stored as given. A is row-major (a_int32s = 1): k-group g
+//             of row r at r * k_groups(K) + g, which is an unsigned a itself where K is a multiple
+//             of 4 (the driver reads it in place, unpacked); a panel's k-group is 128 bytes, column
+//             j's four bytes at 4j.
+//   kLayoutTiles (AMX-INT8): the values and offsets of kLayoutQuads (tdpbusd: uint8 A x int8 B), in
 //             tiles: kc = 64, mr = 32, nr = 32. A: per k-group, a 32 x 64-byte row-major block
 //             (row r's 64 bytes at 64r; a_int32s = 16), so that two A tiles of 16 rows load at
 //             stride 64. B: a panel's k-group is 16 k-quads of 128 bytes, each exactly a
@@ -48,6 +51,9 @@ struct QGemmLayout {
   // multiple of mr), the bytes of B panels per task, and k per kernel call (the kernels add into C
   // between calls).
   int64_t task_rows, task_panel_bytes, k_block;
+  // A is row-major with its rows' k-groups contiguous (a_int32s = 1): an A stored as given (no
+  // offset) with K a multiple of kc is its own packed form, which the driver reads in place.
+  bool a_row_major;
 
   int64_t k_groups(int64_t K) const { return (K + kc - 1) / kc; }
   int64_t n_panels(int64_t N) const { return (N + nr - 1) / nr; }
@@ -80,10 +86,12 @@ void pack_b_tiles(const void* b, bool b_signed, int64_t K, int64_t N, int64_t pa
                   int32_t* colsum);
 
 // C[r, j] = sum over k-groups [g0, g1) of the stored values of rows [0, rows) of the packed A group
-// at a times the nr columns of the B panel at b_panel. rows <= mr; b_signed is b's signedness as
-// given (for layouts that store it). C is row-major with row stride ldc (int32, wrapping: exact
-// while the sum fits, which the driver ensures by chunking k).
-using QGemmKernel = void (*)(const int32_t* a, int64_t rows, const int8_t* b_panel, int64_t g0, int64_t g1,
+// at a times the nr columns of the B panel at b_panel. rows <= mr; lda is A's a_row_int32s(K), the
+// int32s from one row to the next (the row-major layout reads its rows there; the others' groups
+// are contiguous); b_signed is b's signedness as given (for layouts that store it). C is row-major
+// with row stride ldc (int32, wrapping: exact while the sum fits, which the driver ensures by
+// chunking k).
+using QGemmKernel = void (*)(const int32_t* a, int64_t lda, int64_t rows, const int8_t* b_panel, int64_t g0, int64_t g1,
                              bool b_signed, bool accumulate, int32_t* c, int64_t ldc);
 
 // One output row's zero-point terms in the layout's stored values (docs/quantization.md, csrc/qlinear_matmul.cpp):

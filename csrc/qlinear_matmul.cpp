@@ -141,34 +141,46 @@ void accumulate(const QGemmProblem& p, Epilogue&& epilogue) {
   const bool b_signed = p.b_packed ? p.b_packed->is_signed : p.b_signed;
   const int64_t oa = L.a_offset[p.a_signed], ob = L.b_offset[b_signed];
 
-  // Pack every distinct matrix of a once (mr-row groups) with its row sums.
+  // Pack every distinct matrix of a once (mr-row groups) with its row sums, unless a is its own
+  // packed form (a row-major layout, a stored as given, K whole k-groups: the common uint8 a x int8 b
+  // on the VNNI layout), and the row sums only where a column's zb' = zb + ob is not 0 (they are
+  // multiplied by it: an int8 b with zero point 0, the usual weight, needs none).
   const int64_t a_count = *std::max_element(p.a_index, p.a_index + p.batch) + 1;
-  const int64_t m_padded = (M + mr - 1) / mr * mr;
+  const bool a_in_place = L.a_row_major && oa == 0 && K % L.kc == 0 && reinterpret_cast<uintptr_t>(p.a) % 4 == 0;
+  const int64_t b_count = *std::max_element(p.b_index, p.b_index + p.batch) + 1;
+  const bool need_rowsums =
+      std::any_of(p.b_zero_point, p.b_zero_point + b_count * N, [&](int32_t z) { return z + ob != 0; });
+  const int64_t m_padded = a_in_place ? M : (M + mr - 1) / mr * mr;
   // Uninitialized: pack_a writes every int32 of its row groups, padding included. Kept by the
   // calling thread for its next call (up to 64 MiB): a fresh buffer per call costs page faults.
-  const size_t a_int32s = static_cast<size_t>(a_count * m_padded * a_row);
+  const size_t a_int32s = a_in_place ? 0 : static_cast<size_t>(a_count * m_padded * a_row);
   thread_local Buffer<int32_t> a_kept;
   thread_local size_t a_kept_size = 0;
   Buffer<int32_t> a_once;
-  int32_t* a_packed_data;
-  if (a_int32s <= a_kept_size) {
-    a_packed_data = a_kept.get();
-  } else if (a_int32s * sizeof(int32_t) <= (size_t{64} << 20)) {
-    a_kept = alloc_buffer<int32_t>(a_int32s);
-    a_kept_size = a_int32s;
-    a_packed_data = a_kept.get();
-  } else {
-    a_once = alloc_buffer<int32_t>(a_int32s);
-    a_packed_data = a_once.get();
+  int32_t* a_buffer = nullptr;  // packed a (none when read in place)
+  if (!a_in_place) {
+    if (a_int32s <= a_kept_size) {
+      a_buffer = a_kept.get();
+    } else if (a_int32s * sizeof(int32_t) <= (size_t{64} << 20)) {
+      a_kept = alloc_buffer<int32_t>(a_int32s);
+      a_kept_size = a_int32s;
+      a_buffer = a_kept.get();
+    } else {
+      a_once = alloc_buffer<int32_t>(a_int32s);
+      a_buffer = a_once.get();
+    }
   }
-  std::vector<int64_t> rowsums(static_cast<size_t>(a_count * M));
-  parallel_for(a_count * row_blocks, [&](int64_t task) {
-    const int64_t ia = task / row_blocks, m0 = task % row_blocks * block_rows;
-    const int64_t rows = std::min(block_rows, M - m0);
-    const auto* a_bytes = static_cast<const uint8_t*>(p.a) + (ia * M + m0) * K;
-    q.pack_a(a_bytes, p.a_signed, rows, K, K, a_packed_data + (ia * m_padded + m0) * a_row);
-    for (int64_t r = 0; r < rows; ++r) rowsums[ia * M + m0 + r] = row_sum(a_bytes + r * K, K, p.a_signed);
-  });
+  const int32_t* a_packed_data = a_in_place ? static_cast<const int32_t*>(p.a) : a_buffer;
+  std::vector<int64_t> rowsums(static_cast<size_t>(a_count * M));  // 0 where not needed
+  if (!a_in_place || need_rowsums)
+    parallel_for(a_count * row_blocks, [&](int64_t task) {
+      const int64_t ia = task / row_blocks, m0 = task % row_blocks * block_rows;
+      const int64_t rows = std::min(block_rows, M - m0);
+      const auto* a_bytes = static_cast<const uint8_t*>(p.a) + (ia * M + m0) * K;
+      if (!a_in_place) q.pack_a(a_bytes, p.a_signed, rows, K, K, a_buffer + (ia * m_padded + m0) * a_row);
+      if (need_rowsums)
+        for (int64_t r = 0; r < rows; ++r) rowsums[ia * M + m0 + r] = row_sum(a_bytes + r * K, K, p.a_signed);
+    });
 
   // One block of the output: rows [m0, m0 + rows) x panels [panel0, panel0 + panels) of matrix bt,
   // given those panels of b packed at b_panels (panel stride panel_bytes) and their column sums.
@@ -195,7 +207,7 @@ void accumulate(const QGemmProblem& p, Epilogue&& epilogue) {
         const int64_t g1 = std::min(c1, g0 + groups_per_block);
         for (int64_t j = 0; j < panels; ++j)
           for (int64_t r0 = 0; r0 < rows; r0 += mr)
-            q.kernel(a_block + r0 * a_row, std::min(mr, rows - r0), b_panels + j * panel_bytes, g0, g1, b_signed,
+            q.kernel(a_block + r0 * a_row, a_row, std::min(mr, rows - r0), b_panels + j * panel_bytes, g0, g1, b_signed,
                      g0 > c0, c32.data() + r0 * ldc + j * nr, ldc);
         g0 = g1;
       } while (g0 < c1);

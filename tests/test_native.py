@@ -75,6 +75,31 @@ def test_b_per_call_narrower_than_a_panel_per_thread(isa):
         qm.set_num_threads(before)
 
 
+def test_uint8_a_read_in_place_and_row_sums_skipped(isa):
+    """uint8 a x int8 b is stored as given on the VNNI layout: A is read in place where K is a
+    multiple of 4 and a's data 4-byte aligned (else packed), and A's row sums are skipped where every
+    b zero point is 0. Each case against the oracle: b zero point 0 (per tensor, per column) and one
+    column's nonzero; a misaligned (a view one byte into its buffer); K not a multiple of 4;
+    batched a (in place, matrices M * K bytes apart) over one b and over batched b."""
+    rng = np.random.default_rng(sum(map(ord, isa)) + 3)
+    for M, K, N in [(9, 64, 40), (37, 260, 33), (1, 4096, 70), (33, 130, 17)]:
+        a_s, b_s, y_s = f32(0.02), rng.uniform(0.001, 0.01, N).astype(f32), f32(0.02 * 0.01 * np.sqrt(K) * 60)
+        a = rng.integers(0, 256, (M, K), dtype=u8)
+        b = rng.integers(-128, 128, (K, N), dtype=s8)
+        one_nonzero = np.zeros(N, s8)
+        one_nonzero[N // 2] = 3
+        misaligned = np.empty(M * K + 1, u8)[1:].reshape(M, K)
+        misaligned[...] = a
+        for a_in in (a, misaligned, np.stack([a, a[::-1]])):
+            for b_in, b_zp, b_scale in [(b, s8(0), f32(0.004)), (b, np.zeros(N, s8), b_s), (b, one_nonzero, b_s),
+                                        (np.stack([b, -b]), s8(0), f32(0.004))]:
+                args = (a_in, a_s, u8(131), b_in, b_scale, b_zp, y_s, u8(128))
+                context = (isa, M, K, N, a_in.ndim, a_in.ctypes.data % 4, b_in.ndim, np.ndim(b_zp))
+                assert np.array_equal(qm.qlinear_matmul(*args), oracle.onnxruntime(*args)), context
+                assert np.array_equal(qm.QLinearMatMul(b_in, b_scale, b_zp)(a_in, a_s, u8(131), y_s, u8(128)),
+                                      oracle.onnxruntime(*args)), context
+
+
 def test_deep_k_wraps_identically_on_every_path(isa):
     """K = 70001 > 2^16 pairs: the kernels' int32 chunks must fold into the same wrapped/exact sums."""
     K = 70001

@@ -1,7 +1,7 @@
-// qgemm_amx.cpp: AMX-INT8 int8 GEMM micro-kernel (tdpbsud on the int8-tiles layout), an AVX-512 VNNI path for fewer than 16 rows, the 16-lane ONNX Runtime epilogue, and the amx table's entries (its MatMulNBits kernel: nbits_int8_amx.cpp).
+// qgemm_amx.cpp: AMX-INT8 int8 GEMM micro-kernel (tdpbusd on the int8-tiles layout), an AVX-512 VNNI path for fewer than 16 rows, the 16-lane ONNX Runtime epilogue, and the amx table's entries (its MatMulNBits kernel: nbits_int8_amx.cpp).
 //
-// Layout kLayoutTiles (csrc/qgemm.h): the stored values of kLayoutQuads (unsigned a - 128, signed
-// b + 128, which the driver turns into zero-point terms), so that tdpbsud's int8 A x uint8 B
+// Layout kLayoutTiles (csrc/qgemm.h): the stored values of kLayoutQuads (signed a + 128, unsigned
+// b - 128, which the driver turns into zero-point terms), so that tdpbusd's uint8 A x int8 B
 // products are exact for every signedness combination, in k-groups of 64:
 //   A, per group of 32 rows and k-group G: 32 x 64 bytes, row r's at 64r (int32 G * 512 + 16r + q
 //      holds row r's k-quad q);
@@ -10,9 +10,9 @@
 // Kernel, 16 to 32 rows x one 32-column panel: every tile 16 rows x 64 bytes (palette 1)
 //   tmm0 tmm1   C rows 0-15  x columns 0-15 | 16-31   (int32)
 //   tmm2 tmm3   C rows 16-31 x columns 0-15 | 16-31
-//   tmm4 tmm5   A rows 0-15 | 16-31 of k-group G: 16 rows x 64 int8, stride 64
-//   tmm6 tmm7   B columns 0-15 | 16-31 of k-group G: 16 k-quads x (16 columns x 4 uint8), stride 128
-//   per k-group: C[i][j] += A[i] . B[j] (tdpbsud), four of them (two with 16 rows or fewer).
+//   tmm4 tmm5   A rows 0-15 | 16-31 of k-group G: 16 rows x 64 uint8, stride 64
+//   tmm6 tmm7   B columns 0-15 | 16-31 of k-group G: 16 k-quads x (16 columns x 4 int8), stride 128
+//   per k-group: C[i][j] += A[i] . B[j] (tdpbusd), four of them (two with 16 rows or fewer).
 // C goes to c directly when the tiles cover exactly `rows` rows, else through a 32 x 32 buffer.
 // Fewer than 16 rows (M = 1 decode, say) would waste most of a tile's work: those take vpdpbusd
 // on the same layout (B's k-quads are kLayoutQuads' 128-byte groups), up to 8 rows at a time.
@@ -82,12 +82,12 @@ void amx_tiles(const int32_t* a, const int8_t* b, int64_t g0, int64_t g1, bool a
     _tile_loadd(6, bg, kQuadBytes);
     _tile_loadd(7, bg + 64, kQuadBytes);
     _tile_loadd(4, ag, 64);
-    _tile_dpbsud(0, 4, 6);
-    _tile_dpbsud(1, 4, 7);
+    _tile_dpbusd(0, 4, 6);
+    _tile_dpbusd(1, 4, 7);
     if constexpr (Halves == 2) {
       _tile_loadd(5, ag + 16 * 64, 64);
-      _tile_dpbsud(2, 5, 6);
-      _tile_dpbsud(3, 5, 7);
+      _tile_dpbusd(2, 5, 6);
+      _tile_dpbusd(3, 5, 7);
     }
   }
   _tile_stored(0, c, stride);
@@ -114,18 +114,18 @@ void amx_block(const int32_t* a, int64_t rows, const int8_t* b, int64_t g0, int6
 
 // kLayoutTiles' A: k-quad Q of row r in k-group Q / 16, at row r's 16 int32s of that group.
 struct TilesA {
-  static int64_t at(int64_t quad, int r) { return quad / 16 * kAGroupInt32s + r * kARowInt32s + quad % 16; }
+  int64_t at(int64_t quad, int r) const { return quad / 16 * kAGroupInt32s + r * kARowInt32s + quad % 16; }
 };
 
-void kernel_amx(const int32_t* a, int64_t rows, const int8_t* b_panel, int64_t g0, int64_t g1, bool, bool accumulate,
-                int32_t* c, int64_t ldc) {
+void kernel_amx(const int32_t* a, int64_t, int64_t rows, const int8_t* b_panel, int64_t g0, int64_t g1, bool,
+                bool accumulate, int32_t* c, int64_t ldc) {
   if (rows >= 16) return amx_block(a, rows, b_panel, g0, g1, accumulate, c, ldc);
   if (rows > 8) {
-    vnni_rows_upto8<TilesA>(a, 8, b_panel, 16 * g0, 16 * g1, accumulate, c, ldc);
-    return vnni_rows_upto8<TilesA>(a + 8 * kARowInt32s, rows - 8, b_panel, 16 * g0, 16 * g1, accumulate, c + 8 * ldc,
-                                   ldc);
+    vnni_rows_upto8(a, TilesA{}, 8, b_panel, 16 * g0, 16 * g1, accumulate, c, ldc);
+    return vnni_rows_upto8(a + 8 * kARowInt32s, TilesA{}, rows - 8, b_panel, 16 * g0, 16 * g1, accumulate, c + 8 * ldc,
+                           ldc);
   }
-  vnni_rows_upto8<TilesA>(a, rows, b_panel, 16 * g0, 16 * g1, accumulate, c, ldc);
+  vnni_rows_upto8(a, TilesA{}, rows, b_panel, 16 * g0, 16 * g1, accumulate, c, ldc);
 }
 
 #include "requantize_avx512.inc"

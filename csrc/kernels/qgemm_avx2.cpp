@@ -125,7 +125,7 @@ void kernel_avx2_t(const int32_t* a, int64_t rows, const int8_t* b, int64_t p0, 
   }
 }
 
-void kernel_avx2(const int32_t* a, int64_t rows, const int8_t* b_panel, int64_t p0, int64_t p1, bool b_signed,
+void kernel_avx2(const int32_t* a, int64_t, int64_t rows, const int8_t* b_panel, int64_t p0, int64_t p1, bool b_signed,
                  bool accumulate, int32_t* c, int64_t ldc) {
   if (b_signed) kernel_avx2_t<true>(a, rows, b_panel, p0, p1, accumulate, c, ldc);
   else kernel_avx2_t<false>(a, rows, b_panel, p0, p1, accumulate, c, ldc);

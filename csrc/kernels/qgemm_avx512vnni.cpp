@@ -1,15 +1,16 @@
 // qgemm_avx512vnni.cpp: AVX-512 VNNI int8 GEMM micro-kernel (vpdpbusd on the int8-quads layout) and a 16-lane ONNX Runtime epilogue.
 //
-// Layout kLayoutQuads (csrc/qgemm.h): per k-group of 4, A holds one int32 of four int8 per row and
-// a 32-column B panel 128 bytes of uint8, column j's four bytes at 4j. The stored values carry the
-// layout's offsets (unsigned a - 128, signed b + 128), which the driver turns into zero-point terms,
-// so vpdpbusd's uint8 x int8 products are exact for every signedness combination: |b' a'| <=
-// 255 * 128, and four of them summed into an int32 lane.
+// Layout kLayoutQuads (csrc/qgemm.h): per k-group of 4, A holds one int32 of four uint8 per row
+// (row-major) and a 32-column B panel 128 bytes of int8, column j's four bytes at 4j. The stored
+// values carry the layout's offsets (signed a + 128, unsigned b - 128), which the driver turns into
+// zero-point terms, so vpdpbusd's uint8 x int8 products are exact for every signedness combination:
+// |a' b'| <= 255 * 128, and four of them summed into an int32 lane. uint8 a x int8 b is stored as
+// given: the driver reads such an A in place.
 //
 // Micro-tile (kernels/vnni_rows.inc, shared with the AMX file's few-row path): MR (<= 8) rows x 32
 // columns in 2 * MR zmm accumulators:
 //   per k-group g:  b0 = B[g][cols 0..15], b1 = B[g][cols 16..31]          (64 bytes each)
-//                   for each row r: a = broadcast(A[g][r]);  acc[r][0] += dpbusd(b0, a); acc[r][1] += dpbusd(b1, a)
+//                   for each row r: a = broadcast(A[r][g]);  acc[r][0] += dpbusd(a, b0); acc[r][1] += dpbusd(a, b1)
 // With one or two rows, the k loop keeps two sets of accumulators (even and odd g) so that
 // consecutive vpdpbusd do not wait on each other.
 //
@@ -28,18 +29,17 @@
 namespace qmm {
 namespace {
 
-constexpr int64_t kMr = 8;  // kQuadsLayout: rows per A group (a k-group is one k-quad)
-
 #include "vnni_rows.inc"
 
-// kLayoutQuads' A: k-quad Q of row r at Q * 8 + r.
+// kLayoutQuads' A: k-quad Q of row r at r * lda + Q (row-major).
 struct QuadsA {
-  static int64_t at(int64_t quad, int r) { return quad * kMr + r; }
+  int64_t lda;
+  int64_t at(int64_t quad, int r) const { return r * lda + quad; }
 };
 
-void kernel_vnni(const int32_t* a, int64_t rows, const int8_t* b_panel, int64_t g0, int64_t g1, bool, bool accumulate,
-                 int32_t* c, int64_t ldc) {
-  vnni_rows_upto8<QuadsA>(a, rows, b_panel, g0, g1, accumulate, c, ldc);
+void kernel_vnni(const int32_t* a, int64_t lda, int64_t rows, const int8_t* b_panel, int64_t g0, int64_t g1, bool,
+                 bool accumulate, int32_t* c, int64_t ldc) {
+  vnni_rows_upto8(a, QuadsA{lda}, rows, b_panel, g0, g1, accumulate, c, ldc);
 }
 
 #include "requantize_avx512.inc"

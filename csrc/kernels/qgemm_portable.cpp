@@ -40,8 +40,8 @@ void kernel_portable_t(const int32_t* a, int64_t rows, const int8_t* b_panel, in
   }
 }
 
-void kernel_portable(const int32_t* a, int64_t rows, const int8_t* b_panel, int64_t p0, int64_t p1, bool b_signed,
-                     bool accumulate, int32_t* c, int64_t ldc) {
+void kernel_portable(const int32_t* a, int64_t, int64_t rows, const int8_t* b_panel, int64_t p0, int64_t p1,
+                     bool b_signed, bool accumulate, int32_t* c, int64_t ldc) {
   if (b_signed) kernel_portable_t<int8_t>(a, rows, b_panel, p0, p1, accumulate, c, ldc);
   else kernel_portable_t<uint8_t>(a, rows, b_panel, p0, p1, accumulate, c, ldc);
 }
