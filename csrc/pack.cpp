@@ -252,17 +252,28 @@ void pack_b_quads(const void* b, bool b_signed, int64_t K, int64_t N, int64_t pa
 // signed values XOR 0x80, zeros past K and past the rows.
 void pack_a_tiles(const void* a, bool a_signed, int64_t rows, int64_t K, int64_t lda, int32_t* packed) {
   const QGemmLayout& L = kTilesLayout;
-  const int64_t groups = L.k_groups(K), mr = L.mr, kc = L.kc;
+  const int64_t groups = L.k_groups(K), mr = L.mr, kc = L.kc, whole = K / kc;
   const uint8_t flip = a_signed ? 0x80 : 0;
-  std::fill(packed, packed + L.packed_a_int32s(rows, K), 0);
   auto* bytes = reinterpret_cast<uint8_t*>(packed);
-  for (int64_t r = 0; r < rows; ++r) {
-    const auto* row = static_cast<const uint8_t*>(a) + r * lda;
+  for (int64_t r = 0; r < (rows + mr - 1) / mr * mr; ++r) {
     uint8_t* out = bytes + (r / mr * mr * groups + r % mr) * kc;  // the row's bytes of k-group 0
-    for (int64_t g = 0; g < groups; ++g) {
+    if (r >= rows) {  // padding rows: zeros
+      for (int64_t g = 0; g < groups; ++g) std::memset(out + g * mr * kc, 0, static_cast<size_t>(kc));
+      continue;
+    }
+    const auto* row = static_cast<const uint8_t*>(a) + r * lda;
+    int64_t g = 0;
+#if defined(__SSE2__)
+    const __m128i vflip = _mm_set1_epi8(static_cast<char>(flip));
+    for (; g < whole; ++g)
+      for (int64_t i = 0; i < kc; i += 16)
+        _mm_storeu_si128(reinterpret_cast<__m128i*>(out + g * mr * kc + i),
+                         _mm_xor_si128(_mm_loadu_si128(reinterpret_cast<const __m128i*>(row + g * kc + i)), vflip));
+#endif
+    for (; g < groups; ++g) {  // zeros past K
       const int64_t k0 = g * kc, n = std::min(kc, K - k0);
       uint8_t* dst = out + g * mr * kc;
-      for (int64_t i = 0; i < n; ++i) dst[i] = static_cast<uint8_t>(row[k0 + i] ^ flip);
+      for (int64_t i = 0; i < kc; ++i) dst[i] = i < n ? static_cast<uint8_t>(row[k0 + i] ^ flip) : 0;
     }
   }
 }

@@ -172,15 +172,21 @@ void accumulate(const QGemmProblem& p, Epilogue&& epilogue) {
   }
   const int32_t* a_packed_data = a_in_place ? static_cast<const int32_t*>(p.a) : a_buffer;
   std::vector<int64_t> rowsums(static_cast<size_t>(a_count * M));  // 0 where not needed
+  // Tasks of one row group each (at M = 128, blocks of 64 rows gave the AMX layout's packing two
+  // threads of 16), worth a thread at about 1 byte per nanosecond.
+  const int64_t a_groups = (M + mr - 1) / mr;
   if (!a_in_place || need_rowsums)
-    parallel_for(a_count * row_blocks, [&](int64_t task) {
-      const int64_t ia = task / row_blocks, m0 = task % row_blocks * block_rows;
-      const int64_t rows = std::min(block_rows, M - m0);
-      const auto* a_bytes = static_cast<const uint8_t*>(p.a) + (ia * M + m0) * K;
-      if (!a_in_place) q.pack_a(a_bytes, p.a_signed, rows, K, K, a_buffer + (ia * m_padded + m0) * a_row);
-      if (need_rowsums)
-        for (int64_t r = 0; r < rows; ++r) rowsums[ia * M + m0 + r] = row_sum(a_bytes + r * K, K, p.a_signed);
-    });
+    parallel_for(
+        a_count * a_groups,
+        [&](int64_t task) {
+          const int64_t ia = task / a_groups, m0 = task % a_groups * mr;
+          const int64_t rows = std::min(mr, M - m0);
+          const auto* a_bytes = static_cast<const uint8_t*>(p.a) + (ia * M + m0) * K;
+          if (!a_in_place) q.pack_a(a_bytes, p.a_signed, rows, K, K, a_buffer + (ia * m_padded + m0) * a_row);
+          if (need_rowsums)
+            for (int64_t r = 0; r < rows; ++r) rowsums[ia * M + m0 + r] = row_sum(a_bytes + r * K, K, p.a_signed);
+        },
+        tasks_worth_a_thread(static_cast<double>(mr * K)));
 
   // One block of the output: rows [m0, m0 + rows) x panels [panel0, panel0 + panels) of matrix bt,
   // given those panels of b packed at b_panels (panel stride panel_bytes) and their column sums.
