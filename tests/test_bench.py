@@ -53,7 +53,9 @@ def test_bench_quick_report(quick_run):
         assert all(row["median_ms"][m] > 0 for m in bench.QUANTIZE_METHODS)
         assert row.get("rtn_identical_to_onnxruntime", True) is True  # absent without onnxruntime
     cold = report["matmul_nbits_cold"]
-    assert cold["memory_bandwidth_gbps"] > 0 and cold["gbps"]["quantmatmul"] > 0
+    assert cold["memory_bandwidth_gbps"] > 0 and cold["levels"] == [0, 4]
+    assert all(cold["gbps"][f"quantmatmul level {level}"] > 0 for level in (0, 4))
+    assert {"onnxruntime level 0", "onnxruntime level 4"} <= set(cold["gbps"])
     assert "u8s8 M=64 K=1024 N=1024" in printed and "GOP/s" in printed
     assert "x our u8s8 256^3" in printed  # s8u8 and e4m3 against u8s8 at their own shape
 

@@ -466,10 +466,11 @@ def _time(fn) -> float:
 
 
 def run_cold_nbits(
-    *, threads=None, count=8, K=4096, N=4096, bits=4, block_size=32, level=0, rounds=5, progress=print
+    *, threads=None, count=8, K=4096, N=4096, bits=4, block_size=32, levels=(0, 4), rounds=5, progress=print
 ) -> dict:
     """Cold weights, as in real decoding: `count` constant weights (together larger than the last-level
-    cache) multiplied in turn by one row each; GB/s of packed codes read, ours and ORT's."""
+    cache) multiplied in turn by one row each, at each accuracy level in `levels`, ours and ORT's, in
+    rounds that rotate their order; GB/s of packed codes read (each weight's codes once per sweep)."""
     from .matmul_nbits import MatMulNBits
     from .quantize_nbits import quantize_nbits
 
@@ -482,40 +483,43 @@ def run_cold_nbits(
     ]
     A = rng.standard_normal((1, K)).astype(np.float32)
     total_bytes = sum(q.B.nbytes for q in weights)
-    ours = [MatMulNBits(*q.tensors(), **q.attributes(), accuracy_level=level) for q in weights]
-    sweeps = {"quantmatmul": lambda: [w(A) for w in ours]}
+    sweeps = {}
+    for level in levels:
+        ours = [MatMulNBits(*q.tensors(), **q.attributes(), accuracy_level=level) for q in weights]
+        sweeps[f"quantmatmul level {level}"] = lambda ours=ours: [w(A) for w in ours]
     try:
         from .peers import matmul_nbits_model
         from .peers import session as ort_session
 
-        sessions = [
-            ort_session(
-                matmul_nbits_model(np.float32, *q.tensors(), **q.attributes(), accuracy_level=4),
-                threads=threads,
-                spinning=False,
-            )
-            for q in weights
-        ]
-        sweeps["onnxruntime level 4"] = lambda: [s.run(None, {"A": A}) for s in sessions]
+        for level in levels:
+            sessions = [
+                ort_session(
+                    matmul_nbits_model(np.float32, *q.tensors(), **q.attributes(), accuracy_level=level),
+                    threads=threads,
+                    spinning=False,
+                )
+                for q in weights
+            ]
+            sweeps[f"onnxruntime level {level}"] = lambda sessions=sessions: [s.run(None, {"A": A}) for s in sessions]
     except ImportError:
         pass
     for sweep in sweeps.values():
         sweep()
     times = {name: [] for name in sweeps}
-    for _ in range(rounds):
-        for name, sweep in sweeps.items():
-            times[name].append(_time(sweep))
+    names = list(sweeps)
+    for r in range(rounds):
+        for name in names[r % len(names) :] + names[: r % len(names)]:
+            times[name].append(_time(sweeps[name]))
     bandwidth = memory_bandwidth_gbps()
     result = {
         "weights": count,
         "total_mb": total_bytes / 1e6,
-        "level": level,
+        "levels": list(levels),
         "memory_bandwidth_gbps": bandwidth,
         "gbps": {name: total_bytes / statistics.median(t) / 1e9 for name, t in times.items()},
     }
     progress(
-        f"cold weights: {count} x {bits}-bit [{K}, {N}] b{block_size} ({result['total_mb']:.0f} MB of codes), "
-        f"level {level}, M=1: "
+        f"cold weights: {count} x {bits}-bit [{K}, {N}] b{block_size} ({result['total_mb']:.0f} MB of codes), M=1: "
         + ", ".join(f"{name} {g:.1f} GB/s" for name, g in result["gbps"].items())
         + f"; memory bandwidth (copy) {bandwidth:.1f} GB/s"
     )
@@ -581,7 +585,7 @@ def main(args) -> int:
             count=2 if args.quick else 8,
             K=1024 if args.quick else 4096,
             N=1024 if args.quick else 4096,
-            rounds=2 if args.quick else 5,
+            rounds=2 if args.quick else 9,
             progress=progress,
         )
     if only in (None, "quantize"):
