@@ -3,7 +3,8 @@
 #
 # From the tool: run(command="bash benchmarks/device.sh", timeout_s=...). Settings by environment:
 #   LEVELS (amx,avx512_vnni), THREADS (16,2), REPEAT (7), BENCHES (the benchmarks/*.py scripts, in
-#   order; `BENCHES=scaling THREADS=1,2,4,8,16` for the scaling record issues 10 and 11 ask for),
+#   order; `BENCHES=scaling THREADS=1,2,4,8,16` for the scaling record issues 10 and 11 ask for;
+#   cold_decode: decode on weights from memory, COLD_MB of codes per shape),
 #   TESTS=0 to skip the suite, TEST_TIMEOUT (s per test
 #   file; the files run in parallel), TEST_FILES (tests/test_*.py), BENCH_TIMEOUT (s per script),
 #   PY (python3), BUILD=0 to use the installed build. A rehearsal here, before spending device time:
@@ -19,7 +20,7 @@ mkdir -p "$OUT"
 LEVELS=${LEVELS:-amx,avx512_vnni}
 THREADS=${THREADS:-16,2}
 REPEAT=${REPEAT:-7}
-BENCHES=${BENCHES:-levels level4_decode float_levels level0_decode}
+BENCHES=${BENCHES:-levels level4_decode float_levels level0_decode cold_decode}
 PY=${PY:-python3}
 export PYTHONUNBUFFERED=1
 exec > >(tee "$OUT/device.log") 2>&1
