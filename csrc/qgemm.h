@@ -6,7 +6,8 @@
 //   packed A: groups of `mr` rows, a_row_int32s(K) int32s per row: rows [r0, r0 + mr) at
 //             r0 * a_row_int32s(K) (r0 a multiple of mr); in a group, for each k-group g (kc
 //             consecutive k), mr * a_int32s int32s holding the group's kc values of k-group g (how:
-//             below), or row-major (kLayoutQuads); K padded to whole k-groups with zeros.
+//             below), or row-major (kLayoutQuads); K padded to whole k-groups with zeros, and the
+//             last group's rows past the matrix zero where a kernel reads them (pairs, tiles).
 //   packed B: panels of `nr` columns; in a panel, for each k-group g, nr * kc bytes (how: below);
 //             zero padded past K and N.
 //

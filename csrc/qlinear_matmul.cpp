@@ -151,8 +151,9 @@ void accumulate(const QGemmProblem& p, Epilogue&& epilogue) {
   const bool need_rowsums =
       std::any_of(p.b_zero_point, p.b_zero_point + b_count * N, [&](int32_t z) { return z + ob != 0; });
   const int64_t m_padded = a_in_place ? M : (M + mr - 1) / mr * mr;
-  // Uninitialized: pack_a writes every int32 of its row groups, padding included. Kept by the
-  // calling thread for its next call (up to 64 MiB): a fresh buffer per call costs page faults.
+  // Uninitialized: pack_a writes every int32 the kernels read (padding rows too where they read
+  // them). Kept by the calling thread for its next call (up to 64 MiB): a fresh buffer per call
+  // costs page faults.
   const size_t a_int32s = a_in_place ? 0 : static_cast<size_t>(a_count * m_padded * a_row);
   thread_local Buffer<int32_t> a_kept;
   thread_local size_t a_kept_size = 0;
