@@ -8,11 +8,10 @@
 // as zero and sums below 2^-126 flushed (DAZ and FTZ: docs/matmul_nbits.md's level-3 bound has a
 // term for them, and holds for any order). Then + bias.
 //
-// Per task of 32 columns: the weights dequantized and rounded into a float32 panel by the
-// avx512_vnni build's prefill code (nbits_f32_panel32), made into two pair panels (the float8
-// pair tables' B layout), then the float8 table's tile kernel (pair_rows_amx); A arrives as rows
-// of pair words (this entry's prepare_f32, once per call). Everything else (levels 0-2, 8 rows
-// or fewer, level 4 on AMX-INT8) is the amx entry's: this entry differs from it only here, and
+// Per task of 32 columns: the weights dequantized, rounded and paired into two pair panels (the
+// float8 pair tables' B layout) by the avx512_vnni build's prefill code (nbits_pair_panel32), then the float8 table's
+// tile kernel (pair_rows_amx); A arrives as rows of pair words (this entry's prepare_f32, once per call). Everything
+// else (levels 0-2, 8 rows or fewer, level 4 on AMX-INT8) is the amx entry's: this entry differs from it only here, and
 // needs AMX-BF16 besides, so it outranks it where the CPU has that (every AMX CPU so far).
 // Built twice, as float8_amx.cpp (CMakeLists.txt, amxbf16).
 #include "avx512_intrinsics.h"
@@ -41,7 +40,7 @@ namespace tiles = amx;
 
 void rows_bf16(const float* A, int64_t M, const NBitsWeight& w, int64_t n0, int64_t n1, const float* bias, float* Y) {
   if (!on_pairs(w, M)) return vnni::nbits_rows_f32(A, M, w, n0, n1, bias, Y);
-  prefill_pairs(reinterpret_cast<const uint32_t*>(A), M, w, n0, n1, bias, Y, vnni::nbits_f32_panel32,
+  prefill_pairs(reinterpret_cast<const uint32_t*>(A), M, w, n0, n1, bias, Y, vnni::nbits_pair_panel32,
                 QMM_KERNEL_NS::pair_rows_amx);  // A as prepare_bf16 wrote it
 }
 

@@ -9,12 +9,11 @@
 // FTZ: docs/matmul_nbits.md's level-3 bound has a term for them). Twice the products per
 // instruction of the AVX-512F FMA tile the avx512_vnni entry runs at level 3.
 //
-// Per task of 32 columns: the weights dequantized and rounded into a float32 panel by the
-// avx512_vnni build's prefill code (nbits_f32_panel32), made into two pair panels [ceil(K/2)][16]
-// words, then float8_avx512.inc's blocking with pair_tile_avx512bf16.inc's tile; A arrives as pair
-// words in groups of 12 rows (this entry's prepare_f32, once per call). Other levels, 8 rows or
-// fewer, and level 4 are the avx512_vnni build's kernels: the entry differs from that build's only
-// here. Built twice, as float8_avx512bf16.cpp (CMakeLists.txt, avx512bf16).
+// Per task of 32 columns: the weights dequantized, rounded and paired into two pair panels
+// [ceil(K/2)][16] words by the avx512_vnni build's prefill code (nbits_pair_panel32), then float8_avx512.inc's blocking
+// with pair_tile_avx512bf16.inc's tile; A arrives as pair words in groups of 12 rows (this entry's prepare_f32, once
+// per call). Other levels, 8 rows or fewer, and level 4 are the avx512_vnni build's kernels: the entry differs from
+// that build's only here. Built twice, as float8_avx512bf16.cpp (CMakeLists.txt, avx512bf16).
 #include "avx512_intrinsics.h"
 #if defined(QMM_EMULATED)
 #include "bf16_emulation.h"  // after SIMDe: it uses its AVX-512 types
@@ -46,7 +45,7 @@ void rows_bf16(const float* A, int64_t M, const NBitsWeight& w, int64_t n0, int6
   if (!on_pairs(w, M)) return vnni::nbits_rows_f32(A, M, w, n0, n1, bias, Y);
   auto pair_rows = [](const uint32_t* a, const uint32_t* b, float* y, int64_t ldy, int64_t rows, int64_t cols,
                       int64_t K) { blocked_rows(a, b, y, ldy, rows, cols, (K + 1) / 2, kPairTiles); };
-  prefill_pairs(reinterpret_cast<const uint32_t*>(A), M, w, n0, n1, bias, Y, vnni::nbits_f32_panel32,
+  prefill_pairs(reinterpret_cast<const uint32_t*>(A), M, w, n0, n1, bias, Y, vnni::nbits_pair_panel32,
                 pair_rows);  // A as prepare_bf16 wrote it
 }
 

@@ -46,6 +46,7 @@
 // (vpshufb) and DQ (extractf32x8). Everything is internal except nbits_f32_avx512.h's two functions.
 #include "avx512_intrinsics.h"
 
+#include <array>
 #include <cstdint>
 #include <cstring>
 #include <type_traits>
@@ -528,6 +529,43 @@ void build_panel(const NBitsWeight& w, int64_t n, int64_t cols, float* columns, 
   }
 }
 
+// The word of two bfloat16 values (floats whose low 16 bits are zero): k = 2j low, k = 2j + 1 high.
+inline __m512i pair_words(__m512 even, __m512 odd) {
+  return _mm512_or_si512(_mm512_srli_epi32(_mm512_castps_si512(even), 16),
+                         _mm512_and_si512(_mm512_castps_si512(odd), _mm512_set1_epi32(static_cast<int>(0xFFFF0000u))));
+}
+
+// The lane of a group that holds its code k (the inverse of kLanes<Bits>.code).
+template <int Bits>
+constexpr std::array<int, 16> lane_of_code() {
+  std::array<int, 16> lane{};
+  for (int l = 0; l < 16; ++l) lane[kLanes<Bits>.code[l]] = l;
+  return lane;
+}
+
+// Columns [n, n + cols) (cols <= 32, codes as given) as build_panel computes them, straight into
+// pair panels: each group's transposed rows are paired as they come out (k = 2t with k = 2t + 1),
+// no float panel between (it cost a store and a reload of K x 32 floats per panel).
+template <int Bits>
+void build_pair_panels(const NBitsWeight& w, int64_t n, int64_t cols, float* columns, uint32_t* pairs,
+                       float* zp_buffer) {
+  const int64_t groups = (w.K + 15) / 16, lda = 16 * groups, KP = (w.K + 1) / 2, halves = cols > 16 ? 2 : 1;
+  constexpr std::array<int, 16> lane = lane_of_code<Bits>();
+  for (int64_t h = 0; h < halves; ++h) {
+    const int64_t count = min_i64(16, cols - 16 * h);
+    for (int64_t c = 0; c < count; ++c) dequantize_column<Bits>(w, n + 16 * h + c, columns + c * lda, zp_buffer);
+    uint32_t* panel = pairs + h * KP * 16;
+    for (int64_t g = 0; g < groups; ++g) {
+      __m512 r[16];
+      for (int64_t c = 0; c < 16; ++c)
+        r[c] = c < count ? _mm512_load_ps(columns + c * lda + 16 * g) : _mm512_setzero_ps();
+      transpose16(r);  // r[lane[k]]: the 16 columns at k = 16 g + k (lanes past K zero)
+      for (int t = 0; t < 8 && 8 * g + t < KP; ++t)
+        _mm512_storeu_si512(panel + (8 * g + t) * 16, pair_words(r[lane[2 * t]], r[lane[2 * t + 1]]));
+    }
+  }
+}
+
 // Columns [n0, n1) in panels of 32: A interleaved by k in groups of 12 rows (nbits_prepare_f32).
 // Every output is one FMA chain over k = 0 .. K-1 in order from +0 (the chain waits in partial
 // between k-chunks: a float store and load are exact), then + bias.
@@ -585,19 +623,30 @@ void nbits_rows_f32(const float* A, int64_t M, const NBitsWeight& w, int64_t n0,
   }
 }
 
-void nbits_f32_panel32(const NBitsWeight& w, int64_t n, int64_t cols, float* panel) {
-  const int64_t lda = 16 * ((w.K + 15) / 16);
+void nbits_pair_panel32(const NBitsWeight& w, int64_t n, int64_t cols, uint32_t* pairs) {
+  const int64_t lda = 16 * ((w.K + 15) / 16), KP = (w.K + 1) / 2;
+  if (w.packed) {  // a packed weight (levels 0/1 hold one): its float panel, then paired
+    thread_local Scratch panel_storage;
+    float* const panel = panel_storage.get<float>(lda * kPanelColumns);
+    nbits_dequantize_packed32(w, n, cols, panel);
+    for (int64_t h = 0; h * 16 < cols; ++h)
+      for (int64_t j = 0; j < KP; ++j)
+        _mm512_storeu_si512(pairs + (h * KP + j) * 16,
+                            pair_words(_mm512_load_ps(panel + 2 * j * kPanelColumns + 16 * h),
+                                       _mm512_load_ps(panel + (2 * j + 1) * kPanelColumns + 16 * h)));
+    return;
+  }
   thread_local Scratch columns_storage, zp_storage;
   float* const columns = columns_storage.get<float>(16 * lda);
   float* const zp_buffer = zp_storage.get<float>(w.k_blocks + 8);
   switch (w.bits) {
-    case 2: return build_panel<2>(w, n, cols, columns, panel, zp_buffer);
-    case 3: return build_panel<3>(w, n, cols, columns, panel, zp_buffer);
-    case 4: return build_panel<4>(w, n, cols, columns, panel, zp_buffer);
-    case 5: return build_panel<5>(w, n, cols, columns, panel, zp_buffer);
-    case 6: return build_panel<6>(w, n, cols, columns, panel, zp_buffer);
-    case 7: return build_panel<7>(w, n, cols, columns, panel, zp_buffer);
-    default: return build_panel<8>(w, n, cols, columns, panel, zp_buffer);
+    case 2: return build_pair_panels<2>(w, n, cols, columns, pairs, zp_buffer);
+    case 3: return build_pair_panels<3>(w, n, cols, columns, pairs, zp_buffer);
+    case 4: return build_pair_panels<4>(w, n, cols, columns, pairs, zp_buffer);
+    case 5: return build_pair_panels<5>(w, n, cols, columns, pairs, zp_buffer);
+    case 6: return build_pair_panels<6>(w, n, cols, columns, pairs, zp_buffer);
+    case 7: return build_pair_panels<7>(w, n, cols, columns, pairs, zp_buffer);
+    default: return build_pair_panels<8>(w, n, cols, columns, pairs, zp_buffer);
   }
 }
 

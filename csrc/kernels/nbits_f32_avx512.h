@@ -15,18 +15,19 @@ namespace qmm::avx512_vnni {
 void nbits_rows_f32(const float* A, int64_t M, const NBitsWeight& w, int64_t n0, int64_t n1, const float* bias,
                     float* Y);
 bool nbits_prepare_f32(const float* A, int64_t M, const NBitsWeight& w, float* out, int64_t part, int64_t parts);
-// Prefill's weight panel: columns [n, n + cols) (cols <= 32) as dequantize_nbits computes them
-// (rounded to float16 / bfloat16 at levels 2 / 3) into panel, [16 * ceil(K / 16)][32] floats,
-// 64-byte aligned, k in order, rows past K zero; with cols <= 16 only the first 16 of each row.
-void nbits_f32_panel32(const NBitsWeight& w, int64_t n, int64_t cols, float* panel);
+// The pair tables' weight panels (level 3's prefill): columns [n, n + cols) (cols <= 32) as
+// dequantize_nbits computes them (rounded to bfloat16 at level 3) as bfloat16 pair panels, per 16
+// columns ceil(K / 2) x 16 words (k = 2j in a word's low half, 2j + 1 in its high half, k past K
+// zero), the second panel at pairs + ceil(K / 2) * 16 (written only with cols > 16).
+void nbits_pair_panel32(const NBitsWeight& w, int64_t n, int64_t cols, uint32_t* pairs);
 
 // Columns per task that nbits_rows_f32's prefill path (more than 12 rows) wants: its tile's width.
 constexpr int64_t kNBitsF32PrefillColumns = 32;
 
-// Levels 0/1 on the "quads x16" layout (nbits_packed_f32_avx512.cpp), which nbits_rows_f32 and
-// nbits_f32_panel32 call: the few-row kernel (columns [n0, n1), n0 a multiple of 16; without a
-// packed weight, the AVX2 kernel on panels built per call: the same order), and the prefill's
-// panel, as nbits_f32_panel32 writes it, from the packed weight.
+// Levels 0/1 on the "quads x16" layout (nbits_packed_f32_avx512.cpp), which nbits_rows_f32 calls:
+// the few-row kernel (columns [n0, n1), n0 a multiple of 16; without a packed weight, the AVX2
+// kernel on panels built per call: the same order), and the prefill's float panel of columns
+// [n, n + cols) ([16 * ceil(K / 16)][32] floats, rows past K zero) from the packed weight.
 void nbits_rows_packed_f32(const float* A, int64_t M, const NBitsWeight& w, int64_t n0, int64_t n1, const float* bias,
                            float* Y);
 void nbits_dequantize_packed32(const NBitsWeight& w, int64_t n, int64_t cols, float* panel);
@@ -39,18 +40,19 @@ namespace qmm::avx512_vnni_emulated {
 void nbits_rows_f32(const float* A, int64_t M, const NBitsWeight& w, int64_t n0, int64_t n1, const float* bias,
                     float* Y);
 bool nbits_prepare_f32(const float* A, int64_t M, const NBitsWeight& w, float* out, int64_t part, int64_t parts);
-// Prefill's weight panel: columns [n, n + cols) (cols <= 32) as dequantize_nbits computes them
-// (rounded to float16 / bfloat16 at levels 2 / 3) into panel, [16 * ceil(K / 16)][32] floats,
-// 64-byte aligned, k in order, rows past K zero; with cols <= 16 only the first 16 of each row.
-void nbits_f32_panel32(const NBitsWeight& w, int64_t n, int64_t cols, float* panel);
+// The pair tables' weight panels (level 3's prefill): columns [n, n + cols) (cols <= 32) as
+// dequantize_nbits computes them (rounded to bfloat16 at level 3) as bfloat16 pair panels, per 16
+// columns ceil(K / 2) x 16 words (k = 2j in a word's low half, 2j + 1 in its high half, k past K
+// zero), the second panel at pairs + ceil(K / 2) * 16 (written only with cols > 16).
+void nbits_pair_panel32(const NBitsWeight& w, int64_t n, int64_t cols, uint32_t* pairs);
 
 // Columns per task that nbits_rows_f32's prefill path (more than 12 rows) wants: its tile's width.
 constexpr int64_t kNBitsF32PrefillColumns = 32;
 
-// Levels 0/1 on the "quads x16" layout (nbits_packed_f32_avx512.cpp), which nbits_rows_f32 and
-// nbits_f32_panel32 call: the few-row kernel (columns [n0, n1), n0 a multiple of 16; without a
-// packed weight, the AVX2 kernel on panels built per call: the same order), and the prefill's
-// panel, as nbits_f32_panel32 writes it, from the packed weight.
+// Levels 0/1 on the "quads x16" layout (nbits_packed_f32_avx512.cpp), which nbits_rows_f32 calls:
+// the few-row kernel (columns [n0, n1), n0 a multiple of 16; without a packed weight, the AVX2
+// kernel on panels built per call: the same order), and the prefill's float panel of columns
+// [n, n + cols) ([16 * ceil(K / 16)][32] floats, rows past K zero) from the packed weight.
 void nbits_rows_packed_f32(const float* A, int64_t M, const NBitsWeight& w, int64_t n0, int64_t n1, const float* bias,
                            float* Y);
 void nbits_dequantize_packed32(const NBitsWeight& w, int64_t n, int64_t cols, float* panel);
