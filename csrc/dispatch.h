@@ -26,6 +26,7 @@
 #include <vector>
 
 #include "cpu_features.h"
+#include "float8.h"
 #include "matmul_nbits.h"
 #include "qgemm.h"
 
@@ -87,6 +88,8 @@ struct Float8Dispatch {
   PairRows pair_rows;
   const char* pair_order;
   int64_t pair_group;  // a_group for pair_rows' a where it differs (0: a_group; 1: rows of words as given)
+  // Optional (null: float8.cpp's SSE2 step): the float8 output step on a row (float8.h).
+  Float8EncodeRow encode_row;
 };
 
 // The rows per group of a pair table's packed a.

@@ -8,35 +8,13 @@
 #include <emmintrin.h>
 #endif
 
+#include "dispatch.h"
 #include "thread_pool.h"
 
 namespace qmm {
 namespace {
 
-struct Format {
-  int mantissa_bits, bias;
-  uint8_t max_code, nan_code;  // magnitudes; nan_code includes the sign bit for the fnuz types
-  bool fnuz;  // one NaN (0x80), no infinities, no negative zero
-  // The smallest normal value 2^(1 - bias), and 2^(bias - 1 + m), which scales a value below it to
-  // its subnormal code (exactly: a power of two, the product stays normal): computed once per
-  // conversion (std::ldexp per element took a tenth of a float8 QLinearMatMul).
-  float min_normal, subnormal_scale;
-};
-
-Format format(Float8 type) {
-  Format f{3, 7, 0x7E, 0x7F, false, 0.0f, 0.0f};
-  switch (type) {
-    case Float8::kE4M3FN: f = {3, 7, 0x7E, 0x7F, false, 0.0f, 0.0f}; break;
-    case Float8::kE4M3FNUZ: f = {3, 8, 0x7F, 0x80, true, 0.0f, 0.0f}; break;
-    case Float8::kE5M2: f = {2, 15, 0x7B, 0x7E, false, 0.0f, 0.0f}; break;
-    case Float8::kE5M2FNUZ: f = {2, 16, 0x7F, 0x80, true, 0.0f, 0.0f}; break;
-  }
-  f.min_normal = std::ldexp(1.0f, 1 - f.bias);
-  f.subnormal_scale = std::ldexp(1.0f, f.bias - 1 + f.mantissa_bits);
-  return f;
-}
-
-uint8_t encode(float v, const Format& f, float max_value) {
+uint8_t encode(float v, const Float8Format& f, float max_value) {
   uint32_t bits;
   std::memcpy(&bits, &v, 4);
   const uint8_t sign = static_cast<uint8_t>((bits >> 24) & 0x80);
@@ -58,7 +36,7 @@ uint8_t encode(float v, const Format& f, float max_value) {
 
 #if defined(__SSE2__)
 // encode() on four lanes (SSE2): the same integer steps, lane by lane, so the same codes.
-__m128i encode4(__m128 v, const Format& f, float max_value) {
+__m128i encode4(__m128 v, const Float8Format& f, float max_value) {
   const __m128i bits = _mm_castps_si128(v);
   __m128i sign = _mm_and_si128(_mm_srli_epi32(bits, 24), _mm_set1_epi32(0x80));
   const __m128 is_nan = _mm_cmpunord_ps(v, v);
@@ -82,7 +60,7 @@ __m128i encode4(__m128 v, const Format& f, float max_value) {
 #endif
 
 // The largest finite value of the format, decoded from its code (exponent field, then mantissa field).
-float max_finite(const Format& f) {
+float max_finite(const Float8Format& f) {
   const int exponent = (f.max_code >> f.mantissa_bits) - f.bias;
   const float fraction = 1.0f + static_cast<float>(f.max_code & ((1 << f.mantissa_bits) - 1)) / (1 << f.mantissa_bits);
   return std::ldexp(fraction, exponent);
@@ -90,9 +68,23 @@ float max_finite(const Format& f) {
 
 }  // namespace
 
+Float8Format float8_format(Float8 type) {
+  Float8Format f{3, 7, 0x7E, 0x7F, false, 0.0f, 0.0f, 0.0f};
+  switch (type) {
+    case Float8::kE4M3FN: f = {3, 7, 0x7E, 0x7F, false, 0.0f, 0.0f, 0.0f}; break;
+    case Float8::kE4M3FNUZ: f = {3, 8, 0x7F, 0x80, true, 0.0f, 0.0f, 0.0f}; break;
+    case Float8::kE5M2: f = {2, 15, 0x7B, 0x7E, false, 0.0f, 0.0f, 0.0f}; break;
+    case Float8::kE5M2FNUZ: f = {2, 16, 0x7F, 0x80, true, 0.0f, 0.0f, 0.0f}; break;
+  }
+  f.min_normal = std::ldexp(1.0f, 1 - f.bias);
+  f.subnormal_scale = std::ldexp(1.0f, f.bias - 1 + f.mantissa_bits);
+  f.max_value = max_finite(f);
+  return f;
+}
+
 void float32_to_float8(const float* x, int64_t count, Float8 type, uint8_t* out) {
-  const Format f = format(type);
-  const float max_value = max_finite(f);
+  const Float8Format f = float8_format(type);
+  const float max_value = f.max_value;
   constexpr int64_t kChunk = 1 << 16;
   parallel_for((count + kChunk - 1) / kChunk, [&](int64_t task) {
     const int64_t begin = task * kChunk, end = begin + kChunk < count ? begin + kChunk : count;
@@ -103,14 +95,30 @@ void float32_to_float8(const float* x, int64_t count, Float8 type, uint8_t* out)
 void float8_output(const float* d, int64_t B, int64_t M, int64_t N, Float8OutputParams a_scale,
                    Float8OutputParams b_scale, Float8OutputParams y_scale, Float8OutputParams y_zero_point, Float8 type,
                    uint8_t* out) {
-  const Format f = format(type);
-  const float max_value = max_finite(f);
+  const Float8Format f = float8_format(type);
+  const float max_value = f.max_value;
   const int64_t rows_per_task = N >= (1 << 14) ? 1 : (1 << 14) / (N > 0 ? N : 1);
+  const Float8EncodeRow encode_row = float8_kernels().encode_row;  // the entry's, where it has one
   parallel_for((B * M + rows_per_task - 1) / rows_per_task, [&](int64_t task) {
     const int64_t r1 = (task + 1) * rows_per_task < B * M ? (task + 1) * rows_per_task : B * M;
     for (int64_t r = task * rows_per_task; r < r1; ++r) {
       const int64_t b = r / M, m = r % M;
       int64_t n = 0;
+      if (encode_row) {
+        const Float8OutputParams* params[4] = {&a_scale, &b_scale, &y_scale, &y_zero_point};
+        const float* first[4];
+        int64_t step[4];
+        bool rowwise = true;
+        for (int i = 0; i < 4; ++i) {
+          first[i] = &params[i]->data[b * params[i]->s0 + m * params[i]->s1];
+          step[i] = params[i]->s2;
+          rowwise = rowwise && (step[i] == 0 || step[i] == 1);
+        }
+        if (rowwise) {
+          encode_row(d + r * N, N, first, step, f, out + r * N);
+          continue;
+        }
+      }
 #if defined(__SSE2__)
       // Four columns at a time where every parameter is broadcast or contiguous along n: the same
       // float32 operations (IEEE, lane by lane) and the same integer conversion.

@@ -7,6 +7,26 @@ namespace qmm {
 
 enum class Float8 { kE4M3FN = 0, kE4M3FNUZ = 1, kE5M2 = 2, kE5M2FNUZ = 3 };
 
+// A float8 type's encoding, as the conversion needs it (float8.cpp; the kernel files' row step).
+struct Float8Format {
+  int mantissa_bits, bias;
+  uint8_t max_code, nan_code;  // magnitudes; nan_code includes the sign bit for the fnuz types
+  bool fnuz;  // one NaN (0x80), no infinities, no negative zero
+  // The smallest normal value 2^(1 - bias), and 2^(bias - 1 + m), which scales a value below it to
+  // its subnormal code (exactly: a power of two, the product stays normal): computed once per
+  // conversion (std::ldexp per element took a tenth of a float8 QLinearMatMul).
+  float min_normal, subnormal_scale;
+  float max_value;  // the largest finite value
+};
+Float8Format float8_format(Float8 type);
+
+// float8_output's step for one row where every parameter is broadcast or contiguous along n: p[i]
+// the row's first a_scale, b_scale, y_scale, y_zero_point value, step[i] 0 (broadcast) or 1; the
+// same float32 operations and integer steps, so the same bytes (an entry's optional fast path,
+// Float8Dispatch::encode_row).
+using Float8EncodeRow = void (*)(const float* d, int64_t count, const float* const p[4], const int64_t step[4],
+                                 const Float8Format& f, uint8_t* out);
+
 // out[i] = x[i] converted to the float8 type: clipped to +-max finite (infinities too), rounded to
 // nearest even (subnormals included), NaN to the type's NaN (sign kept where the type has one);
 // the same bits as numpy.clip(x, -max, max).astype(<ml_dtypes float8 type>). The fnuz types have

@@ -439,13 +439,15 @@ def test_python_float_scales_are_float32():
     assert qm.qlinear_matmul(*args).dtype == u8
 
 
-def test_float8_output_step_and_operand_conversion_are_numpys_bit_for_bit():
+def test_float8_output_step_and_operand_conversion_are_numpys_bit_for_bit(isa):
     """The float path's output step in C++ (_core.float8_output: d * (a_scale * b_scale) / y_scale
-    + y_zp, then the conversion) against the same numpy expression, on d with NaN of both signs,
-    infinities, zeros of both signs, subnormals, values far out of range; per-row, per-column,
-    batched and broadcast parameters (zero strides), float16 and bfloat16 scales, a nonzero float8
-    zero point; and the C++ lookup of an 8-bit operand as float32 (64 K elements and more) against
-    numpy's table lookup, every byte value."""
+    + y_zp, then the conversion) against the same numpy expression, on every kernel level (the
+    AVX-512 float8 entries run it 16 lanes at a time, the last partial 16 through copies), on d
+    with NaN of both signs, infinities, zeros of both signs, subnormals, values far out of range;
+    per-row, per-column, batched and broadcast parameters (zero strides) and a strided one (the
+    scalar path), float16 and bfloat16 scales, a nonzero float8 zero point; and the C++ lookup of
+    an 8-bit operand as float32 (64 K elements and more) against numpy's table lookup, every byte
+    value."""
     from quantmatmul._dtypes import _TO_FLOAT32, FLOAT8_TYPES, to_float32
 
     rng = np.random.default_rng(21)
@@ -470,8 +472,12 @@ def test_float8_output_step_and_operand_conversion_are_numpys_bit_for_bit():
             for _ in range(2):
                 target = np.where(rng.random(target.shape) < 0.5, np.nextafter(target, f32(np.inf)), target)
             d = np.where(aim, target, d)
-            for y_zp in (np.zeros((1, 1, 1), t), np.full((1, 1, 1), zero, t), rng.choice([0, zero], (B, 1, N)).astype(t)):
+            strided = rng.choice([0, zero], (B, 1, 2 * N)).astype(t)[:, :, ::2]  # a column stride of 2
+            for y_zp in (np.zeros((1, 1, 1), t), np.full((1, 1, 1), zero, t), rng.choice([0, zero], (B, 1, N)).astype(t),
+                         strided):
                 params = [np.broadcast_to(np.asarray(x, f32), (B, M, N)) for x in (a_scale, b_scale, y_scale, y_zp)]
+                if y_zp is strided:
+                    params[3] = np.broadcast_to(strided.astype(f32).repeat(2, axis=2)[:, :, ::2], (B, M, N))
                 ours = _core.float8_output(d, *params, code)
                 with np.errstate(over="ignore", invalid="ignore"):
                     v = d * (a_scale.astype(f32) * b_scale.astype(f32)) / y_scale.astype(f32) + y_zp.astype(f32)

@@ -147,6 +147,8 @@ void QMM_KERNEL_NS::pair_rows_amx(const uint32_t* a, const uint32_t* b_panels, f
 
 namespace {
 
+#include "float8_encode_avx512.inc"
+
 #if defined(QMM_EMULATED)
 constexpr EntryInfo kInfo = {.name = "amx",
                              .isa = Isa::kAmx,
@@ -163,7 +165,8 @@ const Float8Dispatch kFloat8 = {.info = kInfo,
                                 .sgemm_rows = sgemm_rows_avx512,
                                 .pair_rows = QMM_KERNEL_NS::pair_rows_amx,
                                 .pair_order = "tiles of 32 k",
-                                .pair_group = 1};
+                                .pair_group = 1,
+                                .encode_row = float8_encode_row_avx512};
 
 }  // namespace
 

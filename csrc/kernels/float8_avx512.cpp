@@ -23,6 +23,8 @@ namespace qmm {
 
 namespace {
 
+#include "float8_encode_avx512.inc"
+
 #if defined(QMM_EMULATED)
 constexpr EntryInfo kInfo = {
     .name = "avx512f", .isa = Isa::kAvx512Vnni, .needs = kAvx2Features, .emulated = true, .models = kAvx512Features};
@@ -30,7 +32,8 @@ constexpr EntryInfo kInfo = {
 constexpr EntryInfo kInfo = {.name = "avx512f", .isa = Isa::kAvx512Vnni, .needs = kAvx512Features, .emulated = false};
 #endif
 
-const Float8Dispatch kFloat8 = {.info = kInfo, .a_group = kAGroup, .sgemm_rows = sgemm_rows_avx512};
+const Float8Dispatch kFloat8 = {
+    .info = kInfo, .a_group = kAGroup, .sgemm_rows = sgemm_rows_avx512, .encode_row = float8_encode_row_avx512};
 
 }  // namespace
 

@@ -43,6 +43,8 @@ namespace qmm {
 
 namespace {
 
+#include "float8_encode_avx512.inc"
+
 void pair_rows_avx512bf16(const uint32_t* a, const uint32_t* b_panels, float* y, int64_t ldy, int64_t rows,
                           int64_t cols, int64_t K) {
   blocked_rows(a, b_panels, y, ldy, rows, cols, (K + 1) / 2, kPairTiles);
@@ -60,7 +62,8 @@ const Float8Dispatch kFloat8 = {.info = kInfo,
                                 .a_group = kAGroup,
                                 .sgemm_rows = sgemm_rows_avx512,
                                 .pair_rows = pair_rows_avx512bf16,
-                                .pair_order = "odd first"};
+                                .pair_order = "odd first",
+                                .encode_row = float8_encode_row_avx512};
 
 }  // namespace
 
