@@ -424,42 +424,51 @@ void bind_qlinear_matmul(nb::module_& m) {
       [](const In& a, const In& a_index, nb::handle b, const In& b_index, Out out, std::optional<In> a_table) {
         const int64_t batch = static_cast<int64_t>(a_index.shape(0));
         const int64_t M = static_cast<int64_t>(a.shape(1)), K = static_cast<int64_t>(a.shape(2));
-        const auto* a_data = static_cast<const float*>(a.data());
-        qmm::Buffer<float> once;  // a's values past 64 MiB: not kept
-        if (a_table) {
-          const size_t count = a.size();
-          thread_local qmm::Buffer<float> kept;
-          thread_local size_t kept_size = 0;
-          float* values;
-          if (count <= kept_size) {
-            values = kept.get();
-          } else if (count * sizeof(float) <= (size_t{64} << 20)) {
-            kept = qmm::alloc_buffer<float>(count);
-            kept_size = count;
-            values = kept.get();
-          } else {
-            once = qmm::alloc_buffer<float>(count);
-            values = once.get();
-          }
-          nb::gil_scoped_release release;
-          qmm::lookup_float32(static_cast<const uint8_t*>(a.data()), static_cast<int64_t>(count),
-                              static_cast<const float*>(a_table->data()), values);
-          a_data = values;
-        }
         const auto* ai = static_cast<const int64_t*>(a_index.data());
         const auto* bi = static_cast<const int64_t*>(b_index.data());
         auto* y = static_cast<float*>(out.data());
+        const qmm::PackedF32* packed = nullptr;
+        qmm::PackedF32 own;  // b given as float32 matrices: packed for this call
         if (nb::isinstance<qmm::PackedF32>(b)) {
-          const qmm::PackedF32* packed = nb::inst_ptr<qmm::PackedF32>(b);
+          packed = nb::inst_ptr<qmm::PackedF32>(b);
+        } else {
+          const In raw = nb::cast<In>(b);
+          const int64_t count = static_cast<int64_t>(raw.shape(0)), N = static_cast<int64_t>(raw.shape(2));
+          const auto* b_data = static_cast<const float*>(raw.data());
           nb::gil_scoped_release release;
-          qmm::matmul_f32_sequential(batch, M, K, a_data, ai, *packed, bi, y);
+          own = qmm::pack_f32(b_data, count, K, N);
+          packed = &own;
+        }
+        if (!a_table) {
+          nb::gil_scoped_release release;
+          qmm::matmul_f32_sequential(batch, M, K, static_cast<const float*>(a.data()), ai, *packed, bi, y);
           return;
         }
-        const In raw = nb::cast<In>(b);
-        const int64_t N = static_cast<int64_t>(raw.shape(2));
-        const auto* b_data = static_cast<const float*>(raw.data());
+        // a as codes: a's float32 values (where the pair table does not run) looked up into a buffer
+        // the calling thread keeps for its next call, up to 64 MiB.
+        const size_t count = a.size();
+        const auto* codes = static_cast<const uint8_t*>(a.data());
+        const auto* table = static_cast<const float*>(a_table->data());
+        qmm::Buffer<float> once;  // a's values past 64 MiB: not kept
+        auto values = [&]() -> const float* {
+          thread_local qmm::Buffer<float> kept;
+          thread_local size_t kept_size = 0;
+          float* v;
+          if (count <= kept_size) {
+            v = kept.get();
+          } else if (count * sizeof(float) <= (size_t{64} << 20)) {
+            kept = qmm::alloc_buffer<float>(count);
+            kept_size = count;
+            v = kept.get();
+          } else {
+            once = qmm::alloc_buffer<float>(count);
+            v = once.get();
+          }
+          qmm::lookup_float32(codes, static_cast<int64_t>(count), table, v);
+          return v;
+        };
         nb::gil_scoped_release release;
-        qmm::matmul_f32_sequential(batch, M, N, K, a_data, ai, b_data, bi, y);
+        qmm::matmul_f32_codes(batch, M, K, codes, table, values, ai, *packed, bi, y);
       },
       nb::arg("a"), nb::arg("a_index"), nb::arg("b"), nb::arg("b_index"), nb::arg("out"),
       nb::arg("a_table") = nb::none());

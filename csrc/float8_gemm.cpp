@@ -81,9 +81,12 @@ Buffer<uint32_t> pair_panels(const PackedF32& b) {
 }
 
 // The product over the entry's pair table with b's pair panels, when every value of a is
-// pair-exact too; false, computing nothing, otherwise. a packed once per call.
-bool matmul_pairs(const Float8Dispatch& entry, int64_t batch, int64_t M, int64_t N, int64_t K, const float* a,
-                  const int64_t* a_index, const uint32_t* b_pairs, const int64_t* b_index, float* out) {
+// pair-exact too; false, computing nothing, otherwise. a packed once per call: pack_group(m0,
+// rows, words) packs rows [m0, m0 + rows) of a (its matrices one after another) as pack_pair_group
+// does, and says whether they were pair-exact.
+template <class PackGroup>
+bool matmul_pairs(const Float8Dispatch& entry, int64_t batch, int64_t M, int64_t N, int64_t K, const int64_t* a_index,
+                  const uint32_t* b_pairs, const int64_t* b_index, float* out, PackGroup&& pack_group) {
   const int64_t KP = (K + 1) / 2, group = pair_group(entry);
   const int64_t a_count = distinct(a_index, batch), groups = (M + group - 1) / group;
   std::atomic<bool> exact{true};
@@ -91,7 +94,7 @@ bool matmul_pairs(const Float8Dispatch& entry, int64_t batch, int64_t M, int64_t
   parallel_for(a_count * groups, [&](int64_t task) {
     if (!exact.load(std::memory_order_relaxed)) return;
     const int64_t m0 = task / groups * M + task % groups * group, rows = std::min(group, M - task % groups * group);
-    if (!pack_pair_group(a + m0 * K, rows, K, a_pairs.get() + m0 * KP)) exact.store(false, std::memory_order_relaxed);
+    if (!pack_group(m0, rows, a_pairs.get() + m0 * KP)) exact.store(false, std::memory_order_relaxed);
   });
   if (!exact.load()) return false;
   const PairRows pair_rows = entry.pair_rows;
@@ -131,19 +134,25 @@ PackedF32 pack_f32(const float* b, int64_t count, int64_t K, int64_t N) {
   return packed;
 }
 
-void matmul_f32_sequential(int64_t batch, int64_t M, int64_t K, const float* a, const int64_t* a_index,
-                           const PackedF32& b, const int64_t* b_index, float* out) {
-  const Float8Dispatch& entry = float8_kernels();
+namespace {
+
+// The pair table where the entry has one and the values allow it (docs/quantization.md): true when
+// it ran. b's pairs come from its packing when it was packed for this entry, else from its panels
+// now. K = 0 (every output +0 either way) takes the float32 FMA table.
+template <class PackGroup>
+bool try_pairs(const Float8Dispatch& entry, int64_t batch, int64_t M, int64_t K, const int64_t* a_index,
+               const PackedF32& b, const int64_t* b_index, float* out, PackGroup&& pack_group) {
+  if (!entry.pair_rows || batch <= 0 || M <= 0 || b.N <= 0 || K <= 0 || K >= (int64_t{1} << 29)) return false;
+  Buffer<uint32_t> own;
+  const uint32_t* b_pairs = b.pairs.get();
+  if (b.entry != &entry) b_pairs = (own = pair_panels(b)).get();
+  return b_pairs && matmul_pairs(entry, batch, M, b.N, K, a_index, b_pairs, b_index, out, pack_group);
+}
+
+// The float32 FMA table (SgemmRows) over a's float32 values.
+void matmul_fma(const Float8Dispatch& entry, int64_t batch, int64_t M, int64_t K, const float* a,
+                const int64_t* a_index, const PackedF32& b, const int64_t* b_index, float* out) {
   const int64_t N = b.N;
-  // The pair table where the entry has one and the values allow it (docs/quantization.md); else,
-  // and for K = 0 (every output +0 either way), the float32 FMA table. b's pairs come from its
-  // packing when it was packed for this entry, else from its panels now.
-  if (entry.pair_rows && batch > 0 && M > 0 && N > 0 && K > 0 && K < (int64_t{1} << 29)) {
-    Buffer<uint32_t> own;
-    const uint32_t* b_pairs = b.pairs.get();
-    if (b.entry != &entry) b_pairs = (own = pair_panels(b)).get();
-    if (b_pairs && matmul_pairs(entry, batch, M, N, K, a, a_index, b_pairs, b_index, out)) return;
-  }
   const SgemmRows sgemm_rows = entry.sgemm_rows;
   const int64_t group = entry.a_group;
   // Each distinct a, its rows interleaved by k in groups of the entry's a_group (csrc/qgemm.h):
@@ -166,6 +175,31 @@ void matmul_f32_sequential(int64_t batch, int64_t M, int64_t K, const float* a, 
                [&](const float* ar, const float* bp, float* y, int64_t ldy, int64_t rows, int64_t cols) {
                  sgemm_rows(ar, bp, y, ldy, rows, cols, K);
                });
+}
+
+}  // namespace
+
+void matmul_f32_sequential(int64_t batch, int64_t M, int64_t K, const float* a, const int64_t* a_index,
+                           const PackedF32& b, const int64_t* b_index, float* out) {
+  const Float8Dispatch& entry = float8_kernels();
+  if (try_pairs(entry, batch, M, K, a_index, b, b_index, out,
+                [&](int64_t m0, int64_t rows, uint32_t* words) { return pack_pair_group(a + m0 * K, rows, K, words); }))
+    return;
+  matmul_fma(entry, batch, M, K, a, a_index, b, b_index, out);
+}
+
+void matmul_f32_codes(int64_t batch, int64_t M, int64_t K, const uint8_t* a, const float* table,
+                      const std::function<const float*()>& values, const int64_t* a_index, const PackedF32& b,
+                      const int64_t* b_index, float* out) {
+  const Float8Dispatch& entry = float8_kernels();
+  if (entry.pair_rows) {
+    const PairCodes codes = codes_for_pairs(table);
+    if (try_pairs(entry, batch, M, K, a_index, b, b_index, out, [&](int64_t m0, int64_t rows, uint32_t* words) {
+          return pack_pair_group_codes(a + m0 * K, rows, K, codes, words);
+        }))
+      return;
+  }
+  matmul_fma(entry, batch, M, K, values(), a_index, b, b_index, out);
 }
 
 void matmul_f32_sequential(int64_t batch, int64_t M, int64_t N, int64_t K, const float* a, const int64_t* a_index,

@@ -3,6 +3,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <memory>
 
 #include "buffer.h"
@@ -36,6 +37,13 @@ PackedF32 pack_f32(const float* b, int64_t count, int64_t K, int64_t N);
 // table and every value of a and b is pair-exact. Bit for bit reproducible, whatever the threads.
 void matmul_f32_sequential(int64_t batch, int64_t M, int64_t K, const float* a, const int64_t* a_index,
                            const PackedF32& b, const int64_t* b_index, float* out);
+// The same with a as 8-bit codes [Ba, M, K] whose float32 values table[256] holds (the float8
+// operand): on a pair table the codes become pair words directly (no float32 copy of a; the same
+// words, so the same bits); where the pair table does not run, values() gives a's float32 values
+// ([Ba, M, K], the caller's lookup) for the FMA table.
+void matmul_f32_codes(int64_t batch, int64_t M, int64_t K, const uint8_t* a, const float* table,
+                      const std::function<const float*()>& values, const int64_t* a_index, const PackedF32& b,
+                      const int64_t* b_index, float* out);
 // The same with b as count contiguous [K, N] matrices, packed for this call.
 void matmul_f32_sequential(int64_t batch, int64_t M, int64_t N, int64_t K, const float* a, const int64_t* a_index,
                            const float* b, const int64_t* b_index, float* out);

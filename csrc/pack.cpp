@@ -323,6 +323,34 @@ bool pack_pair_panel(const float* b, int64_t K, int64_t N, int64_t n0, uint32_t*
   return bad == 0;
 }
 
+PairCodes codes_for_pairs(const float* table) {
+  PairCodes codes{};
+  for (int c = 0; c < 256; ++c) {
+    const uint32_t bits = bits_of(table[c]);
+    codes.half[c] = static_cast<uint16_t>(bits >> 16);
+    codes.inexact[c] = not_pair_exact(bits) != 0;
+  }
+  return codes;
+}
+
+bool pack_pair_group_codes(const uint8_t* a, int64_t rows, int64_t K, const PairCodes& codes, uint32_t* group) {
+  uint32_t bad = 0;
+  for (int64_t r = 0; r < rows; ++r) {
+    const uint8_t* row = a + r * K;
+    int64_t k = 0;
+    for (; k + 1 < K; k += 2) {
+      const uint8_t e = row[k], o = row[k + 1];
+      bad |= codes.inexact[e] | codes.inexact[o];
+      group[k / 2 * rows + r] = (uint32_t{codes.half[o]} << 16) | codes.half[e];
+    }
+    if (k < K) {  // K odd: the last word's high half 0
+      bad |= codes.inexact[row[k]];
+      group[k / 2 * rows + r] = codes.half[row[k]];
+    }
+  }
+  return bad == 0;
+}
+
 bool pack_pair_group(const float* a, int64_t rows, int64_t K, uint32_t* group) {
   uint32_t bad = 0;
   for (int64_t r = 0; r < rows; ++r) {

@@ -143,5 +143,14 @@ using PairRows = void (*)(const uint32_t* a, const uint32_t* b, float* y, int64_
 bool pack_pair_panel(const float* b, int64_t K, int64_t N, int64_t n0, uint32_t* panel);
 // Rows [0, rows) of the row-major [rows, K] matrix a as one group (rows words per k pair):
 bool pack_pair_group(const float* a, int64_t rows, int64_t K, uint32_t* group);
+// The same for a as 8-bit codes (the float8 path's operand): their values' bfloat16 halves and
+// whether each value is pair-exact, per code (codes_for_pairs, once per call), then the words as
+// pack_pair_group writes them for those values, without a float32 copy of a.
+struct PairCodes {
+  uint16_t half[256];
+  uint8_t inexact[256];
+};
+PairCodes codes_for_pairs(const float* table);
+bool pack_pair_group_codes(const uint8_t* a, int64_t rows, int64_t K, const PairCodes& codes, uint32_t* group);
 
 }  // namespace qmm
