@@ -202,10 +202,4 @@ void matmul_f32_codes(int64_t batch, int64_t M, int64_t K, const uint8_t* a, con
   matmul_fma(entry, batch, M, K, values(), a_index, b, b_index, out);
 }
 
-void matmul_f32_sequential(int64_t batch, int64_t M, int64_t N, int64_t K, const float* a, const int64_t* a_index,
-                           const float* b, const int64_t* b_index, float* out) {
-  const PackedF32 packed = pack_f32(b, distinct(b_index, batch), K, N);
-  matmul_f32_sequential(batch, M, K, a, a_index, packed, b_index, out);
-}
-
 }  // namespace qmm

@@ -44,8 +44,5 @@ void matmul_f32_sequential(int64_t batch, int64_t M, int64_t K, const float* a, 
 void matmul_f32_codes(int64_t batch, int64_t M, int64_t K, const uint8_t* a, const float* table,
                       const std::function<const float*()>& values, const int64_t* a_index, const PackedF32& b,
                       const int64_t* b_index, float* out);
-// The same with b as count contiguous [K, N] matrices, packed for this call.
-void matmul_f32_sequential(int64_t batch, int64_t M, int64_t N, int64_t K, const float* a, const int64_t* a_index,
-                           const float* b, const int64_t* b_index, float* out);
 
 }  // namespace qmm

@@ -150,23 +150,31 @@ void pack_b_pairs(const void* b, bool b_signed, int64_t K, int64_t N, int64_t pa
   } while (p0 < pairs);
 }
 
+namespace {
+
+// dst[i] = src[i] ^ flip for i < n (the layouts' offset of 128 on a byte).
+void xor_copy(const uint8_t* src, int64_t n, uint8_t flip, uint8_t* dst) {
+  int64_t i = 0;
+#if defined(__SSE2__)
+  const __m128i vflip = _mm_set1_epi8(static_cast<char>(flip));
+  for (; i + 16 <= n; i += 16)
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(dst + i),
+                     _mm_xor_si128(_mm_loadu_si128(reinterpret_cast<const __m128i*>(src + i)), vflip));
+#endif
+  for (; i < n; ++i) dst[i] = static_cast<uint8_t>(src[i] ^ flip);
+}
+
+}  // namespace
+
 // Layout kLayoutQuads. A: row-major, K padded to whole k-quads (row r at r * k_groups(K) int32s),
 // signed values XOR 0x80. The driver reads an unsigned A with K a multiple of 4 in place instead.
 void pack_a_quads(const void* a, bool a_signed, int64_t rows, int64_t K, int64_t lda, int32_t* packed) {
-  const int64_t groups = kQuadsLayout.k_groups(K), whole = K / 4 * 4;
+  const int64_t groups = kQuadsLayout.k_groups(K);
   const uint8_t flip = a_signed ? 0x80 : 0;
   for (int64_t r = 0; r < rows; ++r) {
-    const auto* row = static_cast<const uint8_t*>(a) + r * lda;
     auto* out = reinterpret_cast<uint8_t*>(packed + r * groups);
-    int64_t k = 0;
-#if defined(__SSE2__)
-    const __m128i vflip = _mm_set1_epi8(static_cast<char>(flip));
-    for (; k + 16 <= whole; k += 16)
-      _mm_storeu_si128(reinterpret_cast<__m128i*>(out + k),
-                       _mm_xor_si128(_mm_loadu_si128(reinterpret_cast<const __m128i*>(row + k)), vflip));
-#endif
-    for (; k < K; ++k) out[k] = static_cast<uint8_t>(row[k] ^ flip);
-    for (; k < groups * 4; ++k) out[k] = 0;  // the last, partial k-quad: zeros (stored) past K
+    xor_copy(static_cast<const uint8_t*>(a) + r * lda, K, flip, out);
+    for (int64_t k = K; k < groups * 4; ++k) out[k] = 0;  // the last, partial k-quad: zeros (stored) past K
   }
 }
 
@@ -252,7 +260,7 @@ void pack_b_quads(const void* b, bool b_signed, int64_t K, int64_t N, int64_t pa
 // signed values XOR 0x80, zeros past K and past the rows.
 void pack_a_tiles(const void* a, bool a_signed, int64_t rows, int64_t K, int64_t lda, int32_t* packed) {
   const QGemmLayout& L = kTilesLayout;
-  const int64_t groups = L.k_groups(K), mr = L.mr, kc = L.kc, whole = K / kc;
+  const int64_t groups = L.k_groups(K), mr = L.mr, kc = L.kc;
   const uint8_t flip = a_signed ? 0x80 : 0;
   auto* bytes = reinterpret_cast<uint8_t*>(packed);
   for (int64_t r = 0; r < (rows + mr - 1) / mr * mr; ++r) {
@@ -262,18 +270,10 @@ void pack_a_tiles(const void* a, bool a_signed, int64_t rows, int64_t K, int64_t
       continue;
     }
     const auto* row = static_cast<const uint8_t*>(a) + r * lda;
-    int64_t g = 0;
-#if defined(__SSE2__)
-    const __m128i vflip = _mm_set1_epi8(static_cast<char>(flip));
-    for (; g < whole; ++g)
-      for (int64_t i = 0; i < kc; i += 16)
-        _mm_storeu_si128(reinterpret_cast<__m128i*>(out + g * mr * kc + i),
-                         _mm_xor_si128(_mm_loadu_si128(reinterpret_cast<const __m128i*>(row + g * kc + i)), vflip));
-#endif
-    for (; g < groups; ++g) {  // zeros past K
+    for (int64_t g = 0; g < groups; ++g) {  // zeros past K
       const int64_t k0 = g * kc, n = std::min(kc, K - k0);
-      uint8_t* dst = out + g * mr * kc;
-      for (int64_t i = 0; i < kc; ++i) dst[i] = i < n ? static_cast<uint8_t>(row[k0 + i] ^ flip) : 0;
+      xor_copy(row + k0, n, flip, out + g * mr * kc);
+      std::memset(out + g * mr * kc + n, 0, static_cast<size_t>(kc - n));
     }
   }
 }

@@ -624,18 +624,7 @@ void nbits_rows_f32(const float* A, int64_t M, const NBitsWeight& w, int64_t n0,
 }
 
 void nbits_pair_panel32(const NBitsWeight& w, int64_t n, int64_t cols, uint32_t* pairs) {
-  const int64_t lda = 16 * ((w.K + 15) / 16), KP = (w.K + 1) / 2;
-  if (w.packed) {  // a packed weight (levels 0/1 hold one): its float panel, then paired
-    thread_local Scratch panel_storage;
-    float* const panel = panel_storage.get<float>(lda * kPanelColumns);
-    nbits_dequantize_packed32(w, n, cols, panel);
-    for (int64_t h = 0; h * 16 < cols; ++h)
-      for (int64_t j = 0; j < KP; ++j)
-        _mm512_storeu_si512(pairs + (h * KP + j) * 16,
-                            pair_words(_mm512_load_ps(panel + 2 * j * kPanelColumns + 16 * h),
-                                       _mm512_load_ps(panel + (2 * j + 1) * kPanelColumns + 16 * h)));
-    return;
-  }
+  const int64_t lda = 16 * ((w.K + 15) / 16);
   thread_local Scratch columns_storage, zp_storage;
   float* const columns = columns_storage.get<float>(16 * lda);
   float* const zp_buffer = zp_storage.get<float>(w.k_blocks + 8);

@@ -18,7 +18,8 @@ bool nbits_prepare_f32(const float* A, int64_t M, const NBitsWeight& w, float* o
 // The pair tables' weight panels (level 3's prefill): columns [n, n + cols) (cols <= 32) as
 // dequantize_nbits computes them (rounded to bfloat16 at level 3) as bfloat16 pair panels, per 16
 // columns ceil(K / 2) x 16 words (k = 2j in a word's low half, 2j + 1 in its high half, k past K
-// zero), the second panel at pairs + ceil(K / 2) * 16 (written only with cols > 16).
+// zero), the second panel at pairs + ceil(K / 2) * 16 (written only with cols > 16). Codes as
+// given: not for a packed weight.
 void nbits_pair_panel32(const NBitsWeight& w, int64_t n, int64_t cols, uint32_t* pairs);
 
 // Columns per task that nbits_rows_f32's prefill path (more than 12 rows) wants: its tile's width.
@@ -43,7 +44,8 @@ bool nbits_prepare_f32(const float* A, int64_t M, const NBitsWeight& w, float* o
 // The pair tables' weight panels (level 3's prefill): columns [n, n + cols) (cols <= 32) as
 // dequantize_nbits computes them (rounded to bfloat16 at level 3) as bfloat16 pair panels, per 16
 // columns ceil(K / 2) x 16 words (k = 2j in a word's low half, 2j + 1 in its high half, k past K
-// zero), the second panel at pairs + ceil(K / 2) * 16 (written only with cols > 16).
+// zero), the second panel at pairs + ceil(K / 2) * 16 (written only with cols > 16). Codes as
+// given: not for a packed weight.
 void nbits_pair_panel32(const NBitsWeight& w, int64_t n, int64_t cols, uint32_t* pairs);
 
 // Columns per task that nbits_rows_f32's prefill path (more than 12 rows) wants: its tile's width.
