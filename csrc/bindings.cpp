@@ -491,8 +491,8 @@ void bind_matmul_nbits(nb::module_& m) {
   // MatMulNBits: A float32 [M, K] contiguous, codes uint8 [N, row_bytes], scales float32 and zero
   // points uint8 or float32 [N, k_blocks], bias float32 [N] or None; returns Y float32 [M, N]. Levels 0/1 in
   // float32, level 4 with A quantized to int8 per block as ONNX Runtime does.
-  // operands (matmul_nbits_f32): 0 float32 (levels 0/1), 1 float16, 2 bfloat16 (levels 2/3: W is
-  // rounded here; A must arrive rounded already).
+  // operands (matmul_nbits_f32): 0 float32 (levels 0/1), 1 float16, 2 bfloat16 (levels 2/3: A and W
+  // are rounded here).
   m.def("matmul_nbits_f32", matmul_nbits_binding<qmm::matmul_nbits_f32, false>, nb::arg("A"), nb::arg("codes").none(),
         nb::arg("K"), nb::arg("bits"), nb::arg("block_size"), nb::arg("scales").none(), nb::arg("zero_points").none(),
         nb::arg("bias").none(), nb::arg("operands") = 0, nb::arg("g_idx").none() = nb::none(),

@@ -319,6 +319,20 @@ void matmul_nbits_f32(const float* A, int64_t M, const NBitsWeight& w, const flo
 void matmul_nbits_f32(const NBitsDispatch& kernels, const float* A, int64_t M, const NBitsWeight& w, const float* bias,
                       float* Y) {
   const NBitsRows rows = kernels.rows;
+  std::unique_ptr<float[]> rounded;  // levels 2/3: A rounded to the operand type, once per call
+  if (w.operands != NBitsOperands::kFloat32) {
+    rounded.reset(new float[static_cast<size_t>(M * w.K)]);
+    const int64_t count = M * w.K, parts = std::max<int64_t>(1, std::min<int64_t>(get_num_threads(), count / 65536));
+    parallel_for(parts, [&](int64_t part) {
+      int64_t first, last;
+      prepare_share(count, part, parts, first, last);
+      std::copy(A + first, A + last, rounded.get() + first);
+      if (kernels.round_operands) kernels.round_operands(rounded.get() + first, last - first, w.operands);
+      else
+        for (int64_t i = first; i < last; ++i) rounded[i] = round_operand(rounded[i], w.operands);
+    });
+    A = rounded.get();
+  }
   std::unique_ptr<float[]> prepared;  // uninitialized: the hook writes all of it, or none
   if (kernels.prepare_f32 && M > 1) {
     prepared.reset(new float[static_cast<size_t>(M * w.K)]);

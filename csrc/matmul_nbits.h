@@ -276,6 +276,9 @@ struct NBitsInt8Tiling {
 // returns the same answer, and together they write all of out.
 using NBitsPrepareF32 = bool (*)(const float* A, int64_t M, const NBitsWeight& w, float* out, int64_t part,
                                  int64_t parts);
+// Levels 2/3: x[0, count) rounded in place to float16 / bfloat16 and back, round_operand's results
+// (the driver rounds A with it once per call, before any prepare_f32).
+using NBitsRoundOperands = void (*)(float* x, int64_t count, NBitsOperands operands);
 
 // Part `part` of `parts` of `count` groups: [first, last), contiguous, as even as they go.
 static inline void prepare_share(int64_t count, int64_t part, int64_t parts, int64_t& first, int64_t& last) {

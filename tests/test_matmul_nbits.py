@@ -1104,6 +1104,30 @@ def test_avx512_float_threads_do_not_change_bits(vnni):
         quantmatmul.set_num_threads(before)
 
 
+def test_levels_2_3_round_a_as_numpy_and_ml_dtypes_do(isa):
+    """Levels 2/3 round A to float16 / bfloat16 in C++ (the entry's round_operands, or the scalar
+    round_operand): the same values as numpy's / ml_dtypes' astype, so A rounded beforehand gives the
+    same bits. A holds ties (both parities), float16 subnormals and the values around them, values at
+    and past float16's overflow threshold (65504, 65519.99, 65520), bfloat16 ties, both signs; rows of
+    1 (decode) and 30 (prefill), K with a tail of fewer than 8 values (the SIMD rounding's scalar tail);
+    then 2 x (2^16 + 3) floats (the rounding in parts on the threads)."""
+    rng = np.random.default_rng(2023)
+    special = np.array([1 + 2**-11, 1 + 3 * 2**-11, 2**-15, 3 * 2**-25, 2**-25, 2**-24 * 1.5, 6.1e-5, 6.104e-5,
+                        65504.0, 65519.99, 65520.0, 1e9, 1 + 2**-8, 1 + 3 * 2**-8, 2**-133, 3.0e38], np.float64)
+    for M, K in ((1, 37), (30, 37), (2, 2**16 + 3)):
+        case = Case(rng, 4, 16, K=K, N=20, batch=(M,), zp="packed")
+        A = (rng.standard_normal((M, K)) * 8).astype(np.float32)
+        picks = rng.integers(0, special.size, (M, K))
+        signs = rng.choice([-1.0, 1.0], (M, K))
+        where = rng.random((M, K)) < 0.5
+        A[where] = (special[picks] * signs)[where].astype(np.float32)
+        for level, dtype in ((2, F16), (3, BF16)):
+            with np.errstate(over="ignore"):
+                pre = A.astype(dtype).astype(F32)
+            y, y_pre = case.run(level, A), case.run(level, pre)
+            assert np.array_equal(y.view(np.uint32), y_pre.view(np.uint32)), (isa, M, K, level)
+
+
 def test_non_finite_activations_stay_in_their_rows(isa):
     """A row of A holding a NaN gives NaN in every column, a row holding an infinity a non-finite value
     in every column (inf * W, or NaN where W = 0 or the signs meet); no other row changes: decode and

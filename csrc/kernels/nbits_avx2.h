@@ -15,6 +15,9 @@
 namespace qmm::avx2 {
 
 void nbits_rows(const float* A, int64_t M, const NBitsWeight& w, int64_t n0, int64_t n1, const float* bias, float* Y);
+// Levels 2/3: A's rounding (NBitsRoundOperands), 8 values at a time with F16C or integer arithmetic;
+// the AVX-512 entries use it too (their CPUs have AVX2 and F16C).
+void nbits_round_operands(float* x, int64_t count, NBitsOperands operands);
 void nbits_rows_int8(const QuantizedA& a, const NBitsWeight& w, int64_t n0, int64_t n1, const float* bias, float* Y);
 void nbits_prepare_int8(int8_t* qa, int64_t M, const NBitsWeight& w);
 

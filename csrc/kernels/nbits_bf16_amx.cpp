@@ -21,6 +21,7 @@
 #include "dispatch.h"
 #include "matmul_nbits.h"
 #include "nbits_amx.h"
+#include "nbits_avx2.h"
 #include "nbits_avx2_common.h"
 #include "nbits_bf16_amx.h"
 #include "nbits_f32_avx512.h"
@@ -71,6 +72,7 @@ const NBitsDispatch kNBitsEntry = {
     .rows_int8 = tiles::nbits_rows_int8,
     .prepare_int8 = tiles::nbits_prepare_int8,
     .prepare_f32 = prepare_bf16,
+    .round_operands = avx2::nbits_round_operands,
     .int8_tiling = tiles::kNBitsTiling,
     .int8_layout = &kNBitsQuads16,  // read by the VNNI kernels below 8 rows
     .f32_layout = &kNBitsQuads16,  // levels 0/1: nbits_packed_f32_avx512.cpp

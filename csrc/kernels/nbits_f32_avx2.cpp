@@ -423,6 +423,8 @@ namespace avx2 {
 void nbits_rows(const float* A, int64_t M, const NBitsWeight& w, int64_t n0, int64_t n1, const float* bias, float* Y) {
   nbits_rows_avx2(A, M, w, n0, n1, bias, Y);
 }
+void nbits_round_operands(float* x, int64_t count, NBitsOperands operands) { round_operands(x, count, operands); }
+
 bool nbits_prepare_f32(const float* A, int64_t M, const NBitsWeight& w, float* out, int64_t part, int64_t parts) {
   return nbits_prepare_f32_avx2(A, M, w.K, out, part, parts);
 }

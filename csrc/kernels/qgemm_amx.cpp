@@ -39,6 +39,7 @@
 #include "amx_config.h"
 #include "dispatch.h"
 #include "nbits_amx.h"
+#include "nbits_avx2.h"
 #include "nbits_f32_avx512.h"
 #include "qgemm.h"
 #include "requantize.h"
@@ -167,6 +168,7 @@ const NBitsDispatch kNBits = {
     .rows_int8 = QMM_KERNEL_NS::nbits_rows_int8,
     .prepare_int8 = QMM_KERNEL_NS::nbits_prepare_int8,
     .prepare_f32 = f32::nbits_prepare_f32,
+    .round_operands = avx2::nbits_round_operands,
     .int8_tiling = QMM_KERNEL_NS::kNBitsTiling,
     .int8_layout = &kNBitsQuads16,  // read by the VNNI kernels below 8 rows
     .f32_layout = &kNBitsQuads16,  // levels 0/1: nbits_packed_f32_avx512.cpp

@@ -217,6 +217,7 @@ const NBitsDispatch kNBits = {
     .rows_int8 = avx2::nbits_rows_int8,
     .prepare_int8 = avx2::nbits_prepare_int8,
     .prepare_f32 = avx2::nbits_prepare_f32,
+    .round_operands = avx2::nbits_round_operands,
     .int8_layout = &kNBitsQuads16,
     .f32_layout = &kNBitsQuads16,
 };

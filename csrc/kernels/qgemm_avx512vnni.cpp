@@ -21,6 +21,7 @@
 #include <cstdint>
 
 #include "dispatch.h"
+#include "nbits_avx2.h"
 #include "nbits_avx512vnni.h"
 #include "nbits_f32_avx512.h"
 #include "qgemm.h"
@@ -70,6 +71,7 @@ const NBitsDispatch kNBits = {
     .rows_int8 = QMM_KERNEL_NS::nbits_rows_int8,
     .prepare_int8 = QMM_KERNEL_NS::nbits_prepare_int8,
     .prepare_f32 = QMM_KERNEL_NS::nbits_prepare_f32,
+    .round_operands = avx2::nbits_round_operands,
     .int8_layout = &kNBitsQuads16,  // read below 8 rows (nbits_packed_avx512vnni.cpp)
     .f32_layout = &kNBitsQuads16,  // levels 0/1: nbits_packed_f32_avx512.cpp
 };

@@ -122,6 +122,7 @@ const NBitsDispatch kPortableNBits = {
     .rows_int8 = nbits_rows_int8_portable,
     .prepare_int8 = nullptr,
     .prepare_f32 = nullptr,
+    .round_operands = nullptr,
 };
 const Float8Dispatch kPortableFloat8 = {
     .info = {.name = "portable", .isa = Isa::kPortable, .needs = 0, .emulated = false},

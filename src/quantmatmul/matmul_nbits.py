@@ -450,18 +450,11 @@ def _decode(rows, bits, count):
 # Levels 0-3: dequantize W a chunk of N at a time, float32 BLAS product.
 
 
-def _round_to(x, dtype):
-    """float32 x rounded to float16 / bfloat16 (nearest, ties to even), back in float32."""
-    return x.astype(dtype).astype(_F32)
-
-
 def _product_float(a2, w, held, bias, compute_dtype):
     """Levels 0-3: float32 [M, N]; with compute_dtype, A and each dequantized W are rounded to it first.
     held: the codes, scales and zero points, or (levels 0/1) the weight MatMulNBits holds packed."""
     a32 = a2.astype(_F32, copy=False)
-    if compute_dtype is not None:
-        a32 = _round_to(a32, compute_dtype)
-    # Levels 0-3: the C++ kernels (csrc/matmul_nbits.h), W rounded there for levels 2 and 3.
+    # Levels 0-3: the C++ kernels (csrc/matmul_nbits.h); at levels 2 and 3 A and W are rounded there.
     operands = {None: 0, np.dtype(np.float16): 1, np.dtype(ml_dtypes.bfloat16): 2}[
         None if compute_dtype is None else np.dtype(compute_dtype)]
     return _core.matmul_nbits_f32(np.ascontiguousarray(a32), _contiguous(held.codes), w.K, w.bits, w.block_size,
