@@ -247,6 +247,30 @@ void bind_runtime(nb::module_& m) {
   // Tests only: whether the AVX2 code decoders use pdep (default: the CPU's pdep is fast), and set it.
   m.def("pdep_preferred", &qmm::pdep_preferred);
   m.def("set_pdep_preferred", &qmm::set_pdep_preferred);  // tests only: every entry through its self-test now
+  // Benchmarks and tests: the QLinearMatMul driver's blocking (QGemmBlocking, qlinear_matmul.h): 0
+  // keeps a field's default; call it with no arguments to restore them all. Set it only between calls.
+  m.def(
+      "set_qgemm_blocking",
+      [](int64_t task_rows, int64_t task_panel_bytes, int64_t k_block, int64_t tasks_per_thread) {
+        if (task_rows < 0 || task_panel_bytes < 0 || k_block < 0 || tasks_per_thread < 0)
+          throw nb::value_error("set_qgemm_blocking: expected fields >= 0 (0: the default)");
+        qmm::set_qgemm_blocking({task_rows, task_panel_bytes, k_block, tasks_per_thread});
+      },
+      nb::arg("task_rows") = 0, nb::arg("task_panel_bytes") = 0, nb::arg("k_block") = 0,
+      nb::arg("tasks_per_thread") = 0);
+  // The blocking the next call uses with the int8 entry in use: its layout's defaults where no field
+  // is set.
+  m.def("qgemm_blocking", [] {
+    const qmm::QGemmLayout& L = *qmm::qgemm_kernels().layout;
+    const qmm::QGemmBlocking b = qmm::qgemm_blocking(L);
+    nb::dict d;
+    d["layout"] = std::string(L.name);
+    d["task_rows"] = b.task_rows;
+    d["task_panel_bytes"] = b.task_panel_bytes;
+    d["k_block"] = b.k_block;
+    d["tasks_per_thread"] = b.tasks_per_thread;
+    return d;
+  });
   m.def("cpu_features", [] {
     const qmm::CpuFeatures& f = qmm::cpu_features();
     nb::dict d;

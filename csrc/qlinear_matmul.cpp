@@ -52,6 +52,22 @@ PackedB pack_b_matrices(const void* b, bool is_signed, int64_t count, int64_t K,
 }
 
 namespace {
+QGemmBlocking blocking_override;  // zeros: the defaults
+}  // namespace
+
+void set_qgemm_blocking(const QGemmBlocking& blocking) { blocking_override = blocking; }
+
+QGemmBlocking qgemm_blocking(const QGemmLayout& L) {
+  const QGemmBlocking& set = blocking_override;
+  QGemmBlocking b;
+  b.task_rows = set.task_rows > 0 ? (set.task_rows + L.mr - 1) / L.mr * L.mr : L.task_rows;
+  b.task_panel_bytes = set.task_panel_bytes > 0 ? set.task_panel_bytes : L.task_panel_bytes;
+  b.k_block = set.k_block > 0 ? (set.k_block + L.kc - 1) / L.kc * L.kc : L.k_block;
+  b.tasks_per_thread = set.tasks_per_thread > 0 ? set.tasks_per_thread : 16;
+  return b;
+}
+
+namespace {
 
 constexpr int64_t kKPerChunk = 1 << 15;  // 2^15 products of at most 255^2 < 2^16: int32 cannot overflow
 
@@ -118,7 +134,10 @@ void accumulate(const QGemmProblem& p, Epilogue&& epilogue) {
   const int64_t a_row = L.a_row_int32s(K);  // packed A's int32s per row
   if (M == 0 || N == 0 || p.batch == 0) return;
 
-  const int64_t block_rows = L.task_rows;  // the layout's blocking (csrc/qgemm.h)
+  // The layout's blocking (csrc/qgemm.h), unless set_qgemm_blocking replaced it.
+  const QGemmBlocking blocking = qgemm_blocking(L);
+  const int64_t block_rows = blocking.task_rows, task_panel_bytes = blocking.task_panel_bytes;
+  const int64_t k_block = blocking.k_block, tasks_per_thread = blocking.tasks_per_thread;
   const int64_t panels_total = L.n_panels(N);
   const int64_t panel_bytes = L.panel_bytes(K);
   const int64_t threads = get_num_threads();
@@ -127,7 +146,7 @@ void accumulate(const QGemmProblem& p, Epilogue&& epilogue) {
   // nanosecond, as below) without a column block: each such task packs its own columns, and at
   // 1024^3 a 1 MB block was all of b, the call on one thread.
   const int64_t cache_panels =
-      std::max<int64_t>(1, std::min(panels_total, L.task_panel_bytes / std::max<int64_t>(panel_bytes, 1)));
+      std::max<int64_t>(1, std::min(panels_total, task_panel_bytes / std::max<int64_t>(panel_bytes, 1)));
   const double call_ns =
       static_cast<double>(p.batch) * static_cast<double>(M) * static_cast<double>(K) * static_cast<double>(N) / 100.0;
   const int64_t worth_threads = std::clamp<int64_t>(static_cast<int64_t>(call_ns / 20000.0), 1, threads);
@@ -137,7 +156,7 @@ void accumulate(const QGemmProblem& p, Epilogue&& epilogue) {
   const int64_t col_blocks = (panels_total + panels_per_task - 1) / panels_per_task;
   // Exact sums fold the int32 kernel sums into int64 every 2^15 k; wrapped ones need not.
   const int64_t groups_per_chunk = kExact ? kKPerChunk / L.kc : std::max<int64_t>(groups, 1);
-  const int64_t groups_per_block = std::max<int64_t>(1, L.k_block / L.kc);
+  const int64_t groups_per_block = std::max<int64_t>(1, k_block / L.kc);
   const bool b_signed = p.b_packed ? p.b_packed->is_signed : p.b_signed;
   const int64_t oa = L.a_offset[p.a_signed], ob = L.b_offset[b_signed];
 
@@ -245,10 +264,10 @@ void accumulate(const QGemmProblem& p, Epilogue&& epilogue) {
   // run, not once per row block). A constant b is packed already; b given per call is packed by
   // each task, its own columns only, into a cache-sized buffer (no full-size packed copy of b, no
   // page faults for one). A run is all of M unless that leaves too few tasks: with a constant b,
-  // fewer than 16 per thread (the tail of a call: at most a sixteenth of a share); with b per call,
+  // fewer than tasks_per_thread (16) per thread (the tail of a call: at most a sixteenth of a share); with b per call,
   // a thread worth waking without one (a narrow b), each run then packing its column block again
   // (K * 32 bytes per panel: little beside its rows' work).
-  const int64_t have = p.batch * col_blocks, wanted = p.b_packed ? 16 * threads : worth_threads;
+  const int64_t have = p.batch * col_blocks, wanted = p.b_packed ? tasks_per_thread * threads : worth_threads;
   const int64_t runs = have >= wanted ? 1 : std::min(row_blocks, (wanted + have - 1) / have);
   const int64_t run_blocks = (row_blocks + runs - 1) / runs;
   // About 100 multiply-adds per nanosecond on one thread (AVX2 at many rows; fewer on one row): a

@@ -68,6 +68,19 @@ struct QOutput {
   View3<int32_t> zero_point;
 };
 
+// The driver's blocking (csrc/qlinear_matmul.cpp), by default the layout's (QGemmLayout's
+// task_rows, task_panel_bytes and k_block, csrc/qgemm.h) and 16 tasks per thread for a constant b.
+// A nonzero field here replaces that default for every later call: for benchmarks that compare
+// blockings in one process (benchmarks/blocking.py) and for the tests, which check that no blocking
+// changes a bit. task_rows is rounded up to a whole number of the layout's row groups (mr), k_block
+// to whole k-groups (kc). Set it only while no product runs.
+struct QGemmBlocking {
+  int64_t task_rows = 0, task_panel_bytes = 0, k_block = 0, tasks_per_thread = 0;
+};
+void set_qgemm_blocking(const QGemmBlocking& blocking);
+// The blocking a call with this layout uses now: every field filled in.
+QGemmBlocking qgemm_blocking(const QGemmLayout& layout);
+
 // numerics="onnxruntime": int32 (wrapping) accumulator -> float32, one float32 multiply by
 // multiplier = f32(f32(a_scale * b_scale) / y_scale), clamp, round half to even, + zero point.
 void qlinear_matmul_onnxruntime(const QGemmProblem& p, View3<float> multiplier, QOutput out);

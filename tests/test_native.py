@@ -632,6 +632,48 @@ def test_constant_b_tasks_over_row_runs(isa, M, N):
         qm.set_num_threads(before)
 
 
+BLOCKINGS = [dict(task_rows=1), dict(task_rows=40, task_panel_bytes=1), dict(k_block=1),
+             dict(k_block=200, task_panel_bytes=3000, tasks_per_thread=1), dict(task_rows=1000, tasks_per_thread=64),
+             dict(task_rows=24, task_panel_bytes=1 << 30, k_block=1 << 20)]
+
+
+def test_no_blocking_changes_a_bit(isa):
+    """The driver's blocking (_core.set_qgemm_blocking: rows per task rounded to the layout's row
+    groups, bytes of packed b per task down to one panel, k per kernel call down to one k-group, tasks
+    per thread) decides only who computes what, never a bit: every setting gives the oracle's bits,
+    constant and per-call b, batched, per-row a and per-column b parameters, K with and without a
+    tail of the layout's k-groups, all three numerics, 1 and 3 threads; the defaults come back."""
+    rng = np.random.default_rng(sum(map(ord, isa)) + 11)
+    before, default = qm.get_num_threads(), _core.qgemm_blocking()
+    try:
+        for M, K, N in [(70, 300, 70), (5, 1030, 33), (33, 128, 100)]:
+            b, b_scale, b_zp = _weight(rng, s8, K, N)
+            a = rng.integers(0, 256, (2, M, K)).astype(u8)
+            a_zp = rng.integers(0, 256, (M, 1)).astype(u8)
+            a_s = rng.uniform(0.01, 0.03, (M, 1)).astype(f32)
+            y_s = f32(0.01 * np.sqrt(K))
+            args = (a, a_s, a_zp, b, b_scale, b_zp, y_s, u8(7))
+            expected = {"onnxruntime": oracle.onnxruntime(*args), "onnx-reference": oracle.onnx_reference(*args)}
+            if M * K * N < 200_000:
+                expected["exact"] = oracle.exact(*args)
+            weight = qm.QLinearMatMul(b, b_scale, b_zp)
+            for blocking in BLOCKINGS:
+                _core.set_qgemm_blocking(**blocking)
+                for threads in (1, 3):
+                    qm.set_num_threads(threads)
+                    context = (isa, M, K, N, blocking, threads)
+                    for numerics, y in expected.items():
+                        assert np.array_equal(qm.qlinear_matmul(*args, numerics=numerics), y), (*context, numerics)
+                    assert np.array_equal(weight(a, a_s, a_zp, y_s, u8(7)), expected["onnxruntime"]), context
+                _core.set_qgemm_blocking()
+        assert _core.qgemm_blocking() == default
+        with pytest.raises(ValueError, match="^set_qgemm_blocking: expected fields >= 0"):
+            _core.set_qgemm_blocking(k_block=-1)
+    finally:
+        _core.set_qgemm_blocking()
+        qm.set_num_threads(before)
+
+
 def test_jobs_that_want_fewer_helpers_than_the_pool_holds():
     """A job wakes only the helpers it wants (each worker sleeps on its own condition variable): on
     a pool grown to 6, jobs for 1 to 6 threads, the count changed between and during them from
