@@ -346,9 +346,16 @@ void matmul_nbits_f32(const NBitsDispatch& kernels, const float* A, int64_t M, c
     });
     if (reordered) A = prepared.get();
   }
-  // Few rows: wider tasks, so that per-task preparation of A (a reordering) is amortized; more
-  // rows: the entry's panel width.
-  const int64_t columns_per_task = M <= 12 ? 64 : kernels.rows_prefill_columns > 0 ? kernels.rows_prefill_columns : 16;
+  // Few rows: wider tasks, so that per-task preparation of A (a reordering) is amortized: 64
+  // columns; at levels 0/1 without g_idx (the "quads x16" kernels, which pad A's rows and sum its
+  // blocks per task) up to 512 where that still leaves four tasks per thread (at M = 1, K = N = 4096,
+  // one thread, that preparation took 12 % of the kernel's time in tasks of 64: Zen 4). More rows:
+  // the entry's panel width.
+  const bool quads_rows = w.operands == NBitsOperands::kFloat32 && !w.g_idx;
+  const int64_t few_columns = quads_rows ? std::clamp<int64_t>(w.N / (4 * get_num_threads()) / 64 * 64, 64, 512) : 64;
+  const int64_t columns_per_task = M <= 12                            ? few_columns
+                                   : kernels.rows_prefill_columns > 0 ? kernels.rows_prefill_columns
+                                                                      : 16;
   const int64_t tasks = (w.N + columns_per_task - 1) / columns_per_task;
   // About 15 multiply-adds per nanosecond on one thread (AVX2 level 0 on a decode).
   const double task_ns =

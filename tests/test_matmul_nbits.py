@@ -1104,6 +1104,27 @@ def test_avx512_float_threads_do_not_change_bits(vnni):
         quantmatmul.set_num_threads(before)
 
 
+def test_few_row_tasks_of_any_width_give_the_same_bits(isa):
+    """Levels 0/1 with few rows take tasks of 64 to 512 columns (wider where the threads leave four
+    tasks each): N = 5000 (a last panel of 8 columns) on 1, 2, 3 and 7 threads (tasks of 512, 512,
+    384 and 128 columns) gives the same bits, held (packed) and as codes, M = 1, 5 and 12, within
+    the documented bound."""
+    rng = np.random.default_rng(5000)
+    before = quantmatmul.get_num_threads()
+    try:
+        for M in (1, 5, 12):
+            case = Case(rng, 4, 32, K=200, N=5000, batch=(M,), zp="packed")
+            held = quantmatmul.MatMulNBits(*case.args()[1:], **case.kw, accuracy_level=0)
+            runs = []
+            for threads in (1, 2, 3, 7):
+                quantmatmul.set_num_threads(threads)
+                runs += [case.run(0).view(np.uint32), held(case.A).view(np.uint32)]
+            assert all(np.array_equal(runs[0], r) for r in runs[1:]), (isa, M)
+            assert_within(runs[0].view(np.float32), case.exact(), case.bound(0), f"{isa} {case}")
+    finally:
+        quantmatmul.set_num_threads(before)
+
+
 def test_levels_2_3_round_a_as_numpy_and_ml_dtypes_do(isa):
     """Levels 2/3 round A to float16 / bfloat16 in C++ (the entry's round_operands, or the scalar
     round_operand): the same values as numpy's / ml_dtypes' astype, so A rounded beforehand gives the
