@@ -160,37 +160,54 @@ inline void quads_row_passes(int64_t M, int64_t p0, int64_t p1, Body body) {
 }
 
 // The few-row kernels on the "quads x16" layout (AVX2 and AVX-512 VNNI) prefetch a panel's codes,
-// scales and zero points this far ahead, for 2- and 4-bit storage, when the weight's codes exceed
+// scales and zero points ahead, for 2- and 4-bit storage, when the weight's codes exceed
 // kQuadsPrefetchAbove: a weight that size streams from memory between calls in a model. Zen 4,
-// level 4, K = N = 4096, interleaved with ONNX Runtime (whose runs evict ours), 1-2 threads: VNNI
-// kernel M = 1-16 1.09-1.42x (even: M = 64, N = 11008 with blocks of 32, M = 2 at 1 thread), the
-// AVX2 kernel on the same CPU M = 1-8 1.02-1.35x;
-// the same weight back to back from cache 0.86-1.0x, weights of 0.5-2 MB 0.81-0.88x (hence the
-// floor); 8-bit storage 0.87-0.91x even from memory, so not there.
-constexpr int64_t kQuadsPrefetchBytes = 4096, kQuadsPrefetchAbove = int64_t{2} << 20;
-// prefetch(panel, b): block b's data that far ahead into L1, or nothing where w does not qualify.
-// The addresses are integers: past the panel's last block they point nowhere, and a prefetch never
-// faults. Always inlined: GCC 12 finds a function whose only effect is a prefetch free of side
-// effects and drops its calls (out of line, the kernels had no prefetch instruction left).
+// level 4, K = N = 4096, interleaved with ONNX Runtime (whose runs evict ours), 1-2 threads, 4 KB
+// ahead into L1: VNNI kernel M = 1-16 1.09-1.42x (even: M = 64, N = 11008 with blocks of 32, M = 2
+// at 1 thread), the AVX2 kernel on the same CPU M = 1-8 1.02-1.35x; the same weight back to back
+// from cache 0.86-1.0x, weights of 0.5-2 MB 0.81-0.88x (hence the floor); 8-bit storage 0.87-0.91x
+// even from memory, so not there. How far and into which cache is the kernel's (QuadsPrefetch's
+// parameters): the VNNI kernel prefetches 16 KB ahead into L2 (kQuadsPrefetchL2), the AVX2 kernel
+// 4 KB ahead into L1 (kQuadsPrefetchL1); measured on Zen 4 in one process, weights streaming from
+// L3 (two 8 MB weights in turn) or from memory (256 MB of them), M = 1, 4-bit blocks of 32 / 128 /
+// N = 11008: VNNI 16 KB into L2 over 4 KB into L1 1 thread L3 1.04-1.14 / 0.99-1.15 / 1.06-1.23,
+// memory 1.05-1.09 / 1.00 / 0.97-0.99; 2 threads L3 0.97-1.05 / 0.94-1.00 / 1.05-1.13, memory
+// 0.95-1.00 / 1.02-1.05 / 1.00-1.04 (nothing at all: 0.73-0.88 from L3, even from memory); the
+// AVX2 kernel 0.96-0.98 (one 1.04), so it keeps L1.
+constexpr int64_t kQuadsPrefetchAbove = int64_t{2} << 20;
+struct QuadsPrefetchAt {
+  int64_t distance;  // bytes ahead in the panel's codes
+  int hint;  // _MM_HINT_T0 (L1) or _MM_HINT_T1 (L2): fetch() takes no other
+};
+constexpr QuadsPrefetchAt kQuadsPrefetchL1 = {4096, _MM_HINT_T0}, kQuadsPrefetchL2 = {16384, _MM_HINT_T1};
+// prefetch(panel, b): block b's data `At.distance` bytes ahead into At's cache, or nothing where w
+// does not qualify. The addresses are integers: past the panel's last block they point nowhere,
+// and a prefetch never faults. Always inlined: GCC 12 finds a function whose only effect is a
+// prefetch free of side effects and drops its calls (out of line, the kernels had no prefetch
+// instruction left).
+template <QuadsPrefetchAt At>
 class QuadsPrefetch {
  public:
   explicit QuadsPrefetch(const NBitsWeight& w) : block_bytes_(quads_block_bytes(w)) {
     const int64_t codes = (w.N + kQuadsPanel - 1) / kQuadsPanel * w.k_blocks * block_bytes_;
     if (quads_storage_bits(w.bits) < 8 && codes > kQuadsPrefetchAbove) {
-      distance_ = kQuadsPrefetchBytes;
+      distance_ = At.distance;
       blocks_ahead_ = distance_ / block_bytes_ > 0 ? distance_ / block_bytes_ : 1;
     }
   }
   [[gnu::always_inline]] void operator()(const QuadsPanel& panel, int64_t b) const {
     if (distance_ == 0) return;
-    for (int64_t off = 0; off < block_bytes_; off += 64)
-      _mm_prefetch(at(panel.codes, b * block_bytes_ + distance_ + off), _MM_HINT_T0);
+    for (int64_t off = 0; off < block_bytes_; off += 64) fetch(at(panel.codes, b * block_bytes_ + distance_ + off));
     const int64_t next = (b + blocks_ahead_) * kQuadsPanel;
-    _mm_prefetch(at(panel.scales, next * 4), _MM_HINT_T0);
-    _mm_prefetch(panel.zero_points ? at(panel.zero_points, next) : at(panel.float_zero_points, next * 4), _MM_HINT_T0);
+    fetch(at(panel.scales, next * 4));
+    fetch(panel.zero_points ? at(panel.zero_points, next) : at(panel.float_zero_points, next * 4));
   }
 
  private:
+  [[gnu::always_inline]] static void fetch(const char* p) {
+    if constexpr (At.hint == _MM_HINT_T1) _mm_prefetch(p, _MM_HINT_T1);
+    else _mm_prefetch(p, _MM_HINT_T0);
+  }
   [[gnu::always_inline]] static const char* at(const void* base, int64_t offset) {
     return reinterpret_cast<const char*>(reinterpret_cast<uintptr_t>(base) + static_cast<uintptr_t>(offset));
   }
