@@ -586,7 +586,7 @@ def test_few_row_kernels_keep_their_prefetches():
     assert few_row, "no few-row kernel object in the build tree"
     for obj, source in few_row:
         out = subprocess.run(["objdump", "-d", obj], capture_output=True, text=True, check=True).stdout
-        want = "prefetcht1" if source.endswith("avx512vnni.cpp") else "prefetcht0"  # L2 / L1 (QuadsPrefetchAt)
+        want = "prefetcht1" if source.endswith("avx512vnni.cpp") else "prefetcht0"  # QuadsPrefetchL2 / L1
         assert want in out, f"{source}: no {want} left in {obj}"
 
 

@@ -167,31 +167,26 @@ inline void quads_row_passes(int64_t M, int64_t p0, int64_t p1, Body body) {
 // at 1 thread), the AVX2 kernel on the same CPU M = 1-8 1.02-1.35x; the same weight back to back
 // from cache 0.86-1.0x, weights of 0.5-2 MB 0.81-0.88x (hence the floor); 8-bit storage 0.87-0.91x
 // even from memory, so not there. How far and into which cache is the kernel's (QuadsPrefetch's
-// parameters): the VNNI kernel prefetches 16 KB ahead into L2 (kQuadsPrefetchL2), the AVX2 kernel
-// 4 KB ahead into L1 (kQuadsPrefetchL1); measured on Zen 4 in one process, weights streaming from
+// parameters): the VNNI kernel prefetches 16 KB ahead into L2 (QuadsPrefetchL2), the AVX2 kernel
+// 4 KB ahead into L1 (QuadsPrefetchL1); measured on Zen 4 in one process, weights streaming from
 // L3 (two 8 MB weights in turn) or from memory (256 MB of them), M = 1, 4-bit blocks of 32 / 128 /
 // N = 11008: VNNI 16 KB into L2 over 4 KB into L1 1 thread L3 1.04-1.14 / 0.99-1.15 / 1.06-1.23,
 // memory 1.05-1.09 / 1.00 / 0.97-0.99; 2 threads L3 0.97-1.05 / 0.94-1.00 / 1.05-1.13, memory
 // 0.95-1.00 / 1.02-1.05 / 1.00-1.04 (nothing at all: 0.73-0.88 from L3, even from memory); the
 // AVX2 kernel 0.96-0.98 (one 1.04), so it keeps L1.
 constexpr int64_t kQuadsPrefetchAbove = int64_t{2} << 20;
-struct QuadsPrefetchAt {
-  int64_t distance;  // bytes ahead in the panel's codes
-  int hint;  // _MM_HINT_T0 (L1) or _MM_HINT_T1 (L2): fetch() takes no other
-};
-constexpr QuadsPrefetchAt kQuadsPrefetchL1 = {4096, _MM_HINT_T0}, kQuadsPrefetchL2 = {16384, _MM_HINT_T1};
-// prefetch(panel, b): block b's data `At.distance` bytes ahead into At's cache, or nothing where w
-// does not qualify. The addresses are integers: past the panel's last block they point nowhere,
-// and a prefetch never faults. Always inlined: GCC 12 finds a function whose only effect is a
-// prefetch free of side effects and drops its calls (out of line, the kernels had no prefetch
+// prefetch(panel, b): block b's data Distance bytes ahead in the panel's codes into L1 (Hint
+// _MM_HINT_T0) or L2 (_MM_HINT_T1; no other), or nothing where w does not qualify. The addresses are integers: past the
+// panel's last block they point nowhere, and a prefetch never faults. Always inlined: GCC 12 finds a function whose
+// only effect is a prefetch free of side effects and drops its calls (out of line, the kernels had no prefetch
 // instruction left).
-template <QuadsPrefetchAt At>
+template <int64_t Distance, int Hint>
 class QuadsPrefetch {
  public:
   explicit QuadsPrefetch(const NBitsWeight& w) : block_bytes_(quads_block_bytes(w)) {
     const int64_t codes = (w.N + kQuadsPanel - 1) / kQuadsPanel * w.k_blocks * block_bytes_;
     if (quads_storage_bits(w.bits) < 8 && codes > kQuadsPrefetchAbove) {
-      distance_ = At.distance;
+      distance_ = Distance;
       blocks_ahead_ = distance_ / block_bytes_ > 0 ? distance_ / block_bytes_ : 1;
     }
   }
@@ -205,7 +200,7 @@ class QuadsPrefetch {
 
  private:
   [[gnu::always_inline]] static void fetch(const char* p) {
-    if constexpr (At.hint == _MM_HINT_T1) _mm_prefetch(p, _MM_HINT_T1);
+    if constexpr (Hint == _MM_HINT_T1) _mm_prefetch(p, _MM_HINT_T1);
     else _mm_prefetch(p, _MM_HINT_T0);
   }
   [[gnu::always_inline]] static const char* at(const void* base, int64_t offset) {
@@ -213,6 +208,8 @@ class QuadsPrefetch {
   }
   int64_t block_bytes_, distance_ = 0, blocks_ahead_ = 0;
 };
+using QuadsPrefetchL1 = QuadsPrefetch<4096, _MM_HINT_T0>;
+using QuadsPrefetchL2 = QuadsPrefetch<16384, _MM_HINT_T1>;
 
 // How many vpmaddubsw results (u8 codes of `bits` bits x s8 qa, |qa| <= 127: pair sums of at most
 // 2 * 127 * (2^bits - 1)) add up in int16 without overflow: 8 for 4-bit codes, 43 for 2-bit, 1 for 7-bit.

@@ -55,7 +55,7 @@ void panel_rows(const QuantizedA& a, int64_t m0, const NBitsWeight& w, int64_t p
   constexpr int P = MR <= 2 && Q % 2 == 0 && !InOrder ? 2 : 1;
   const int64_t kb = w.k_blocks, bs = w.block_size, padded = kb * bs, bytes = quads_block_bytes(w);
   const int64_t groups = Groups ? Groups : bs / 4 / Q;
-  const QuadsPrefetch<kQuadsPrefetchL2> prefetch(w);
+  const QuadsPrefetchL2 prefetch(w);
   const uint8_t* codes = panel.codes;
   const float* sb_panel = panel.scales;
   const int8_t* qa[MR];
