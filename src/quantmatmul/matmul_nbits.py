@@ -447,7 +447,7 @@ def _decode(rows, bits, count):
 
 
 # ---------------------------------------------------------------------------------------------------
-# Levels 0-3: dequantize W a chunk of N at a time, float32 BLAS product.
+# Levels 0-3: the C++ float kernels (float32 products; A and W rounded at levels 2 and 3).
 
 
 def _product_float(a2, w, held, bias, compute_dtype):
