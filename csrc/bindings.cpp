@@ -252,8 +252,10 @@ void bind_runtime(nb::module_& m) {
   m.def(
       "set_qgemm_blocking",
       [](int64_t task_rows, int64_t task_panel_bytes, int64_t k_block, int64_t tasks_per_thread) {
-        if (task_rows < 0 || task_panel_bytes < 0 || k_block < 0 || tasks_per_thread < 0)
-          throw nb::value_error("set_qgemm_blocking: expected fields >= 0 (0: the default)");
+        constexpr int64_t kMax = int64_t{1} << 40;  // far past any product, and no overflow in the driver's sums
+        for (int64_t v : {task_rows, task_panel_bytes, k_block, tasks_per_thread})
+          if (v < 0 || v > kMax)
+            throw nb::value_error("set_qgemm_blocking: expected fields in [0, 2**40] (0: the default)");
         qmm::set_qgemm_blocking({task_rows, task_panel_bytes, k_block, tasks_per_thread});
       },
       nb::arg("task_rows") = 0, nb::arg("task_panel_bytes") = 0, nb::arg("k_block") = 0,

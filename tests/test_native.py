@@ -668,8 +668,9 @@ def test_no_blocking_changes_a_bit(isa):
                     assert np.array_equal(weight(a, a_s, a_zp, y_s, u8(7)), expected["onnxruntime"]), context
                 _core.set_qgemm_blocking()
         assert _core.qgemm_blocking() == default
-        with pytest.raises(ValueError, match="^set_qgemm_blocking: expected fields >= 0"):
-            _core.set_qgemm_blocking(k_block=-1)
+        for bad in (dict(k_block=-1), dict(task_rows=2**62)):
+            with pytest.raises(ValueError, match=r"^set_qgemm_blocking: expected fields in \[0, 2\*\*40\]"):
+                _core.set_qgemm_blocking(**bad)
     finally:
         _core.set_qgemm_blocking()
         qm.set_num_threads(before)
