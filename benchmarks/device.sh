@@ -24,7 +24,7 @@ REPEAT=${REPEAT:-7}
 BENCHES=${BENCHES:-levels level4_decode float_levels level0_decode cold_decode}
 PY=${PY:-python3}
 export PYTHONUNBUFFERED=1
-exec > >(tee "$OUT/device.log") 2>&1
+exec > >(tee -a "$OUT/device.log") 2>&1  # appended: several runs in one call keep every log
 
 lscpu | grep -E "Model name|^CPU\(s\)|Thread|Flags" | cut -c1-600
 "$PY" -m pip list 2>/dev/null | grep -i -E "^(onnxruntime|onnx|torch|numpy|scikit-build-core|nanobind) "
