@@ -574,19 +574,21 @@ def test_kernel_objects_define_no_shared_symbols():
 
 def test_few_row_kernels_keep_their_prefetches():
     """The level-4 few-row kernels on the quads x16 layout prefetch a large weight's panel ahead
-    (QuadsPrefetch, csrc/kernels/nbits_avx2_common.h). A compiler may drop an out-of-line function
+    (QuadsPrefetch, csrc/kernels/nbits_avx2_common.h), levels 2/3's AVX-512 decode its codes. A compiler may drop an out-of-line function
     whose only effect is a prefetch (GCC 12 did, silently: the kernels kept their results and lost
     their speed), so each such object must still hold prefetch instructions."""
     import shutil
 
     if shutil.which("objdump") is None:
         pytest.skip("objdump (binutils) is not installed")
-    few_row = [(obj, source) for obj, _, source in _kernel_objects() if source.endswith(("nbits_packed_avx2.cpp",
-                                                                                          "nbits_packed_avx512vnni.cpp"))]
-    assert few_row, "no few-row kernel object in the build tree"
+    wanted = {"nbits_packed_avx2.cpp": "prefetcht0",  # QuadsPrefetchL1
+              "nbits_packed_avx512vnni.cpp": "prefetcht1",  # QuadsPrefetchL2
+              "nbits_f32_avx512.cpp": "prefetcht1"}  # levels 2/3's lookup-table decode
+    few_row = [(obj, source) for obj, _, source in _kernel_objects() if source.endswith(tuple(wanted))]
+    assert {s.rsplit("/", 1)[-1] for _, s in few_row} >= set(wanted), "a few-row kernel object is missing"
     for obj, source in few_row:
         out = subprocess.run(["objdump", "-d", obj], capture_output=True, text=True, check=True).stdout
-        want = "prefetcht1" if source.endswith("avx512vnni.cpp") else "prefetcht0"  # QuadsPrefetchL2 / L1
+        want = wanted[source.rsplit("/", 1)[-1]]
         assert want in out, f"{source}: no {want} left in {obj}"
 
 
