@@ -484,20 +484,24 @@ void nbits_rows_packed(const float* A, int64_t M, const NBitsWeight& w, int64_t 
 }
 
 void nbits_dequantize_packed(const NBitsWeight& w, int64_t n0, float* panel) {
-  const int64_t K = w.K, K8 = (K + 7) / 8 * 8, kb = w.k_blocks, bs = w.block_size, bytes = quads_block_bytes(w);
+  const int64_t K = w.K, K8 = (K + 7) / 8 * 8, bs = w.block_size, bytes = quads_block_bytes(w);
   const int S = static_cast<int>(quads_storage_bits(w.bits)), Q = 8 / S;
   const __m256i mask = _mm256_set1_epi8(static_cast<char>((1 << S) - 1));
   const __m256i flip = _mm256_set1_epi8(static_cast<char>(w.bits == 8 ? 0x80 : 0));  // 8-bit: held as c - 128
-  const uint8_t* const codes = quads_panel_codes(w, n0 / kPanel);
-  const int64_t cols = min_i64(kPanel, w.N - n0);
+  const QuadsPanel data = quads_panel(w, n0 / kPanel);  // scales and zero points 0 past N: (q - 0) * 0
+  const uint8_t* const codes = data.codes;
   for (int64_t b = 0; b * bs < K8; ++b) {
-    alignas(32) float zp[16], scale[16];
-    for (int64_t c = 0; c < kPanel; ++c) {
-      zp[c] = scale[c] = 0.0f;  // columns past N: (0 - 0) * 0
-      if (c < cols) block_scale_and_zero_point(w, n0 + c, b, scale[c], zp[c]);  // the panel's
+    const __m256 scale0 = _mm256_load_ps(data.scales + b * kPanel),
+                 scale1 = _mm256_load_ps(data.scales + b * kPanel + 8);
+    __m256 zp0, zp1;
+    if (data.zero_points) {
+      const __m128i z = _mm_load_si128(reinterpret_cast<const __m128i*>(data.zero_points + b * kPanel));
+      zp0 = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(z));
+      zp1 = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_srli_si128(z, 8)));
+    } else {
+      zp0 = _mm256_load_ps(data.float_zero_points + b * kPanel);
+      zp1 = _mm256_load_ps(data.float_zero_points + b * kPanel + 8);
     }
-    const __m256 zp0 = _mm256_load_ps(zp), zp1 = _mm256_load_ps(zp + 8);
-    const __m256 scale0 = _mm256_load_ps(scale), scale1 = _mm256_load_ps(scale + 8);
     for (int64_t g = 0; g < bs / 4 / Q; ++g)
       for (int j = 0; j < Q; ++j) {
         const int64_t k0 = b * bs + 4 * (g * Q + j);

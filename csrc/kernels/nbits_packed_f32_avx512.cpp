@@ -56,12 +56,16 @@ inline __m512 code_values(__m512i run, __m512 table) {
   }
 }
 
-// Scale * zero point of the panel's 16 columns for block b: the scales sb times the panel's float
-// or uint8 zero points (one float32 product).
-inline __m512 scaled_zero_points16(const QuadsPanel& panel, __m512 sb, int64_t b) {
-  if (!panel.zero_points) return _mm512_mul_ps(sb, _mm512_load_ps(panel.float_zero_points + b * kPanel));
+// The zero points of the panel's 16 columns for block b (float, or uint8 converted), zeros past N.
+inline __m512 zero_points16(const QuadsPanel& panel, int64_t b) {
+  if (!panel.zero_points) return _mm512_load_ps(panel.float_zero_points + b * kPanel);
   const __m128i z = _mm_load_si128(reinterpret_cast<const __m128i*>(panel.zero_points + b * kPanel));
-  return _mm512_mul_ps(sb, _mm512_cvtepi32_ps(_mm512_cvtepu16_epi32(_mm256_cvtepu8_epi16(z))));  // SIMDe: no epu8_epi32
+  return _mm512_cvtepi32_ps(_mm512_cvtepu16_epi32(_mm256_cvtepu8_epi16(z)));  // SIMDe: no epu8_epi32
+}
+// Scale * zero point of the panel's 16 columns for block b: the scales sb times the zero points
+// (one float32 product).
+inline __m512 scaled_zero_points16(const QuadsPanel& panel, __m512 sb, int64_t b) {
+  return _mm512_mul_ps(sb, zero_points16(panel, b));
 }
 
 // One quad J of group g for MR rows and P panels: per k (I), each panel's 16 code values, one
@@ -179,20 +183,16 @@ void nbits_rows_packed_f32(const float* A, int64_t M, const NBitsWeight& w, int6
 }
 
 void nbits_dequantize_packed32(const NBitsWeight& w, int64_t n, int64_t cols, float* panel) {
-  const int64_t K = w.K, K16 = (K + 15) / 16 * 16, kb = w.k_blocks, bs = w.block_size, bytes = quads_block_bytes(w);
+  const int64_t K = w.K, K16 = (K + 15) / 16 * 16, bs = w.block_size, bytes = quads_block_bytes(w);
   const int S = static_cast<int>(quads_storage_bits(w.bits)), Q = 8 / S;
   const __m512i mask = _mm512_set1_epi32((1 << S) - 1);
   const __m512i flip = _mm512_set1_epi8(static_cast<char>(w.bits == 8 ? 0x80 : 0));  // 8-bit: held as c - 128
   for (int64_t h = 0; h * kPanel < cols; ++h) {
-    const int64_t n0 = n + h * kPanel, count = min_i64(kPanel, w.N - n0);
-    const uint8_t* const codes = quads_panel_codes(w, n0 / kPanel);
+    const int64_t n0 = n + h * kPanel;
+    const QuadsPanel data = quads_panel(w, n0 / kPanel);  // scales and zero points 0 past N: (q - 0) * 0
+    const uint8_t* const codes = data.codes;
     for (int64_t b = 0; b * bs < K16; ++b) {
-      alignas(64) float zp[16], scale[16];
-      for (int64_t c = 0; c < kPanel; ++c) {
-        zp[c] = scale[c] = 0.0f;  // columns past N: (0 - 0) * 0
-        if (c < count) block_scale_and_zero_point(w, n0 + c, b, scale[c], zp[c]);  // the panel's
-      }
-      const __m512 vzp = _mm512_load_ps(zp), vscale = _mm512_load_ps(scale);
+      const __m512 vzp = zero_points16(data, b), vscale = _mm512_load_ps(data.scales + b * kPanel);
       for (int64_t g = 0; g < bs / 4 / Q; ++g) {
         const __m512i run = _mm512_xor_si512(_mm512_load_si512(codes + b * bytes + 64 * g), flip);
         for (int j = 0; j < Q; ++j)
