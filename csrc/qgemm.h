@@ -98,17 +98,17 @@ using QGemmKernel = void (*)(const int32_t* a, int64_t lda, int64_t rows, const 
 // One output row's zero-point terms in the layout's stored values (docs/quantization.md, csrc/qlinear_matmul.cpp):
 // acc[j] = raw[j] - zb[j] * t - za * colsum[j], in wrapping int32 arithmetic.
 struct RowTerms {
-  const int32_t* zb;      // per column: b's zero point + the layout's b offset
+  const int32_t* zb;      // per column: b's zero point + the layout's b offset; null where every one is 0
   const int32_t* colsum;  // per column: colsum(b) + K * b offset
-  int32_t za, t;          // a's zero point + a offset; rowsum(a) + K * a offset - K * za
+  int32_t za, t;          // a's zero point + a offset; rowsum(a) + K * a offset - K * za (unused where zb is null)
 };
 
 // y[j] = saturate(rne(max/min-clamped(f32(acc[j]) * multiplier[j])) + zp[j]) for j < count, acc
 // the raw kernel sums with the row's zero-point terms (RowTerms): the ONNX Runtime epilogue of
 // csrc/requantize.h, vectorized, in one pass over the row.
 static inline int32_t row_terms_applied(const int32_t* raw, const RowTerms& terms, int64_t j) {
-  const uint32_t wrapped = static_cast<uint32_t>(raw[j]) -
-                           static_cast<uint32_t>(terms.zb[j]) * static_cast<uint32_t>(terms.t) -
+  const uint32_t zb = terms.zb ? static_cast<uint32_t>(terms.zb[j]) : 0;
+  const uint32_t wrapped = static_cast<uint32_t>(raw[j]) - zb * static_cast<uint32_t>(terms.t) -
                            static_cast<uint32_t>(terms.za) * static_cast<uint32_t>(terms.colsum[j]);
   return static_cast<int32_t>(wrapped);
 }

@@ -102,7 +102,7 @@ inline int32_t terms_applied(const int32_t* raw, const RowTerms& terms, int64_t 
   return row_terms_applied(raw, terms, j);
 }
 inline int64_t terms_applied(const int64_t* raw, const RowTerms64& terms, int64_t j) {
-  return raw[j] - terms.zb[j] * terms.t - terms.za * terms.colsum[j];
+  return raw[j] - (terms.zb ? terms.zb[j] * terms.t : 0) - terms.za * terms.colsum[j];
 }
 
 // Calls epilogue(batch, m0, rows, n0, cols, raw, ld, terms) for each block of rows m0 .. m0+rows-1,
@@ -253,7 +253,8 @@ void accumulate(const QGemmProblem& p, Epilogue&& epilogue) {
     row_terms.resize(static_cast<size_t>(rows));
     for (int64_t r = 0; r < rows; ++r) {
       const int64_t za = p.a_zero_point[ia * M + m0 + r] + oa;
-      row_terms[r] = {zb_stored.data(), colsum_stored.data(), wrap(za), wrap(rowsum[r] + K * oa - K * za)};
+      row_terms[r] = {need_rowsums ? zb_stored.data() : nullptr, colsum_stored.data(), wrap(za),
+                      wrap(rowsum[r] + K * oa - K * za)};
     }
     if constexpr (kExact) epilogue(bt, m0, rows, n0, cols, c64.data(), ldc, row_terms.data());
     else epilogue(bt, m0, rows, n0, cols, c32.data(), ldc, row_terms.data());

@@ -131,17 +131,21 @@ void kernel_avx2(const int32_t* a, int64_t, int64_t rows, const int8_t* b_panel,
   else kernel_avx2_t<false>(a, rows, b_panel, p0, p1, accumulate, c, ldc);
 }
 
-void requantize_row_avx2(const int32_t* raw, const RowTerms& terms, const float* multiplier, const int32_t* zp,
-                         int64_t count, bool y_signed, void* y) {
+// Zb null (every column's zb' 0) drops a multiply per lane, as in requantize_avx512.inc.
+template <bool WithZb>
+void requantize_row_avx2_t(const int32_t* raw, const RowTerms& terms, const float* multiplier, const int32_t* zp,
+                           int64_t count, bool y_signed, void* y) {
   const int32_t qmin = y_signed ? -128 : 0, qmax = y_signed ? 127 : 255;
+  const int32_t* const zb = terms.zb;  // locals: the uint8 stores could alias terms
+  const int32_t* const colsum = terms.colsum;
   const __m256i vqmin = _mm256_set1_epi32(qmin), vqmax = _mm256_set1_epi32(qmax);
   const __m256i za = _mm256_set1_epi32(terms.za), t = _mm256_set1_epi32(terms.t);
   auto* out = static_cast<uint8_t*>(y);
   int64_t j = 0;
   for (; j + 8 <= count; j += 8) {
     auto load = [&](const int32_t* p) { return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p + j)); };
-    const __m256i acc = _mm256_sub_epi32(_mm256_sub_epi32(load(raw), _mm256_mullo_epi32(load(terms.zb), t)),
-                                         _mm256_mullo_epi32(za, load(terms.colsum)));  // wrapping
+    __m256i acc = _mm256_sub_epi32(load(raw), _mm256_mullo_epi32(za, load(colsum)));
+    if constexpr (WithZb) acc = _mm256_sub_epi32(acc, _mm256_mullo_epi32(load(zb), t));  // wrapping
     const __m256i z = load(zp);
     const __m256 lo = _mm256_cvtepi32_ps(_mm256_sub_epi32(vqmin, z));
     const __m256 hi = _mm256_cvtepi32_ps(_mm256_sub_epi32(vqmax, z));
@@ -157,6 +161,11 @@ void requantize_row_avx2(const int32_t* raw, const RowTerms& terms, const float*
     const int32_t q = requantize_onnxruntime(row_terms_applied(raw, terms, j), multiplier[j], zp[j], qmin, qmax);
     out[j] = static_cast<uint8_t>(y_signed ? static_cast<uint8_t>(static_cast<int8_t>(q)) : q);
   }
+}
+void requantize_row_avx2(const int32_t* raw, const RowTerms& terms, const float* multiplier, const int32_t* zp,
+                         int64_t count, bool y_signed, void* y) {
+  if (terms.zb) requantize_row_avx2_t<true>(raw, terms, multiplier, zp, count, y_signed, y);
+  else requantize_row_avx2_t<false>(raw, terms, multiplier, zp, count, y_signed, y);
 }
 
 // The float8 path's float32 GEMM (contract: kernels/sgemm_rows.inc): one fused multiply-add per k,
