@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <chrono>
 #include <condition_variable>
 #include <cstdlib>
 #include <memory>
@@ -36,6 +37,16 @@ int default_threads() {
 
 thread_local bool t_inside_task = false;
 
+// How long the caller of a job spins for its helpers to finish before it sleeps (Pool::run): about
+// what waking it would cost, so that waiting costs at most twice the better choice.
+constexpr std::chrono::microseconds kDoneSpin{50};
+
+inline void cpu_relax() {
+#if defined(__x86_64__) || defined(__i386__)
+  __builtin_ia32_pause();
+#endif
+}
+
 class Pool {
  public:
   static Pool& instance() {
@@ -68,6 +79,12 @@ class Pool {
     // Then it waits for the helpers still running a task, not for those not yet awake: a small job
     // is over without them (waking a thread takes tens of microseconds on a busy or virtual
     // machine, more than such a job), and one that wakes after the job is closed goes back to sleep.
+    // Before sleeping on done_, it spins up to kDoneSpin for them: a helper that finishes a moment
+    // later would otherwise have to wake it, tens of microseconds more per call (Zen 4 VM, 2
+    // threads, QLinearMatMul 64x384x384 / 128x384x384: 95 / 104 -> 65 / 72 us; 1x4096x4096 181 ->
+    // 166 us). This waits for the call's own work, never for the next call's: idle helpers sleep.
+    const auto until = std::chrono::steady_clock::now() + kDoneSpin;
+    while (active_.load(std::memory_order_acquire) != 0 && std::chrono::steady_clock::now() < until) cpu_relax();
     std::unique_lock<std::mutex> lock(mutex_);
     done_.wait(lock, [&] { return active_ == 0; });
     task_ = nullptr;  // closed: no helper joins it any more
@@ -117,7 +134,8 @@ class Pool {
   const std::function<void(int64_t)>* task_ = nullptr;
   int64_t count_ = 0;
   std::atomic<int64_t> next_{0};
-  int helpers_ = 0, active_ = 0;  // active_: helpers inside the current job's work()
+  int helpers_ = 0;
+  std::atomic<int> active_{0};  // helpers inside the current job's work()
   uint64_t generation_ = 0;
 };
 
