@@ -64,6 +64,7 @@ struct NBitsDispatch {
   NBitsPrepareInt8 prepare_int8;  // may be null
   NBitsPrepareF32 prepare_f32;    // may be null
   NBitsRoundOperands round_operands;  // levels 2/3's rounding of A; may be null (round_operand per value)
+  NBitsQuantizeA quantize_a;          // level 4's quantization of A; may be null (quantize_a_int8_rows)
   NBitsInt8Tiling int8_tiling;    // level 4's tasks (zero: 16 columns over all rows)
   // The layouts its level-4 kernels and its levels 0/1 kernels read a packed weight in
   // (NBitsWeight::packed), or null (none: they read the codes as they are). Their panels divide

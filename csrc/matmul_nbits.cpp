@@ -76,64 +76,64 @@ float round_half_even_small(float v) {
   return (v + kMagic) - kMagic;
 }
 
-// quantize_a_int8 for rows [m0, m1).
-void quantize_a_rows(const float* A, int64_t m0, int64_t m1, int64_t K, int64_t block_size, int8_t* qa, float* scale,
-                     float* block_sum) {
-  const int64_t k_blocks = (K + block_size - 1) / block_size, padded = k_blocks * block_size;
-  const float tiny = 127.0f / std::numeric_limits<float>::max();  // below it 127 / max|a| overflows
-  for (int64_t m = m0; m < m1; ++m) {
-    for (int64_t b = 0; b < k_blocks; ++b) {
-      const float* a = A + m * K + b * block_size;
-      const int64_t count = std::min(block_size, K - b * block_size);
-      int8_t* q = qa + m * padded + b * block_size;
-      // max|a| as the largest bit pattern of |a| (non-negative floats order as their bits do): an
-      // integer reduction that vectorizes, and at or above infinity's pattern the block is not finite
-      uint32_t amax_bits = 0;
-      for (int64_t j = 0; j < count; ++j) {
-        uint32_t bits;
-        std::memcpy(&bits, a + j, 4);
-        amax_bits = std::max(amax_bits, bits & 0x7FFFFFFFu);
-      }
-      float amax;
-      std::memcpy(&amax, &amax_bits, 4);
-      if (amax_bits >= 0x7F800000u) {
-        std::fill(q, q + block_size, int8_t{0});
-        scale[m * k_blocks + b] = std::numeric_limits<float>::quiet_NaN();
-        block_sum[m * k_blocks + b] = std::numeric_limits<float>::quiet_NaN();
-        continue;
-      }
-      int32_t sum = 0;
-      if (amax > 0.0f && amax < tiny) {  // 127 / amax overflows: the exact ratio, in float64
-        for (int64_t j = 0; j < count; ++j) {
-          q[j] = static_cast<int8_t>(std::nearbyint(static_cast<double>(a[j]) * 127.0 / amax));
-          sum += q[j];
-        }
-      } else {
-        // float32 product, round half to even; |a * inverse| <= 127 (plus rounding) < 2^22
-        const float inverse = amax != 0.0f ? 127.0f / amax : 0.0f;
-        for (int64_t j = 0; j < count; ++j) {
-          q[j] = static_cast<int8_t>(round_half_even_small(a[j] * inverse));
-          sum += q[j];
-        }
-      }
-      std::fill(q + count, q + block_size, int8_t{0});
-      scale[m * k_blocks + b] = amax / 127.0f;
-      block_sum[m * k_blocks + b] = scale[m * k_blocks + b] * static_cast<float>(sum);
-    }
-  }
-}
-
 }  // namespace
 
-void quantize_a_int8(const float* A, int64_t M, int64_t K, int64_t block_size, int8_t* qa, float* scale,
-                     float* block_sum) {
-  // Rows are independent: spread them when there are enough (about 64 KiB of A per task).
-  const int64_t rows_per_task = std::max<int64_t>(1, 16384 / std::max<int64_t>(K, 1));
+void quantize_a_block(const float* a, int64_t count, int64_t block_size, int8_t* q, float& scale, float& block_sum) {
+  const float tiny = 127.0f / std::numeric_limits<float>::max();  // below it 127 / max|a| overflows
+  // max|a| as the largest bit pattern of |a| (non-negative floats order as their bits do): an
+  // integer reduction that vectorizes, and at or above infinity's pattern the block is not finite
+  uint32_t amax_bits = 0;
+  for (int64_t j = 0; j < count; ++j) {
+    uint32_t bits;
+    std::memcpy(&bits, a + j, 4);
+    amax_bits = std::max(amax_bits, bits & 0x7FFFFFFFu);
+  }
+  float amax;
+  std::memcpy(&amax, &amax_bits, 4);
+  if (amax_bits >= 0x7F800000u) {
+    std::fill(q, q + block_size, int8_t{0});
+    scale = block_sum = std::numeric_limits<float>::quiet_NaN();
+    return;
+  }
+  int32_t sum = 0;
+  if (amax > 0.0f && amax < tiny) {  // 127 / amax overflows: the exact ratio, in float64
+    for (int64_t j = 0; j < count; ++j) {
+      q[j] = static_cast<int8_t>(std::nearbyint(static_cast<double>(a[j]) * 127.0 / amax));
+      sum += q[j];
+    }
+  } else {
+    // float32 product, round half to even; |a * inverse| <= 127 (plus rounding) < 2^22
+    const float inverse = amax != 0.0f ? 127.0f / amax : 0.0f;
+    for (int64_t j = 0; j < count; ++j) {
+      q[j] = static_cast<int8_t>(round_half_even_small(a[j] * inverse));
+      sum += q[j];
+    }
+  }
+  std::fill(q + count, q + block_size, int8_t{0});
+  scale = amax / 127.0f;
+  block_sum = scale * static_cast<float>(sum);
+}
+
+void quantize_a_int8_rows(const float* A, int64_t m0, int64_t m1, int64_t K, int64_t block_size, int8_t* qa,
+                          float* scale, float* block_sum) {
+  const int64_t k_blocks = (K + block_size - 1) / block_size, padded = k_blocks * block_size;
+  for (int64_t m = m0; m < m1; ++m)
+    for (int64_t b = 0; b < k_blocks; ++b)
+      quantize_a_block(A + m * K + b * block_size, std::min(block_size, K - b * block_size), block_size,
+                       qa + m * padded + b * block_size, scale[m * k_blocks + b], block_sum[m * k_blocks + b]);
+}
+
+void quantize_a_int8(NBitsQuantizeA rows, const float* A, int64_t M, int64_t K, int64_t block_size, int8_t* qa,
+                     float* scale, float* block_sum) {
+  if (!rows) rows = quantize_a_int8_rows;
+  // Rows are independent: spread them when there are enough (about 256 KiB of A per task; at
+  // about 4 values per nanosecond, a task below that is over before a helper would be awake).
+  const int64_t rows_per_task = std::max<int64_t>(1, 65536 / std::max<int64_t>(K, 1));
   const int64_t tasks = (M + rows_per_task - 1) / rows_per_task;
-  if (tasks <= 1) return quantize_a_rows(A, 0, M, K, block_size, qa, scale, block_sum);
+  if (tasks <= 1) return rows(A, 0, M, K, block_size, qa, scale, block_sum);
   parallel_for(tasks, [&](int64_t task) {
     const int64_t m0 = task * rows_per_task;
-    quantize_a_rows(A, m0, std::min(M, m0 + rows_per_task), K, block_size, qa, scale, block_sum);
+    rows(A, m0, std::min(M, m0 + rows_per_task), K, block_size, qa, scale, block_sum);
   });
 }
 
@@ -149,7 +149,7 @@ void matmul_nbits_int8(const NBitsDispatch& kernels, const float* A, int64_t M, 
   const int64_t rows = tiled ? (M + tiling.row_group - 1) / tiling.row_group * tiling.row_group : M;
   std::vector<int8_t> qa(static_cast<size_t>(rows * padded));  // zeros: the rows past M stay so
   std::vector<float> scale(static_cast<size_t>(M * w.k_blocks)), block_sum(scale.size());
-  quantize_a_int8(A, M, w.K, w.block_size, qa.data(), scale.data(), block_sum.data());
+  quantize_a_int8(kernels.quantize_a, A, M, w.K, w.block_size, qa.data(), scale.data(), block_sum.data());
   if (kernels.prepare_int8) kernels.prepare_int8(qa.data(), M, w);
   const NBitsRowsInt8 rows_int8 = kernels.rows_int8;
   const QuantizedA a{qa.data(), scale.data(), block_sum.data(), M, padded};

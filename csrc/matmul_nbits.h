@@ -244,8 +244,18 @@ struct QuantizedA {
   const float* block_sum;
   int64_t M, padded_K;
 };
-void quantize_a_int8(const float* A, int64_t M, int64_t K, int64_t block_size, int8_t* qa, float* scale,
-                     float* block_sum);
+// Rows [m0, m1) of A quantized as quantize_a_int8 does (qa, scale and block_sum at row 0's place).
+using NBitsQuantizeA = void (*)(const float* A, int64_t m0, int64_t m1, int64_t K, int64_t block_size, int8_t* qa,
+                                float* scale, float* block_sum);
+// The portable rows, and its one block of count values (count <= block_size; q padded with zeros
+// to block_size): for the SIMD rows' uncommon blocks (not finite, or max|a| so small that 127 /
+// max|a| overflows float32).
+void quantize_a_int8_rows(const float* A, int64_t m0, int64_t m1, int64_t K, int64_t block_size, int8_t* qa,
+                          float* scale, float* block_sum);
+void quantize_a_block(const float* a, int64_t count, int64_t block_size, int8_t* q, float& scale, float& block_sum);
+// All M rows with `rows` (null: the portable rows), in parts on the threads where A is large.
+void quantize_a_int8(NBitsQuantizeA rows, const float* A, int64_t M, int64_t K, int64_t block_size, int8_t* qa,
+                     float* scale, float* block_sum);
 
 // The kernels of the family (csrc/dispatch.h's NBitsDispatch):
 // levels 0-3: Y[:, n0:n1] for all M rows of A.

@@ -20,6 +20,10 @@ void nbits_rows(const float* A, int64_t M, const NBitsWeight& w, int64_t n0, int
 void nbits_round_operands(float* x, int64_t count, NBitsOperands operands);
 void nbits_rows_int8(const QuantizedA& a, const NBitsWeight& w, int64_t n0, int64_t n1, const float* bias, float* Y);
 void nbits_prepare_int8(int8_t* qa, int64_t M, const NBitsWeight& w);
+// Level 4: A's quantization (NBitsQuantizeA), 8 values at a time, quantize_a_int8_rows' results; the
+// AVX-512 entries use it too.
+void nbits_quantize_a(const float* A, int64_t m0, int64_t m1, int64_t K, int64_t block_size, int8_t* qa, float* scale,
+                      float* block_sum);
 
 // Level 4 on a weight packed in kNBitsQuads16 (matmul_nbits.h; nbits_packed_avx2.cpp), which
 // nbits_rows_int8 calls: the few-row kernel (A as quantize_a_int8 writes it, columns [n0, n1) with n0

@@ -20,6 +20,7 @@
 
 #include <immintrin.h>
 
+#include <algorithm>
 #include <cstring>
 #include <type_traits>
 
@@ -529,6 +530,64 @@ void nbits_prepare_int8_avx2(int8_t* qa, int64_t M, const NBitsWeight& w) {
 }  // namespace
 
 namespace avx2 {
+
+void nbits_quantize_a(const float* A, int64_t m0, int64_t m1, int64_t K, int64_t block_size, int8_t* qa, float* scale,
+                      float* block_sum) {
+  const int64_t k_blocks = (K + block_size - 1) / block_size, padded = k_blocks * block_size;
+  const float tiny = 127.0f / 3.40282347e38f;  // below it 127 / max|a| overflows: quantize_a_block's path
+  const __m256i magnitude = _mm256_set1_epi32(0x7FFFFFFF);
+  for (int64_t m = m0; m < m1; ++m)
+    for (int64_t b = 0; b < k_blocks; ++b) {
+      const float* a = A + m * K + b * block_size;
+      const int64_t count = std::min(block_size, K - b * block_size);
+      int8_t* q = qa + m * padded + b * block_size;
+      float& scale_b = scale[m * k_blocks + b];
+      float& sum_b = block_sum[m * k_blocks + b];
+      // max|a| as the largest bit pattern of |a| (quantize_a_block's reduction, 8 lanes at a time)
+      __m256i top = _mm256_setzero_si256();
+      int64_t j = 0;
+      for (; j + 8 <= count; j += 8)
+        top = _mm256_max_epu32(
+            top, _mm256_and_si256(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(a + j)), magnitude));
+      alignas(32) uint32_t lanes[8];
+      _mm256_store_si256(reinterpret_cast<__m256i*>(lanes), top);
+      uint32_t amax_bits = 0;
+      for (uint32_t lane : lanes) amax_bits = std::max(amax_bits, lane);
+      for (; j < count; ++j) {
+        uint32_t bits;
+        std::memcpy(&bits, a + j, 4);
+        amax_bits = std::max(amax_bits, bits & 0x7FFFFFFFu);
+      }
+      float amax;
+      std::memcpy(&amax, &amax_bits, 4);
+      if (amax_bits >= 0x7F800000u || (amax > 0.0f && amax < tiny)) {
+        quantize_a_block(a, count, block_size, q, scale_b, sum_b);
+        continue;
+      }
+      // float32 product, rounded half to even by the conversion (default MXCSR), as the portable
+      // code's float32 rounding does; |a * inverse| <= 127.
+      const float inverse = amax != 0.0f ? 127.0f / amax : 0.0f;
+      const __m256 v_inverse = _mm256_set1_ps(inverse);
+      __m256i sums = _mm256_setzero_si256();
+      for (j = 0; j + 8 <= count; j += 8) {
+        const __m256i v = _mm256_cvtps_epi32(_mm256_mul_ps(_mm256_loadu_ps(a + j), v_inverse));
+        sums = _mm256_add_epi32(sums, v);
+        const __m128i words = _mm_packs_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1));
+        _mm_storel_epi64(reinterpret_cast<__m128i*>(q + j), _mm_packs_epi16(words, words));
+      }
+      alignas(32) int32_t parts[8];
+      _mm256_store_si256(reinterpret_cast<__m256i*>(parts), sums);
+      int32_t sum = 0;
+      for (int32_t part : parts) sum += part;
+      for (; j < count; ++j) {
+        q[j] = static_cast<int8_t>(_mm_cvtss_si32(_mm_set_ss(a[j] * inverse)));
+        sum += q[j];
+      }
+      std::memset(q + count, 0, static_cast<size_t>(block_size - count));
+      scale_b = amax / 127.0f;
+      sum_b = scale_b * static_cast<float>(sum);
+    }
+}
 
 void nbits_rows_int8(const QuantizedA& a, const NBitsWeight& w, int64_t n0, int64_t n1, const float* bias, float* Y) {
   nbits_rows_int8_avx2(a, w, n0, n1, bias, Y);

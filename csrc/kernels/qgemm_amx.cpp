@@ -169,6 +169,7 @@ const NBitsDispatch kNBits = {
     .prepare_int8 = QMM_KERNEL_NS::nbits_prepare_int8,
     .prepare_f32 = f32::nbits_prepare_f32,
     .round_operands = avx2::nbits_round_operands,
+    .quantize_a = avx2::nbits_quantize_a,
     .int8_tiling = QMM_KERNEL_NS::kNBitsTiling,
     .int8_layout = &kNBitsQuads16,  // read by the VNNI kernels below 8 rows
     .f32_layout = &kNBitsQuads16,  // levels 0/1: nbits_packed_f32_avx512.cpp

@@ -227,6 +227,7 @@ const NBitsDispatch kNBits = {
     .prepare_int8 = avx2::nbits_prepare_int8,
     .prepare_f32 = avx2::nbits_prepare_f32,
     .round_operands = avx2::nbits_round_operands,
+    .quantize_a = avx2::nbits_quantize_a,
     .int8_layout = &kNBitsQuads16,
     .f32_layout = &kNBitsQuads16,
 };
