@@ -133,9 +133,13 @@ void panel_rows(const QuantizedA& a, int64_t m0, const NBitsWeight& w, int64_t p
     for (int r = 0; r < MR; ++r) y[r] = _mm512_sub_ps(lane_sums(acc[r]), lane_sums(correction[r]));
   const int64_t n0 = p * kPanel, cols = min_i64(kPanel, w.N - n0);
   for (int r = 0; r < MR; ++r) {
+    float* row = Y + (m0 + r) * w.N + n0;
+    if (cols == kPanel) {  // straight from the register (the copy below was a memcpy call per row)
+      _mm512_storeu_ps(row, bias ? _mm512_add_ps(y[r], _mm512_loadu_ps(bias + n0)) : y[r]);
+      continue;
+    }
     alignas(64) float out[16];
     _mm512_store_ps(out, y[r]);
-    float* row = Y + (m0 + r) * w.N + n0;
     for (int64_t c = 0; c < cols; ++c) row[c] = bias ? out[c] + bias[n0 + c] : out[c];
   }
 }
