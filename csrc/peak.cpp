@@ -1,6 +1,7 @@
 // peak.cpp: measures the int8 kernel in use on cache-resident data: the "peak" the benchmarks quote against.
 #include "peak.h"
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <vector>
@@ -10,7 +11,10 @@
 
 namespace qmm {
 
-double measure_peak_gops(double seconds) {
+namespace {
+
+// One sample: every thread runs the kernel for about `seconds`.
+double sample_peak_gops(double seconds) {
   const QGemmDispatch& q = qgemm_kernels();
   const QGemmLayout& L = *q.layout;
   // A mr x K and B 128 columns x K, L2 resident; calls of 2,048 k (a call's start and end, a drain
@@ -40,6 +44,17 @@ double measure_peak_gops(double seconds) {
   const double elapsed = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   const double macs = static_cast<double>(tiles.load()) * L.mr * panels * L.nr * K;
   return 2.0 * macs / elapsed / 1e9;
+}
+
+}  // namespace
+
+// The best of five samples: a peak is what the kernel can do, and on a shared machine a single
+// sample can land in another tenant's burst (one 0.5 s sample on a busy VM read low enough to put
+// kernels at 116-171 % of it).
+double measure_peak_gops(double seconds) {
+  double best = 0.0;
+  for (int i = 0; i < 5; ++i) best = std::max(best, sample_peak_gops(seconds / 5));
+  return best;
 }
 
 }  // namespace qmm

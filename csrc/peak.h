@@ -3,7 +3,8 @@
 
 namespace qmm {
 
-// Runs the active micro-kernel on cache-resident data on every thread for about `seconds`.
+// Runs the active micro-kernel on cache-resident data on every thread for about `seconds`, in five
+// samples, and returns the best.
 double measure_peak_gops(double seconds);
 
 }  // namespace qmm
