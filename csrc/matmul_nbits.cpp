@@ -126,8 +126,9 @@ void quantize_a_int8_rows(const float* A, int64_t m0, int64_t m1, int64_t K, int
 void quantize_a_int8(NBitsQuantizeA rows, const float* A, int64_t M, int64_t K, int64_t block_size, int8_t* qa,
                      float* scale, float* block_sum) {
   if (!rows) rows = quantize_a_int8_rows;
-  // Rows are independent: spread them when there are enough (about 256 KiB of A per task; at
-  // about 4 values per nanosecond, a task below that is over before a helper would be awake).
+  // Rows are independent: spread them when there are enough (about 256 KiB of A per task: the AVX2
+  // rows quantize about 2 values per nanosecond on Zen 4, so a task is some 30 us, about what
+  // waking a helper costs on a VM; a smaller one was over before the helper woke).
   const int64_t rows_per_task = std::max<int64_t>(1, 65536 / std::max<int64_t>(K, 1));
   const int64_t tasks = (M + rows_per_task - 1) / rows_per_task;
   if (tasks <= 1) return rows(A, 0, M, K, block_size, qa, scale, block_sum);

@@ -22,6 +22,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <limits>
 #include <type_traits>
 
 #include "nbits_avx2_common.h"
@@ -534,7 +535,7 @@ namespace avx2 {
 void nbits_quantize_a(const float* A, int64_t m0, int64_t m1, int64_t K, int64_t block_size, int8_t* qa, float* scale,
                       float* block_sum) {
   const int64_t k_blocks = (K + block_size - 1) / block_size, padded = k_blocks * block_size;
-  const float tiny = 127.0f / 3.40282347e38f;  // below it 127 / max|a| overflows: quantize_a_block's path
+  const float tiny = 127.0f / std::numeric_limits<float>::max();  // below it: quantize_a_block's float64 path
   const __m256i magnitude = _mm256_set1_epi32(0x7FFFFFFF);
   for (int64_t m = m0; m < m1; ++m)
     for (int64_t b = 0; b < k_blocks; ++b) {
