@@ -334,18 +334,14 @@ void matmul_nbits_f32(const NBitsDispatch& kernels, const float* A, int64_t M, c
     });
     A = rounded.get();
   }
-  std::unique_ptr<float[]> prepared;  // uninitialized: the hook writes all of it, or none
-  if (kernels.prepare_f32 && M > 1) {
+  std::unique_ptr<float[]> prepared;  // uninitialized: the hook writes all of it
+  if (kernels.prepare_f32 && M > 1 && kernels.prepare_f32(A, M, w, nullptr, 0, 1)) {
     prepared.reset(new float[static_cast<size_t>(M * w.K)]);
     // In parts on the threads (a serial reordering of A would not scale with them: at M = 128,
     // K = 4096 it is 2 MB), at least 64 K floats each.
     const int64_t parts = std::max<int64_t>(1, std::min<int64_t>(get_num_threads(), M * w.K / 65536));
-    bool reordered = false;  // every part answers the same: part 0's answer is kept
-    parallel_for(parts, [&](int64_t part) {
-      const bool answer = kernels.prepare_f32(A, M, w, prepared.get(), part, parts);
-      if (part == 0) reordered = answer;
-    });
-    if (reordered) A = prepared.get();
+    parallel_for(parts, [&](int64_t part) { kernels.prepare_f32(A, M, w, prepared.get(), part, parts); });
+    A = prepared.get();
   }
   // Few rows: wider tasks, so that per-task preparation of A (a reordering) is amortized: 64
   // columns; at levels 0/1 without g_idx (the "quads x16" kernels, which pad A's rows and sum its

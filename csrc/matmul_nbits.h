@@ -283,7 +283,8 @@ struct NBitsInt8Tiling {
 // entry's rows reads for M rows of a product with w (its level: w.operands); returns false (out
 // unused) where it reads A as it is. The driver runs it in `parts` parts on its threads: part
 // `part` (0 <= part < parts) writes its share of the rows' groups (prepare_share), every part
-// returns the same answer, and together they write all of out.
+// returns the same answer, and together they write all of out. With out null it writes nothing and
+// returns that answer (the driver asks first, and allocates out only where it is true).
 using NBitsPrepareF32 = bool (*)(const float* A, int64_t M, const NBitsWeight& w, float* out, int64_t part,
                                  int64_t parts);
 // Levels 2/3: x[0, count) rounded in place to float16 / bfloat16 and back, round_operand's results

@@ -965,12 +965,13 @@ def test_simd_prefill_is_the_fma_chain_in_order_of_k(level):
     """Levels 0/1 with more than 12 rows on the AVX2 and AVX-512 tables dequantize W into panels and
     run register tiles that keep each output one FMA chain in order of k: bit for bit that chain
     over dequantize_nbits' W, whatever the rows' grouping (AVX2: ceil(M / 6) groups of 4 to 6 rows;
-    AVX-512: 12-row tiles and their tails) and the k chunks. M around every group split."""
+    AVX-512: 12-row tiles and their tails), the k chunks and whether A is read in place or
+    interleaved by k (AVX-512: interleaved where K is a multiple of 1024). M around every group split."""
     rng = np.random.default_rng(77)
     before = _select_nbits_entry(level)
     try:
         for M in (13, 14, 17, 19, 24, 25, 29, 31, 37, 128):
-            K, N = [96, 300][M % 2], 37
+            K, N = [96, 300, 1024][M % 3], 37
             W = rng.standard_normal((K, N)).astype(np.float32)
             A = rng.standard_normal((M, K)).astype(np.float32)
             q = quantize_nbits(W, bits=4, block_size=32, symmetric=M % 3 == 0)
@@ -1009,13 +1010,14 @@ def test_avx2_decoders_give_the_same_codes_with_and_without_pdep():
 
 
 def test_a_is_prepared_in_parts_on_the_threads(isa):
-    """The entry's preparation of A (levels 0-3, more than 12 rows) runs in one part per thread
-    (at least 64 K floats each; parts may outnumber the row groups): every thread count gives
-    the one-thread bits, levels 0 and 3 (the bfloat16 pair entries' words), M around the groups."""
+    """The entry's preparation of A (levels 0-3, more than 12 rows; AVX-512 level 0 only where K is
+    a multiple of 1024 or A has more than 2^20 values) runs in one part per thread (at least 64 K
+    floats each; parts may outnumber the row groups): every thread count gives the one-thread bits,
+    levels 0 and 3 (the bfloat16 pair entries' words), M around the groups."""
     rng = np.random.default_rng(78)
     before = quantmatmul.get_num_threads()
     try:
-        for M, K in [(13, 40001), (37, 4099), (61, 2200)]:
+        for M, K in [(13, 40001), (27, 40001), (37, 4099), (37, 4096), (61, 2200)]:
             W = rng.standard_normal((K, 20)).astype(np.float32)
             A = rng.standard_normal((M, K)).astype(np.float32)
             q = quantize_nbits(W, bits=4, block_size=32)

@@ -49,6 +49,7 @@ void rows_bf16(const float* A, int64_t M, const NBitsWeight& w, int64_t n0, int6
 // floats: enough). Else the avx512_vnni build's preparation.
 bool prepare_bf16(const float* A, int64_t M, const NBitsWeight& w, float* out, int64_t part, int64_t parts) {
   if (!on_pairs(w, M)) return vnni::nbits_prepare_f32(A, M, w, out, part, parts);
+  if (!out) return true;
   prepare_pair_words(A, M, w.K, 1, reinterpret_cast<uint32_t*>(out), part, parts);
   return true;
 }

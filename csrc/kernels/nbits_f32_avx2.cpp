@@ -372,6 +372,7 @@ void nbits_rows_rounded(const float* A, const NBitsWeight& w, int64_t n0, int64_
 // ([k][row]) into out, at its first row times K.
 bool nbits_prepare_f32_avx2(const float* A, int64_t M, int64_t K, float* out, int64_t part, int64_t parts) {
   if (M <= kFactoredMaxRows) return false;
+  if (!out) return true;
   const RowGroups groups(M);
   int64_t g0, g1;
   prepare_share(groups.count, part, parts, g0, g1);

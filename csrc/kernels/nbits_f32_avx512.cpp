@@ -33,8 +33,9 @@
 //    points), then one dot product per row in 4 chains;
 //  - M > 12 (prefill): per 32 columns, the weights dequantized column by column, transposed
 //    (16 x 16) into a float32 panel [K][32] (k in order), then 12 x 32 register tiles of FMAs in
-//    order of k over k-chunks of 128 (16 KB of panel, in L1 while every row tile passes); A comes
-//    interleaved by k in groups of 12 rows (nbits_prepare_f32, once per call).
+//    order of k over k-chunks of 128 (16 KB of panel, in L1 while every row tile passes); A read
+//    in place, or (K a multiple of 1024, or A over 4 MB: interleaves_a) interleaved by k in groups
+//    of 12 rows (nbits_prepare_f32, once per call).
 //
 // A group past K (the last block's padding) is not read; in the last group, lanes past K get
 // weight 0 and (decode) A 0. Nothing past the codes buffer is read: a group whose broadcast would
@@ -50,6 +51,7 @@
 #include <cstdint>
 #include <cstring>
 #include <type_traits>
+#include <utility>
 
 #include "matmul_nbits.h"
 #include "nbits_avx2_common.h"
@@ -487,10 +489,11 @@ inline void transpose16(__m512 r[16]) {
   }
 }
 
-// partial[r][16p + j] (row stride 32) continues its FMA chain over k < kc with a[k][r] (MR rows
-// interleaved by k) and panel[k][16p + j] (row stride 32).
-template <int MR, int NP>
-void tile(const float* a, int64_t kc, const float* panel, float* partial) {
+// partial[r][16p + j] (row stride 32) continues its FMA chain over k < kc with A's row r, column k
+// (a[k * MR + r]: MR rows interleaved by k; or a[r * lda + k]: A read in place, InPlace) and
+// panel[k][16p + j] (row stride 32).
+template <int MR, int NP, bool InPlace>
+void tile(const float* a, int64_t lda, int64_t kc, const float* panel, float* partial) {
   __m512 acc[MR][NP];
 #pragma GCC unroll 12
   for (int r = 0; r < MR; ++r)
@@ -500,7 +503,7 @@ void tile(const float* a, int64_t kc, const float* panel, float* partial) {
     for (int p = 0; p < NP; ++p) wv[p] = _mm512_load_ps(panel + k * kPanelColumns + 16 * p);
 #pragma GCC unroll 12
     for (int r = 0; r < MR; ++r) {
-      const __m512 av = _mm512_set1_ps(a[k * MR + r]);
+      const __m512 av = _mm512_set1_ps(InPlace ? a[r * lda + k] : a[k * MR + r]);
       for (int p = 0; p < NP; ++p) acc[r][p] = _mm512_fmadd_ps(av, wv[p], acc[r][p]);
     }
   }
@@ -509,14 +512,27 @@ void tile(const float* a, int64_t kc, const float* panel, float* partial) {
     for (int p = 0; p < NP; ++p) _mm512_storeu_ps(partial + r * kPanelColumns + 16 * p, acc[r][p]);
 }
 
-using Tile = void (*)(const float*, int64_t, const float*, float*);
-constexpr Tile kTiles[2][kTileRows] = {
-    // [NP - 1][MR - 1]
-    {tile<1, 1>, tile<2, 1>, tile<3, 1>, tile<4, 1>, tile<5, 1>, tile<6, 1>, tile<7, 1>, tile<8, 1>, tile<9, 1>,
-     tile<10, 1>, tile<11, 1>, tile<12, 1>},
-    {tile<1, 2>, tile<2, 2>, tile<3, 2>, tile<4, 2>, tile<5, 2>, tile<6, 2>, tile<7, 2>, tile<8, 2>, tile<9, 2>,
-     tile<10, 2>, tile<11, 2>, tile<12, 2>},
+using Tile = void (*)(const float*, int64_t, int64_t, const float*, float*);
+template <int NP, bool InPlace, size_t... R>
+constexpr std::array<Tile, kTileRows> tiles_of(std::index_sequence<R...>) {
+  return {tile<static_cast<int>(R) + 1, NP, InPlace>...};
+}
+constexpr std::array<Tile, kTileRows> kTiles[2][2] = {
+    // [InPlace][NP - 1][MR - 1]
+    {tiles_of<1, false>(std::make_index_sequence<kTileRows>()),
+     tiles_of<2, false>(std::make_index_sequence<kTileRows>())},
+    {tiles_of<1, true>(std::make_index_sequence<kTileRows>()),
+     tiles_of<2, true>(std::make_index_sequence<kTileRows>())},
 };
+
+// Whether the prefill reads A interleaved by k (nbits_prepare_f32) rather than in place. In place
+// saves the reordering (at 64 x 384 x 384 on two threads about a tenth of the call: the caller
+// reorders alone, and the other thread then reads what it wrote) and reads as fast, except where
+// a tile's 12 rows are a multiple of 4 KB apart (K % 1024 == 0: they fall into the same L1 sets,
+// more rows than its ways; 16 x 4096 x 4096 0.89x, 32 x 3072 x 768 0.86x in place) or A is
+// larger than 4 MB (each panel re-reads it: one stream per row group is faster than twelve; 512 x
+// 4096 x 4096 0.77x in place). Zen 4, 2 threads; docs/matmul_nbits.md.
+bool interleaves_a(int64_t M, int64_t K) { return M > kDecodeMaxRows && (K % 1024 == 0 || M * K > (int64_t{1} << 20)); }
 
 // Columns [n, n + cols) (cols <= 32) dequantized as dequantize_nbits does (and rounded at levels
 // 2/3) into panel [16 * ceil(K / 16)][32], k in order, lanes past K zero; with cols <= 16 only the
@@ -587,6 +603,8 @@ void prefill(const float* A, int64_t M, const NBitsWeight& w, int64_t n0, int64_
   float* const panel = panel_storage.get<float>(lda * kPanelColumns);
   float* const partial = partial_storage.get<float>(M * kPanelColumns);
   float* const zp_buffer = zp_storage.get<float>(w.k_blocks + 8);
+  const bool in_place = !interleaves_a(M, K);
+  const auto& tiles = kTiles[in_place];
   for (int64_t n = n0; n < n1; n += kPanelColumns) {
     const int64_t cols = min_i64(kPanelColumns, n1 - n), halves = cols > 16 ? 2 : 1;
     build_panel<Bits>(w, n, cols, columns, panel, zp_buffer);
@@ -595,8 +613,8 @@ void prefill(const float* A, int64_t M, const NBitsWeight& w, int64_t n0, int64_
       const int64_t kc = min_i64(kPanelChunk, K - k0);
       for (int64_t m0 = 0; m0 < M; m0 += kTileRows) {
         const int64_t rows = min_i64(kTileRows, M - m0);
-        kTiles[halves - 1][rows - 1](A + m0 * K + k0 * rows, kc, panel + k0 * kPanelColumns,
-                                     partial + m0 * kPanelColumns);
+        const float* a = in_place ? A + m0 * K + k0 : A + m0 * K + k0 * rows;
+        tiles[halves - 1][rows - 1](a, K, kc, panel + k0 * kPanelColumns, partial + m0 * kPanelColumns);
       }
     }
     const int64_t whole = cols / 16 * 16;  // whole halves of 16 as vectors, the rest one by one
@@ -654,11 +672,13 @@ void nbits_pair_panel32(const NBitsWeight& w, int64_t n, int64_t cols, uint32_t*
   }
 }
 
-// More than 12 rows: every group of 12 rows (the last one M % 12, if any) interleaved by k into
-// out, [k][rows of the group], so that a tile's broadcasts read one run of floats per k.
+// More than 12 rows, where the prefill does not read A in place (interleaves_a): every group of 12
+// rows (the last one M % 12, if any) interleaved by k into out, [k][rows of the group], so that a
+// tile's broadcasts read one run of floats per k.
 bool nbits_prepare_f32(const float* A, int64_t M, const NBitsWeight& w, float* out, int64_t part, int64_t parts) {
-  if (M <= kDecodeMaxRows) return false;
   const int64_t K = w.K;
+  if (!interleaves_a(M, K)) return false;
+  if (!out) return true;
   int64_t g0, g1;
   prepare_share((M + kTileRows - 1) / kTileRows, part, parts, g0, g1);
   for (int64_t m0 = g0 * kTileRows; m0 < M && m0 < g1 * kTileRows; m0 += kTileRows) {
