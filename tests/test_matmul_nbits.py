@@ -1010,10 +1010,11 @@ def test_avx2_decoders_give_the_same_codes_with_and_without_pdep():
 
 
 def test_a_is_prepared_in_parts_on_the_threads(isa):
-    """The entry's preparation of A (levels 0-3, more than 12 rows; AVX-512 level 0 only where K is
-    a multiple of 1024 or A has more than 2^20 values) runs in one part per thread (at least 64 K
-    floats each; parts may outnumber the row groups): every thread count gives the one-thread bits,
-    levels 0 and 3 (the bfloat16 pair entries' words), M around the groups."""
+    """The entry's preparation of A (levels 0-3, more than 12 rows: on the AVX-512 entries where K
+    is a multiple of 1024 or A has more than 2^20 values, and the bfloat16 pair entries' level-3
+    words; AVX2 reads A in place) runs in one part per thread (at least 64 K floats each; parts may
+    outnumber the row groups): every thread count gives the one-thread bits, levels 0 and 3, M
+    around the groups."""
     rng = np.random.default_rng(78)
     before = quantmatmul.get_num_threads()
     try:

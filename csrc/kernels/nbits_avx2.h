@@ -1,6 +1,6 @@
 // nbits_avx2.h: the AVX2 MatMulNBits kernels that the AVX2 kernel table (qgemm_avx2.cpp) points to.
 //
-// Levels 0-3 (float32 products): nbits_rows and nbits_prepare_f32, in nbits_f32_avx2.cpp.
+// Levels 0-3 (float32 products): nbits_rows, in nbits_f32_avx2.cpp.
 // Level 4 (int8 A, exact integer block dot products): nbits_rows_int8 and nbits_prepare_int8, in
 // nbits_int8_avx2.cpp; on a weight packed once (the entry's int8 layout), nbits_packed_avx2.cpp. Both files decode the
 // codes with nbits_decode_avx2.h and keep everything else in anonymous namespaces (nbits_avx2_common.h says why): the
@@ -45,6 +45,5 @@ void nbits_rows_panel(const NBitsWeight& w, int64_t n0, uint8_t* columns, int64_
 // Levels 0/1 prefill on a packed weight: columns n0 .. n0+15 (n0 a multiple of 16) dequantized into
 // panel [K8][16] exactly as dequantize_nbits does (float32(q - zero_point) * scale), rows past K zero.
 void nbits_dequantize_packed(const NBitsWeight& w, int64_t n0, float* panel);
-bool nbits_prepare_f32(const float* A, int64_t M, const NBitsWeight& w, float* out, int64_t part, int64_t parts);
 
 }  // namespace qmm::avx2

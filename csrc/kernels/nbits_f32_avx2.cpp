@@ -1,4 +1,4 @@
-// nbits_f32_avx2.cpp: AVX2 MatMulNBits float kernels, accuracy levels 0-3 (the table's nbits_rows and nbits_prepare_f32).
+// nbits_f32_avx2.cpp: AVX2 MatMulNBits float kernels, accuracy levels 0-3 (the table's nbits_rows).
 //
 // Y[:, n0:n1] for all M rows of A (float32 [M, K]), W[k, n] = float32(q - zero_point) * scale,
 // products and sums in float32. nbits_rows picks, per task of columns:
@@ -12,8 +12,8 @@
 //    rounded) column at a time, one dot product per row;
 //  - M > 12 (prefill, any level 0-3, g_idx too): nbits_rows_dequantized, 16 columns dequantized
 //    into a [K][16] float32 panel (from the packed weight where there is one:
-//    nbits_dequantize_packed) and swept by 4..6 x 16 FMA tiles (fma_tile_avx2.inc); A comes
-//    interleaved by k in groups of 4 to 6 rows (nbits_prepare_f32, once per call).
+//    nbits_dequantize_packed) and swept by 4..6 x 16 FMA tiles (fma_tile_avx2.inc) that read A in
+//    place.
 //
 // Level 4 with a g_idx also lands here (the Python front end passes the dequantized int8 A).
 // The codes are decoded by nbits_decode_avx2.h; docs/matmul_nbits.md bounds the error of any
@@ -38,11 +38,14 @@ namespace {
 // panel: L1-resident while every row tile passes). Partial sums live in a [M][16] float32 block.
 //
 // Rows come in ceil(M / 6) groups of 4 to 6 rows, as even as they go (RowGroups: M = 128 is 18
-// groups of 6 and 4 of 5), each interleaved by k once per call (nbits_prepare_f32_avx2: [k][rows]
-// per group, so that a tile's broadcasts read one run per k instead of rows K floats apart, which
-// share L1 sets): per k, two loads of the panel, one broadcast per row, two FMAs per row into 8 to
-// 12 independent accumulators. (Until 2026-11-25 the last M % 6 rows took 4 x 16 and 1 x 16
-// tiles in row order: a 1-row tile is FMA-latency-bound, 2 rows of 128 took 3 % of the time.)
+// groups of 6 and 4 of 5), read in place (row r, column k at A + r K + k): per k, two loads of
+// the panel, one broadcast per row, two FMAs per row into 8 to 12 independent accumulators. (Until
+// 2026-11-25 the last M % 6 rows took 4 x 16 and 1 x 16 tiles in row order: a 1-row tile is
+// FMA-latency-bound, 2 rows of 128 took 3 % of the time. Until the thirteenth session each group
+// was interleaved by k once per call, [k][rows], by a scalar loop on the calling thread: in place
+// is as fast where that helped — six rows K floats apart stay within L1's eight ways even with K
+// a multiple of 1024 — and saves it: 64x384x384 1.19x, 256x384x384 1.21x, 32x3072x768 1.08x,
+// 512x4096x4096 even; the AVX2 table on Zen 4, 2 threads.)
 constexpr int64_t kRowGroup = 6;  // rows per group at most
 constexpr int64_t kFactoredMaxRows = 12;  // up to this many rows, the factored kernel (crossover measured in 2026-11)
 
@@ -212,7 +215,7 @@ void nbits_rows_dequantized(const float* A, int64_t M, const NBitsWeight& w, int
   float* const columns = columns_storage.get<float>(w.g_idx ? 16 * K8 : 0);
   float* const panel = panel_storage.get<float>(K8 * 16);
   float* const partial = partial_storage.get<float>(M * 16);
-  const RowGroups groups(M);  // M > kFactoredMaxRows: A as nbits_prepare_f32_avx2 grouped it
+  const RowGroups groups(M);  // M > kFactoredMaxRows
   for (int64_t n = n0; n < n1; n += 16) {
     const int64_t cols = min_i64(16, n1 - n);
     if (w.packed) avx2::nbits_dequantize_packed(w, n, panel);  // levels 0/1 on MatMulNBits' packed weight
@@ -236,9 +239,9 @@ void nbits_rows_dequantized(const float* A, int64_t M, const NBitsWeight& w, int
       const int64_t k1 = min_i64(K, k0 + kChunk);
       for (int64_t g = 0; g < groups.count; ++g) {
         const int64_t m = groups.first(g), rows = groups.rows(g);
-        if (rows == 6) fma_tile<6>(A + m * K, 1, 6, k0, k1, panel, partial + m * 16);
-        else if (rows == 5) fma_tile<5>(A + m * K, 1, 5, k0, k1, panel, partial + m * 16);
-        else fma_tile<4>(A + m * K, 1, 4, k0, k1, panel, partial + m * 16);
+        if (rows == 6) fma_tile<6>(A + m * K, K, 1, k0, k1, panel, partial + m * 16);
+        else if (rows == 5) fma_tile<5>(A + m * K, K, 1, k0, k1, panel, partial + m * 16);
+        else fma_tile<4>(A + m * K, K, 1, k0, k1, panel, partial + m * 16);
       }
     }
     for (int64_t m = 0; m < M; ++m)
@@ -368,22 +371,6 @@ void nbits_rows_rounded(const float* A, const NBitsWeight& w, int64_t n0, int64_
   }
 }
 
-// Level 0/1 with more than kFactoredMaxRows rows: each row group (RowGroups) of A interleaved by k
-// ([k][row]) into out, at its first row times K.
-bool nbits_prepare_f32_avx2(const float* A, int64_t M, int64_t K, float* out, int64_t part, int64_t parts) {
-  if (M <= kFactoredMaxRows) return false;
-  if (!out) return true;
-  const RowGroups groups(M);
-  int64_t g0, g1;
-  prepare_share(groups.count, part, parts, g0, g1);
-  for (int64_t g = g0; g < g1; ++g) {
-    const int64_t m = groups.first(g), rows = groups.rows(g);
-    for (int64_t k = 0; k < K; ++k)
-      for (int64_t r = 0; r < rows; ++r) out[m * K + k * rows + r] = A[(m + r) * K + k];
-  }
-  return true;
-}
-
 // Rows [0, M) in passes of up to 4 (one kernel instantiation per row count: registers).
 template <template <int> class Kernel>
 void in_row_passes(const float* A, int64_t M, const NBitsWeight& w, int64_t n0, int64_t n1, const float* bias,
@@ -425,10 +412,6 @@ void nbits_rows(const float* A, int64_t M, const NBitsWeight& w, int64_t n0, int
   nbits_rows_avx2(A, M, w, n0, n1, bias, Y);
 }
 void nbits_round_operands(float* x, int64_t count, NBitsOperands operands) { round_operands(x, count, operands); }
-
-bool nbits_prepare_f32(const float* A, int64_t M, const NBitsWeight& w, float* out, int64_t part, int64_t parts) {
-  return nbits_prepare_f32_avx2(A, M, w.K, out, part, parts);
-}
 
 }  // namespace avx2
 }  // namespace qmm
