@@ -550,10 +550,10 @@ void nbits_quantize_a(const float* A, int64_t m0, int64_t m1, int64_t K, int64_t
       for (; j + 8 <= count; j += 8)
         top = _mm256_max_epu32(
             top, _mm256_and_si256(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(a + j)), magnitude));
-      alignas(32) uint32_t lanes[8];
-      _mm256_store_si256(reinterpret_cast<__m256i*>(lanes), top);
-      uint32_t amax_bits = 0;
-      for (uint32_t lane : lanes) amax_bits = std::max(amax_bits, lane);
+      top = _mm256_max_epu32(top, _mm256_permute2x128_si256(top, top, 1));  // the 8 lanes' max, in registers
+      top = _mm256_max_epu32(top, _mm256_shuffle_epi32(top, 0x4E));
+      top = _mm256_max_epu32(top, _mm256_shuffle_epi32(top, 0xB1));
+      uint32_t amax_bits = static_cast<uint32_t>(_mm256_cvtsi256_si32(top));
       for (; j < count; ++j) {
         uint32_t bits;
         std::memcpy(&bits, a + j, 4);
@@ -576,15 +576,15 @@ void nbits_quantize_a(const float* A, int64_t m0, int64_t m1, int64_t K, int64_t
         const __m128i words = _mm_packs_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1));
         _mm_storel_epi64(reinterpret_cast<__m128i*>(q + j), _mm_packs_epi16(words, words));
       }
-      alignas(32) int32_t parts[8];
-      _mm256_store_si256(reinterpret_cast<__m256i*>(parts), sums);
-      int32_t sum = 0;
-      for (int32_t part : parts) sum += part;
+      sums = _mm256_add_epi32(sums, _mm256_permute2x128_si256(sums, sums, 1));  // int32 wrap: exact here
+      sums = _mm256_add_epi32(sums, _mm256_shuffle_epi32(sums, 0x4E));
+      sums = _mm256_add_epi32(sums, _mm256_shuffle_epi32(sums, 0xB1));
+      int32_t sum = _mm256_cvtsi256_si32(sums);
       for (; j < count; ++j) {
         q[j] = static_cast<int8_t>(_mm_cvtss_si32(_mm_set_ss(a[j] * inverse)));
         sum += q[j];
       }
-      std::memset(q + count, 0, static_cast<size_t>(block_size - count));
+      if (count < block_size) std::memset(q + count, 0, static_cast<size_t>(block_size - count));
       scale_b = amax / 127.0f;
       sum_b = scale_b * static_cast<float>(sum);
     }
