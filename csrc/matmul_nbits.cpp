@@ -148,12 +148,6 @@ void matmul_nbits_int8(const NBitsDispatch& kernels, const float* A, int64_t M, 
   const bool tiled = tiling.min_rows > 0 && M >= tiling.min_rows;
   const int64_t padded = w.k_blocks * w.block_size;
   const int64_t rows = tiled ? (M + tiling.row_group - 1) / tiling.row_group * tiling.row_group : M;
-  std::vector<int8_t> qa(static_cast<size_t>(rows * padded));  // zeros: the rows past M stay so
-  std::vector<float> scale(static_cast<size_t>(M * w.k_blocks)), block_sum(scale.size());
-  quantize_a_int8(kernels.quantize_a, A, M, w.K, w.block_size, qa.data(), scale.data(), block_sum.data());
-  if (kernels.prepare_int8) kernels.prepare_int8(qa.data(), M, w);
-  const NBitsRowsInt8 rows_int8 = kernels.rows_int8;
-  const QuantizedA a{qa.data(), scale.data(), block_sum.data(), M, padded};
   // Untiled: tasks of contiguous runs of 16-column calls, up to 256 columns while that leaves four
   // tasks per thread, so that each thread streams long runs of the weight (a one-row call at 2
   // threads, weights from memory: 4-18 % faster than tasks of 16 columns taken in turn).
@@ -170,6 +164,17 @@ void matmul_nbits_int8(const NBitsDispatch& kernels, const float* A, int64_t M, 
   // a small call stays on fewer threads.
   const double task_ns = static_cast<double>(columns) * static_cast<double>(w.K) * static_cast<double>(M) /
                          static_cast<double>(ranges) / 30.0;
+  const int64_t per_thread = tasks_worth_a_thread(task_ns);
+  // The helpers the products want, woken before A's quantization (on the caller alone below 256
+  // KiB of A): their wake-up overlaps it instead of following it (64x384x384 on 2 threads 1.30x).
+  const ParallelRegion region(
+      static_cast<int>(std::min<int64_t>(get_num_threads(), column_tasks * ranges / per_thread)));
+  std::vector<int8_t> qa(static_cast<size_t>(rows * padded));  // zeros: the rows past M stay so
+  std::vector<float> scale(static_cast<size_t>(M * w.k_blocks)), block_sum(scale.size());
+  quantize_a_int8(kernels.quantize_a, A, M, w.K, w.block_size, qa.data(), scale.data(), block_sum.data());
+  if (kernels.prepare_int8) kernels.prepare_int8(qa.data(), M, w);
+  const NBitsRowsInt8 rows_int8 = kernels.rows_int8;
+  const QuantizedA a{qa.data(), scale.data(), block_sum.data(), M, padded};
   parallel_for(
       column_tasks * ranges,
       [&](int64_t task) {
@@ -181,7 +186,7 @@ void matmul_nbits_int8(const NBitsDispatch& kernels, const float* A, int64_t M, 
         for (int64_t c0 = n0; c0 < std::min(w.N, n0 + columns); c0 += step)
           rows_int8(view, w, c0, std::min(w.N, c0 + step), bias, Y + m0 * w.N);
       },
-      tasks_worth_a_thread(task_ns));
+      per_thread);
 }
 
 namespace {
@@ -319,30 +324,6 @@ void matmul_nbits_f32(const float* A, int64_t M, const NBitsWeight& w, const flo
 
 void matmul_nbits_f32(const NBitsDispatch& kernels, const float* A, int64_t M, const NBitsWeight& w, const float* bias,
                       float* Y) {
-  const NBitsRows rows = kernels.rows;
-  std::unique_ptr<float[]> rounded;  // levels 2/3: A rounded to the operand type, once per call
-  if (w.operands != NBitsOperands::kFloat32) {
-    rounded.reset(new float[static_cast<size_t>(M * w.K)]);
-    const int64_t count = M * w.K, parts = std::max<int64_t>(1, std::min<int64_t>(get_num_threads(), count / 65536));
-    parallel_for(parts, [&](int64_t part) {
-      int64_t first, last;
-      prepare_share(count, part, parts, first, last);
-      std::copy(A + first, A + last, rounded.get() + first);
-      if (kernels.round_operands) kernels.round_operands(rounded.get() + first, last - first, w.operands);
-      else
-        for (int64_t i = first; i < last; ++i) rounded[i] = round_operand(rounded[i], w.operands);
-    });
-    A = rounded.get();
-  }
-  std::unique_ptr<float[]> prepared;  // uninitialized: the hook writes all of it
-  if (kernels.prepare_f32 && M > 1 && kernels.prepare_f32(A, M, w, nullptr, 0, 1)) {
-    prepared.reset(new float[static_cast<size_t>(M * w.K)]);
-    // In parts on the threads (a serial reordering of A would not scale with them: at M = 128,
-    // K = 4096 it is 2 MB), at least 64 K floats each.
-    const int64_t parts = std::max<int64_t>(1, std::min<int64_t>(get_num_threads(), M * w.K / 65536));
-    parallel_for(parts, [&](int64_t part) { kernels.prepare_f32(A, M, w, prepared.get(), part, parts); });
-    A = prepared.get();
-  }
   // Few rows: wider tasks, so that per-task preparation of A (a reordering) is amortized: 64
   // columns; at levels 0/1 without g_idx (the "quads x16" kernels, which pad A's rows and sum its
   // blocks per task) up to 512 where that still leaves four tasks per thread (at M = 1, K = N = 4096,
@@ -357,13 +338,45 @@ void matmul_nbits_f32(const NBitsDispatch& kernels, const float* A, int64_t M, c
   // About 15 multiply-adds per nanosecond on one thread (AVX2 level 0 on a decode).
   const double task_ns =
       static_cast<double>(columns_per_task) * static_cast<double>(w.K) * static_cast<double>(M) / 15.0;
+  const int64_t per_thread = tasks_worth_a_thread(task_ns);
+
+  // A rounded to the operand type (levels 2/3) and reordered for the entry's kernels (prepare_f32),
+  // once per call, in parts on the threads of at least 64 K floats each (a serial pass would not
+  // scale with them: at M = 128, K = 4096 A is 2 MB); below two parts by the caller alone. The
+  // helpers the products want are woken first (a ParallelRegion), so that their wake-up overlaps
+  // these steps and the jobs follow one another without one each.
+  const int64_t parts = std::max<int64_t>(1, std::min<int64_t>(get_num_threads(), M * w.K / 65536));
+  const bool rounds = w.operands != NBitsOperands::kFloat32;
+  const bool reorders = kernels.prepare_f32 && M > 1 && kernels.prepare_f32(A, M, w, nullptr, 0, 1);
+  const ParallelRegion region(static_cast<int>(std::min<int64_t>(get_num_threads(), tasks / per_thread)));
+  const NBitsRows rows = kernels.rows;
+  std::unique_ptr<float[]> rounded;  // levels 2/3: A rounded to the operand type
+  if (rounds) {
+    rounded.reset(new float[static_cast<size_t>(M * w.K)]);
+    const int64_t count = M * w.K;
+    parallel_for(parts, [&](int64_t part) {
+      int64_t first, last;
+      prepare_share(count, part, parts, first, last);
+      std::copy(A + first, A + last, rounded.get() + first);
+      if (kernels.round_operands) kernels.round_operands(rounded.get() + first, last - first, w.operands);
+      else
+        for (int64_t i = first; i < last; ++i) rounded[i] = round_operand(rounded[i], w.operands);
+    });
+    A = rounded.get();
+  }
+  std::unique_ptr<float[]> prepared;  // uninitialized: the hook writes all of it
+  if (reorders) {
+    prepared.reset(new float[static_cast<size_t>(M * w.K)]);
+    parallel_for(parts, [&](int64_t part) { kernels.prepare_f32(A, M, w, prepared.get(), part, parts); });
+    A = prepared.get();
+  }
   parallel_for(
       tasks,
       [&](int64_t task) {
         const int64_t n0 = task * columns_per_task;
         rows(A, M, w, n0, std::min(w.N, n0 + columns_per_task), bias, Y);
       },
-      tasks_worth_a_thread(task_ns));
+      per_thread);
 }
 
 }  // namespace qmm

@@ -160,6 +160,26 @@ void accumulate(const QGemmProblem& p, Epilogue&& epilogue) {
   const bool b_signed = p.b_packed ? p.b_packed->is_signed : p.b_signed;
   const int64_t oa = L.a_offset[p.a_signed], ob = L.b_offset[b_signed];
 
+  // Tasks over (matrix, column block, run of row blocks), each sweeping its row blocks over one
+  // column block of b, which stays in the core's L2 between them (b is read from memory once per
+  // run, not once per row block). A constant b is packed already; b given per call is packed by
+  // each task, its own columns only, into a cache-sized buffer (no full-size packed copy of b, no
+  // page faults for one). A run is all of M unless that leaves too few tasks: with a constant b,
+  // fewer than tasks_per_thread (16) per thread (the tail of a call: at most a sixteenth of a share); with b per call,
+  // a thread worth waking without one (a narrow b), each run then packing its column block again
+  // (K * 32 bytes per panel: little beside its rows' work).
+  const int64_t have = p.batch * col_blocks, wanted = p.b_packed ? tasks_per_thread * threads : worth_threads;
+  const int64_t runs = have >= wanted ? 1 : std::min(row_blocks, (wanted + have - 1) / have);
+  const int64_t run_blocks = (row_blocks + runs - 1) / runs;
+  // About 100 multiply-adds per nanosecond on one thread (AVX2 at many rows; fewer on one row): a
+  // small product stays on fewer threads.
+  const double task_ns = static_cast<double>(std::min(run_blocks * block_rows, M)) * static_cast<double>(K) *
+                         static_cast<double>(panels_per_task * nr) / 100.0;
+  // The helpers the products want, awake from here on (a ParallelRegion): their wake-up overlaps
+  // the setup and the packing of A (a job of its own) below instead of following each.
+  const ParallelRegion region(
+      static_cast<int>(std::min<int64_t>(threads, have * runs / tasks_worth_a_thread(task_ns))));
+
   // Pack every distinct matrix of a once (mr-row groups) with its row sums, unless a is its own
   // packed form (a row-major layout, a stored as given, K whole k-groups: the common uint8 a x int8 b
   // on the VNNI layout), and the row sums only where a column's zb' = zb + ob is not 0 (they are
@@ -260,21 +280,6 @@ void accumulate(const QGemmProblem& p, Epilogue&& epilogue) {
     else epilogue(bt, m0, rows, n0, cols, c32.data(), ldc, row_terms.data());
   };
 
-  // Tasks over (matrix, column block, run of row blocks), each sweeping its row blocks over one
-  // column block of b, which stays in the core's L2 between them (b is read from memory once per
-  // run, not once per row block). A constant b is packed already; b given per call is packed by
-  // each task, its own columns only, into a cache-sized buffer (no full-size packed copy of b, no
-  // page faults for one). A run is all of M unless that leaves too few tasks: with a constant b,
-  // fewer than tasks_per_thread (16) per thread (the tail of a call: at most a sixteenth of a share); with b per call,
-  // a thread worth waking without one (a narrow b), each run then packing its column block again
-  // (K * 32 bytes per panel: little beside its rows' work).
-  const int64_t have = p.batch * col_blocks, wanted = p.b_packed ? tasks_per_thread * threads : worth_threads;
-  const int64_t runs = have >= wanted ? 1 : std::min(row_blocks, (wanted + have - 1) / have);
-  const int64_t run_blocks = (row_blocks + runs - 1) / runs;
-  // About 100 multiply-adds per nanosecond on one thread (AVX2 at many rows; fewer on one row): a
-  // small product stays on fewer threads.
-  const double task_ns = static_cast<double>(std::min(run_blocks * block_rows, M)) * static_cast<double>(K) *
-                         static_cast<double>(panels_per_task * nr) / 100.0;
   parallel_for(
       have * runs,
       [&](int64_t task) {

@@ -40,6 +40,10 @@ thread_local bool t_inside_task = false;
 // How long the caller of a job spins for its helpers to finish before it sleeps (Pool::run): about
 // what waking it would cost, so that waiting costs at most twice the better choice.
 constexpr std::chrono::microseconds kDoneSpin{50};
+// Inside a ParallelRegion: how long a helper spins for the region's next job before it sleeps (a
+// caller's serial step between jobs takes some microseconds to some tens: A's quantization at
+// 64 x 384 about 12).
+constexpr std::chrono::microseconds kRegionSpin{100};
 
 inline void cpu_relax() {
 #if defined(__x86_64__) || defined(__i386__)
@@ -57,6 +61,29 @@ class Pool {
   int threads() const { return threads_.load(); }
   void set_threads(int n) { threads_.store(n < 1 ? 1 : n); }
 
+  // A ParallelRegion for want threads begins: up to want - 1 helpers are woken now, and they spin
+  // for the region's jobs (each time up to kRegionSpin) instead of sleeping, until it ends.
+  bool begin_region(int want) {
+    want = std::min(want, threads());
+    if (want <= 1 || t_inside_task) return false;
+    std::lock_guard<std::mutex> one_job(job_mutex_);  // between jobs: never closes a running one
+    ensure_workers(want - 1);
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      task_ = nullptr;  // no job in this generation: the helpers woken spin for the next
+      helpers_ = want - 1;
+      ++regions_;
+      region_helpers_.store(std::max(region_helpers_.load(), want - 1));
+      generation_.fetch_add(1);
+    }
+    for (int i = 0; i < want - 1; ++i) slots_[i]->notify_one();
+    return true;
+  }
+  void end_region() {
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (--regions_ == 0) region_helpers_.store(0);  // spinning helpers go back to sleep
+  }
+
   void run(int64_t count, const std::function<void(int64_t)>& task, int64_t min_per_thread) {
     const int64_t by_work = std::max<int64_t>(1, count / std::max<int64_t>(1, min_per_thread));
     const int want = static_cast<int>(std::min<int64_t>(threads(), std::min(count, by_work)));
@@ -72,7 +99,7 @@ class Pool {
       count_ = count;
       next_.store(0);
       helpers_ = want - 1;
-      ++generation_;
+      generation_.fetch_add(1);
     }
     for (int i = 0; i < want - 1; ++i) slots_[i]->notify_one();  // only the helpers wanted
     work();  // the caller works too, until no task is left to take
@@ -114,14 +141,25 @@ class Pool {
     for (;;) {
       {
         std::unique_lock<std::mutex> lock(mutex_);
-        wake->wait(lock, [&] { return generation_ != seen; });
-        seen = generation_;
-        if (index >= helpers_ || task_ == nullptr) continue;  // fewer helpers wanted, or the job is over
-        ++active_;
+        wake->wait(lock, [&] { return generation_.load() != seen; });
+        seen = generation_.load();
+        // Fewer helpers wanted, or no job (over, or a region's start): wait for the next, spinning
+        // where a region keeps this helper awake.
+        const bool join = index < helpers_ && task_ != nullptr;
+        if (join) ++active_;
+        else if (index >= region_helpers_.load()) continue;
+        if (join) {
+          lock.unlock();
+          work();
+          lock.lock();
+          if (--active_ == 0) done_.notify_one();
+        }
       }
-      work();
-      std::lock_guard<std::mutex> lock(mutex_);
-      if (--active_ == 0) done_.notify_one();
+      // In a region, spin for its next job (a new generation: the wait above then returns at once).
+      const auto until = std::chrono::steady_clock::now() + kRegionSpin;
+      while (index < region_helpers_.load(std::memory_order_relaxed) &&
+             generation_.load(std::memory_order_acquire) == seen && std::chrono::steady_clock::now() < until)
+        cpu_relax();
     }
   }
 
@@ -135,8 +173,10 @@ class Pool {
   int64_t count_ = 0;
   std::atomic<int64_t> next_{0};
   int helpers_ = 0;
+  int regions_ = 0;  // ParallelRegions alive
+  std::atomic<int> region_helpers_{0};  // helpers (by index) kept awake by them
   std::atomic<int> active_{0};  // helpers inside the current job's work()
-  uint64_t generation_ = 0;
+  std::atomic<uint64_t> generation_{0};  // changed under mutex_; read without it by spinning helpers
 };
 
 }  // namespace
@@ -145,6 +185,11 @@ int get_num_threads() { return Pool::instance().threads(); }
 void set_num_threads(int n) { Pool::instance().set_threads(n); }
 void parallel_for(int64_t count, const std::function<void(int64_t)>& task, int64_t min_per_thread) {
   Pool::instance().run(count, task, min_per_thread);
+}
+
+ParallelRegion::ParallelRegion(int threads) : begun_(Pool::instance().begin_region(threads)) {}
+ParallelRegion::~ParallelRegion() {
+  if (begun_) Pool::instance().end_region();
 }
 
 }  // namespace qmm

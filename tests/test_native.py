@@ -6,6 +6,7 @@ import os
 import subprocess
 import sys
 import threading
+import time
 
 import ml_dtypes
 import numpy as np
@@ -420,6 +421,62 @@ def test_back_to_back_jobs_on_more_threads_than_cores():
         for t in threads:
             t.join()
         assert not errors, errors[0]
+    finally:
+        qm.set_num_threads(before)
+
+
+def test_calls_of_several_jobs_keep_helpers_awake_only_while_they_run():
+    """A call made of serial steps and several jobs (MatMulNBits level 4 with A quantized in parts,
+    level 3 with A rounded and reordered in parts, QLinearMatMul with an int8 A packed first) keeps
+    its helpers awake between its jobs (a ParallelRegion: they spin for the next job instead of
+    sleeping). From several Python threads at once, on more pool threads than cores, with the
+    thread count changed meanwhile: every result is the one-thread result; and once the calls are
+    over no helper spins: the process uses almost no CPU time while the caller sleeps."""
+    rng = np.random.default_rng(5)
+    K, N = 640, 256
+    weight = qm.MatMulNBits.from_float(rng.normal(size=(K, N)).astype(f32), bits=4, block_size=32, accuracy_level=4)
+    level3 = qm.MatMulNBits.from_float(rng.normal(size=(K, N)).astype(f32), bits=4, block_size=32, accuracy_level=3)
+    b = rng.integers(0, 256, (K, N)).astype(np.uint8)
+    qweight = qm.QLinearMatMul(b, f32(0.01), np.uint8(131))
+    a_f = [rng.normal(size=(m, K)).astype(f32) for m in (1, 13, 300)]  # 300 x 640: A in parts
+    a_q = [rng.integers(-128, 128, (m, K)).astype(np.int8) for m in (1, 40, 300)]
+    calls = [lambda a=a: weight(a) for a in a_f] + [lambda a=a: level3(a) for a in a_f]
+    calls += [lambda a=a: qweight(a, f32(0.02), np.int8(3), f32(0.5), np.uint8(128)) for a in a_q]
+    before = qm.get_num_threads()
+    try:
+        qm.set_num_threads(1)
+        expected = [call() for call in calls]
+        qm.set_num_threads(5)
+        errors, stop = [], threading.Event()
+
+        def caller(seed):
+            try:
+                for i in np.random.default_rng(seed).integers(0, len(calls), 40):
+                    assert np.array_equal(calls[int(i)](), expected[int(i)]), int(i)
+            except BaseException as error:  # noqa: BLE001 - reported below
+                errors.append(error)
+
+        def changer():
+            n = 0
+            while not stop.is_set():
+                qm.set_num_threads(2 + n % 4)
+                n += 1
+                time.sleep(0.001)
+
+        threads = [threading.Thread(target=caller, args=(s,)) for s in range(3)]
+        switch = threading.Thread(target=changer)
+        for t in [*threads, switch]:
+            t.start()
+        for t in threads:
+            t.join()
+        stop.set()
+        switch.join()
+        assert not errors, errors[0]
+        time.sleep(0.05)  # past any helper's last spin (at most 100 us per wait)
+        cpu, wall = time.process_time(), time.perf_counter()
+        time.sleep(0.3)
+        cpu, wall = time.process_time() - cpu, time.perf_counter() - wall
+        assert cpu < 0.1 * wall, (cpu, wall)  # a spinning helper would use about all of it
     finally:
         qm.set_num_threads(before)
 
