@@ -425,6 +425,37 @@ def test_back_to_back_jobs_on_more_threads_than_cores():
         qm.set_num_threads(before)
 
 
+def _call_while_the_thread_count_changes(caller, callers, counts, pause=0.0):
+    """caller(seed) on `callers` Python threads at once (seeds 0, 1, ...) while another thread cycles
+    set_num_threads through counts (sleeping `pause` s between changes); fails with the first error
+    a caller raised."""
+    errors, stop = [], threading.Event()
+
+    def guarded(seed):
+        try:
+            caller(seed)
+        except BaseException as error:  # noqa: BLE001 - reported below
+            errors.append(error)
+
+    def changer():
+        n = 0
+        while not stop.is_set():
+            qm.set_num_threads(counts[n % len(counts)])
+            n += 1
+            if pause:
+                time.sleep(pause)
+
+    threads = [threading.Thread(target=guarded, args=(s,)) for s in range(callers)]
+    switch = threading.Thread(target=changer)
+    for t in [*threads, switch]:
+        t.start()
+    for t in threads:
+        t.join()
+    stop.set()
+    switch.join()
+    assert not errors, errors[0]
+
+
 def test_calls_of_several_jobs_keep_helpers_awake_only_while_they_run():
     """A call made of serial steps and several jobs (MatMulNBits level 4 with A quantized in parts,
     level 3 with A rounded and reordered in parts, QLinearMatMul with an int8 A packed first) keeps
@@ -447,31 +478,12 @@ def test_calls_of_several_jobs_keep_helpers_awake_only_while_they_run():
         qm.set_num_threads(1)
         expected = [call() for call in calls]
         qm.set_num_threads(5)
-        errors, stop = [], threading.Event()
 
         def caller(seed):
-            try:
-                for i in np.random.default_rng(seed).integers(0, len(calls), 40):
-                    assert np.array_equal(calls[int(i)](), expected[int(i)]), int(i)
-            except BaseException as error:  # noqa: BLE001 - reported below
-                errors.append(error)
+            for i in np.random.default_rng(seed).integers(0, len(calls), 40):
+                assert np.array_equal(calls[int(i)](), expected[int(i)]), int(i)
 
-        def changer():
-            n = 0
-            while not stop.is_set():
-                qm.set_num_threads(2 + n % 4)
-                n += 1
-                time.sleep(0.001)
-
-        threads = [threading.Thread(target=caller, args=(s,)) for s in range(3)]
-        switch = threading.Thread(target=changer)
-        for t in [*threads, switch]:
-            t.start()
-        for t in threads:
-            t.join()
-        stop.set()
-        switch.join()
-        assert not errors, errors[0]
+        _call_while_the_thread_count_changes(caller, callers=3, counts=(2, 3, 4, 5), pause=0.001)
         time.sleep(0.05)  # past any helper's last spin (at most 100 us per wait)
         cpu, wall = time.process_time(), time.perf_counter()
         time.sleep(0.3)
@@ -750,29 +762,11 @@ def test_jobs_that_want_fewer_helpers_than_the_pool_holds():
         expected = [weight(a) for a in inputs]
         qm.set_num_threads(6)
         weight(inputs[2])  # all six threads exist
-        errors, stop = [], threading.Event()
 
         def caller(seed):
-            try:
-                for i in np.random.default_rng(seed).integers(0, len(inputs), 60):
-                    assert np.array_equal(weight(inputs[int(i)]), expected[int(i)]), int(i)
-            except BaseException as error:  # noqa: BLE001 - reported below
-                errors.append(error)
+            for i in np.random.default_rng(seed).integers(0, len(inputs), 60):
+                assert np.array_equal(weight(inputs[int(i)]), expected[int(i)]), int(i)
 
-        def changer():
-            n = 0
-            while not stop.is_set():
-                qm.set_num_threads(1 + n % 6)
-                n += 1
-
-        threads = [threading.Thread(target=caller, args=(s,)) for s in range(2)]
-        switch = threading.Thread(target=changer)
-        for t in [*threads, switch]:
-            t.start()
-        for t in threads:
-            t.join()
-        stop.set()
-        switch.join()
-        assert not errors, errors[0]
+        _call_while_the_thread_count_changes(caller, callers=2, counts=(1, 2, 3, 4, 5, 6))
     finally:
         qm.set_num_threads(before)
