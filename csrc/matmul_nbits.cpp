@@ -172,7 +172,20 @@ void matmul_nbits_int8(const NBitsDispatch& kernels, const float* A, int64_t M, 
   std::vector<int8_t> qa(static_cast<size_t>(rows * padded));  // zeros: the rows past M stay so
   std::vector<float> scale(static_cast<size_t>(M * w.k_blocks)), block_sum(scale.size());
   quantize_a_int8(kernels.quantize_a, A, M, w.K, w.block_size, qa.data(), scale.data(), block_sum.data());
-  if (kernels.prepare_int8) kernels.prepare_int8(qa.data(), M, w);
+  if (kernels.prepare_int8) {
+    // Tiled: in ranges of whole row groups on the threads, at least 64 K values each (the entry
+    // rearranges each group on its own; the last range takes the rows past the last whole group,
+    // so each has at least min_rows rows). At M = 128, K = 4096 the AMX entry's tile layout moves
+    // 512 KB twice: on the caller alone while the helpers waited.
+    const int64_t full_groups = tiled ? M / tiling.row_group : 0;
+    const int64_t parts =
+        std::max<int64_t>(1, std::min({full_groups, static_cast<int64_t>(get_num_threads()), M * padded / 65536}));
+    parallel_for(parts, [&](int64_t part) {
+      const int64_t m0 = full_groups * part / parts * tiling.row_group;
+      const int64_t m1 = part + 1 == parts ? M : full_groups * (part + 1) / parts * tiling.row_group;
+      kernels.prepare_int8(qa.data() + m0 * padded, m1 - m0, w);
+    });
+  }
   const NBitsRowsInt8 rows_int8 = kernels.rows_int8;
   const QuantizedA a{qa.data(), scale.data(), block_sum.data(), M, padded};
   parallel_for(

@@ -266,7 +266,9 @@ using NBitsRowsInt8 = void (*)(const QuantizedA& a, const NBitsWeight& w, int64_
                                float* Y);
 // Level 4: rearranges the int8 A [M, k_blocks * block_size] in place, once per call, into the
 // order the same entry's rows_int8 reads for this weight. Where the entry's NBitsInt8Tiling applies
-// (below), qa has room for M rounded up to its row_group rows, those past M zero.
+// (below), qa has room for M rounded up to its row_group rows, those past M zero, and the driver
+// may call it on ranges of whole row groups at once (qa at the range's first row, M the range's
+// rows: at least min_rows, the last range ending at M): each group is rearranged on its own.
 using NBitsPrepareInt8 = void (*)(int8_t* qa, int64_t M, const NBitsWeight& w);
 // Level 4's tasks for an entry whose kernel works on blocks of rows (AMX tiles). Where min_rows is 0
 // or M < min_rows: tasks of 16 columns over all M rows. Else tasks of `columns` columns x a range

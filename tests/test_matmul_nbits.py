@@ -880,6 +880,26 @@ def test_amx_level4_row_blocks_equal_avx2_bit_for_bit(amx, bits):
             assert_within(y, y_eff, tol, f"{amx} {case} tight")
 
 
+def test_amx_level4_a_prepared_in_ranges_of_row_groups(amx):
+    """With at least 2 x 64 K values of A, its tile layout is prepared on the threads in ranges of
+    whole 32-row groups, the last range taking the rows past the last whole group: 1, 2, 3 and 16
+    threads give the AVX2 entry's bits, rows on both sides of the groups."""
+    import quantmatmul
+
+    rng = np.random.default_rng(6100)
+    threads = quantmatmul.get_num_threads()
+    try:
+        for M in (64, 77, 101, 130):
+            case = Case(rng, 4, 32, K=2080, N=40, batch=(M,), zp=ZP_FORMS[M % 3], bias=M % 2 == 1)
+            expected = _under("avx2", lambda c=case: c.run(4))
+            for n_threads in (1, 2, 3, 16):
+                quantmatmul.set_num_threads(n_threads)
+                y = case.run(4)
+                assert np.array_equal(y.view(np.uint32), expected.view(np.uint32)), f"{amx} {case} {n_threads}"
+    finally:
+        quantmatmul.set_num_threads(threads)
+
+
 def test_amx_level4_non_finite_rows_and_zero_padding(amx):
     """Rows holding NaN or infinity (qa 0, NaN scale: NaN outputs) among finite ones in the tiles,
     the padding rows of the last group dropped: the AVX2 entry's bits, NaN where the row has one."""
