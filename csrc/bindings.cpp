@@ -174,6 +174,8 @@ void bind_runtime(nb::module_& m) {
   });
   m.def("get_num_threads", &qmm::get_num_threads);
   m.def("set_num_threads", &qmm::set_num_threads);
+  m.def("cgroup_cpu_quota", &qmm::cgroup_cpu_quota, nb::arg("root") = "");
+  m.def("pool_spins", &qmm::pool_spins);
   // Kernel levels by name: "portable", "avx2", "avx512_vnni", "amx", each also with "-emulated"
   // (the emulated entries of that level, for tests).
   auto parse_level = [](const std::string& name, qmm::Isa* isa, bool* emulated) {

@@ -6,11 +6,16 @@
 #include <chrono>
 #include <condition_variable>
 #include <cstdlib>
+#include <fstream>
 #include <memory>
 #include <mutex>
+#include <sstream>
+#include <string>
 #include <thread>
 #include <utility>
 #include <vector>
+
+#include <sys/stat.h>
 
 #if defined(__linux__)
 #include <sched.h>
@@ -19,20 +24,62 @@
 namespace qmm {
 namespace {
 
+// The quota in the cgroup directory dir, as CPUs rounded up (0: none set, or unreadable): cgroup v2's
+// cpu.max ("QUOTA PERIOD" or "max PERIOD"), v1's cpu.cfs_quota_us (-1: none) over cpu.cfs_period_us.
+int quota_in(const std::string& dir, bool v2) {
+  long long quota = -1, period = 0;
+  if (v2) {
+    std::ifstream max(dir + "/cpu.max");
+    std::string q;
+    if (!(max >> q >> period) || q == "max") return 0;
+    try {
+      quota = std::stoll(q);
+    } catch (...) {
+      return 0;
+    }
+  } else {
+    std::ifstream q(dir + "/cpu.cfs_quota_us"), p(dir + "/cpu.cfs_period_us");
+    if (!(q >> quota) || !(p >> period)) return 0;
+  }
+  if (quota <= 0 || period <= 0) return 0;
+  const long long cpus = (quota + period - 1) / period;
+  return cpus > (1 << 20) ? (1 << 20) : static_cast<int>(cpus);
+}
+
+bool is_dir(const std::string& path) {
+  struct stat info;
+  return stat(path.c_str(), &info) == 0 && S_ISDIR(info.st_mode);
+}
+
+// The smallest quota on the way from dir up to base (a cgroup's limit is its ancestors' too).
+int smallest_quota(const std::string& base, std::string dir, bool v2) {
+  int best = 0;
+  for (;;) {
+    const int q = quota_in(dir, v2);
+    if (q > 0 && (best == 0 || q < best)) best = q;
+    if (dir.size() <= base.size()) return best;
+    dir.resize(dir.rfind('/'));
+  }
+}
+
+int available_cpus() {
+  int n = 0;
+#if defined(__linux__)
+  cpu_set_t set;
+  if (sched_getaffinity(0, sizeof(set), &set) == 0) n = CPU_COUNT(&set);
+#endif
+  if (n <= 0) n = static_cast<int>(std::thread::hardware_concurrency());
+  if (n <= 0) n = 1;
+  const int quota = cgroup_cpu_quota("");
+  return quota > 0 && quota < n ? quota : n;
+}
+
 int default_threads() {
   if (const char* env = std::getenv("QUANTMATMUL_NUM_THREADS")) {
     const int n = std::atoi(env);
     if (n > 0) return n;
   }
-#if defined(__linux__)
-  cpu_set_t set;
-  if (sched_getaffinity(0, sizeof(set), &set) == 0) {
-    const int n = CPU_COUNT(&set);
-    if (n > 0) return n;
-  }
-#endif
-  const unsigned n = std::thread::hardware_concurrency();
-  return n > 0 ? static_cast<int>(n) : 1;
+  return available_cpus();
 }
 
 thread_local bool t_inside_task = false;
@@ -60,6 +107,10 @@ class Pool {
 
   int threads() const { return threads_.load(); }
   void set_threads(int n) { threads_.store(n < 1 ? 1 : n); }
+  // Whether waiting threads spin (kDoneSpin, kRegionSpin) before they sleep: only while the pool
+  // has no more threads than the CPUs it may use. Oversubscribed, a spinning thread holds a CPU
+  // that a thread with work is waiting for (2 CPUs, 16 threads: level-4 decode 2-7x slower).
+  bool spins() const { return threads() <= cpus_; }
 
   // A ParallelRegion for want threads begins: up to want - 1 helpers are woken now, and they spin
   // for the region's jobs (each time up to kRegionSpin) instead of sleeping, until it ends.
@@ -110,7 +161,7 @@ class Pool {
     // later would otherwise have to wake it, tens of microseconds more per call (Zen 4 VM, 2
     // threads, QLinearMatMul 64x384x384 / 128x384x384: 95 / 104 -> 65 / 72 us; 1x4096x4096 181 ->
     // 166 us). This waits for the call's own work, never for the next call's: idle helpers sleep.
-    const auto until = std::chrono::steady_clock::now() + kDoneSpin;
+    const auto until = std::chrono::steady_clock::now() + (spins() ? kDoneSpin : std::chrono::microseconds{0});
     while (active_.load(std::memory_order_acquire) != 0 && std::chrono::steady_clock::now() < until) cpu_relax();
     std::unique_lock<std::mutex> lock(mutex_);
     done_.wait(lock, [&] { return active_ == 0; });
@@ -118,7 +169,7 @@ class Pool {
   }
 
  private:
-  Pool() : threads_(default_threads()) {}
+  Pool() : threads_(default_threads()), cpus_(available_cpus()) {}
 
   // A worker whose thread cannot start (std::system_error, raised to the caller) leaves no slot.
   void ensure_workers(int n) {
@@ -156,7 +207,7 @@ class Pool {
         }
       }
       // In a region, spin for its next job (a new generation: the wait above then returns at once).
-      const auto until = std::chrono::steady_clock::now() + kRegionSpin;
+      const auto until = std::chrono::steady_clock::now() + (spins() ? kRegionSpin : std::chrono::microseconds{0});
       while (index < region_helpers_.load(std::memory_order_relaxed) &&
              generation_.load(std::memory_order_acquire) == seen && std::chrono::steady_clock::now() < until)
         cpu_relax();
@@ -164,6 +215,7 @@ class Pool {
   }
 
   std::atomic<int> threads_;
+  const int cpus_;  // available_cpus() when the pool was made
   std::mutex job_mutex_, mutex_;
   // Worker i sleeps on its own slots_[i], so a job wakes only the helpers it wants: on a 16-thread
   // pool, a job for 2 threads wakes one worker, not 15 that find nothing to do and queue on mutex_.
@@ -181,7 +233,40 @@ class Pool {
 
 }  // namespace
 
+int cgroup_cpu_quota(const std::string& root) {
+  std::ifstream self(root + "/proc/self/cgroup");
+  int best = 0;
+  for (std::string line; std::getline(self, line);) {
+    // "ID:CONTROLLERS:PATH": v2's one line has ID 0 and no controllers; v1's have a line per hierarchy.
+    const size_t c1 = line.find(':'), c2 = c1 == std::string::npos ? c1 : line.find(':', c1 + 1);
+    if (c2 == std::string::npos) continue;
+    const std::string id = line.substr(0, c1), controllers = line.substr(c1 + 1, c2 - c1 - 1);
+    std::string path = line.substr(c2 + 1);
+    while (!path.empty() && path.back() == '/') path.pop_back();
+    const bool v2 = id == "0" && controllers.empty();
+    std::vector<std::string> bases;
+    if (v2) {
+      bases.push_back(root + "/sys/fs/cgroup");
+    } else {
+      std::stringstream list(controllers);
+      bool cpu = false;
+      for (std::string one; std::getline(list, one, ',');) cpu = cpu || one == "cpu";
+      if (!cpu) continue;
+      bases.push_back(root + "/sys/fs/cgroup/" + controllers);  // "cpu,cpuacct" where mounted so
+      if (controllers != "cpu") bases.push_back(root + "/sys/fs/cgroup/cpu");
+    }
+    for (const std::string& base : bases) {
+      // Mounted at the process's cgroup (a container's namespace): PATH is not below it.
+      const std::string dir = is_dir(base + path) ? base + path : base;
+      const int q = smallest_quota(base, dir, v2);
+      if (q > 0 && (best == 0 || q < best)) best = q;
+    }
+  }
+  return best;
+}
+
 int get_num_threads() { return Pool::instance().threads(); }
+bool pool_spins() { return Pool::instance().spins(); }
 void set_num_threads(int n) { Pool::instance().set_threads(n); }
 void parallel_for(int64_t count, const std::function<void(int64_t)>& task, int64_t min_per_thread) {
   Pool::instance().run(count, task, min_per_thread);

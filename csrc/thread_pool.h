@@ -3,13 +3,25 @@
 
 #include <cstdint>
 #include <functional>
+#include <string>
 
 namespace qmm {
 
 // Number of threads kernels use (the caller included). Default: QUANTMATMUL_NUM_THREADS if set,
-// else the CPUs this process may run on (sched_getaffinity), else hardware_concurrency.
+// else the CPUs this process may use: those it may run on (sched_getaffinity, else
+// hardware_concurrency), no more than its cgroup's CPU quota allows (a container's CPU limit).
 int get_num_threads();
 void set_num_threads(int n);
+
+// The CPUs the CPU quota of this process's cgroup allows, rounded up: the smallest quota over its
+// cgroup and their ancestors, cgroup v2 (cpu.max) or v1 (cpu.cfs_quota_us / cpu.cfs_period_us);
+// 0 where none is set or none can be read. Every path is read below root ("" for this machine;
+// the tests pass a directory that holds a proc/self/cgroup and a sys/fs/cgroup of their own).
+int cgroup_cpu_quota(const std::string& root);
+
+// Whether the pool's waiting threads spin before they sleep: only while it has no more threads
+// than the CPUs it may use (oversubscribed, a spinning thread holds a CPU that work waits for).
+bool pool_spins();
 
 // Runs task(i) for i in [0, count) on up to get_num_threads() threads (the calling thread takes part)
 // and returns when all are done. Tasks are handed out dynamically, so uneven tasks balance. Safe to

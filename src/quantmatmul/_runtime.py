@@ -22,7 +22,9 @@ def cpu_info() -> dict:
     with ``qgemm_layout``, its packed layout), ``nbits`` (MatMulNBits) and ``float8`` (the float8
     path). A family without an entry at the level runs its best one below. ``entries`` lists every
     entry this build has, and ``self_test`` what failed the known-answer test a native entry runs
-    before its first use (such an entry is never used).
+    before its first use (such an entry is never used). ``num_threads`` is what the kernels use
+    now; ``cpu_quota`` the CPUs a cgroup CPU quota allows this process (a container's CPU limit:
+    the default thread count is no higher), or None without one.
 
     >>> info = cpu_info(); info["isa"] in info["available_isas"]
     True
@@ -38,6 +40,7 @@ def cpu_info() -> dict:
         "self_test": _core.self_test_report() or None,
         "requested_isa": os.environ.get("QUANTMATMUL_ISA"),
         "num_threads": get_num_threads(),
+        "cpu_quota": _core.cgroup_cpu_quota() or None,
     }
 
 
@@ -63,7 +66,8 @@ def set_isa(isa: str) -> None:
 
 
 def get_num_threads() -> int:
-    """Threads the kernels use (QUANTMATMUL_NUM_THREADS, else the CPUs this process may use)."""
+    """Threads the kernels use: QUANTMATMUL_NUM_THREADS, else the CPUs this process may use (its
+    CPU affinity, no more than its cgroup's CPU quota allows), unless set_num_threads set them."""
     return _core.get_num_threads()
 
 

@@ -1,0 +1,116 @@
+"""The default thread count (CPU affinity, a cgroup's CPU quota) and when the pool's threads spin."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import pytest
+
+import quantmatmul as qm
+from quantmatmul import _core
+
+
+def _tree(root, cgroup_lines, files):
+    """A fake proc/self/cgroup and sys/fs/cgroup below root: files maps paths to their text."""
+    (root / "proc" / "self").mkdir(parents=True)
+    (root / "proc" / "self" / "cgroup").write_text("".join(line + "\n" for line in cgroup_lines))
+    for path, text in files.items():
+        target = root / "sys" / "fs" / "cgroup" / path
+        target.parent.mkdir(parents=True, exist_ok=True)
+        target.write_text(text + "\n")
+    return str(root)
+
+
+V1_LINES = ["12:pids:/docker/abc", "4:cpu,cpuacct:/docker/abc", "3:memory:/docker/abc", "1:name=systemd:/docker/abc"]
+
+# (what /proc/self/cgroup says, the files below sys/fs/cgroup, the CPUs the quota allows)
+TREES = {
+    # cgroup v2 in a container's namespace: its own cgroup is the mount's root.
+    "v2 namespaced, 2 CPUs": (["0::/"], {"cpu.max": "200000 100000"}, 2),
+    "v2 no quota": (["0::/"], {"cpu.max": "max 100000"}, 0),
+    "v2 1.5 CPUs rounds up": (["0::/"], {"cpu.max": "150000 100000"}, 2),
+    "v2 a tenth of a CPU is 1": (["0::/"], {"cpu.max": "10000 100000"}, 1),
+    # v2 without a namespace: the cgroup's directory below the mount; an ancestor's quota binds it.
+    "v2 ancestor's quota": (
+        ["0::/kubepods/pod1/ctr"],
+        {"kubepods/pod1/cpu.max": "300000 100000", "kubepods/pod1/ctr/cpu.max": "max 100000"},
+        3,
+    ),
+    "v2 the smaller of two": (["0::/a/b"], {"a/cpu.max": "800000 100000", "a/b/cpu.max": "400000 100000"}, 4),
+    "v2 no file": (["0::/"], {}, 0),
+    "v2 garbage": (["0::/"], {"cpu.max": "lots"}, 0),
+    # cgroup v1: the cpu controller's hierarchy, mounted at the container's cgroup (docker) ...
+    "v1 namespaced mount": (
+        V1_LINES,
+        {"cpu,cpuacct/cpu.cfs_quota_us": "300000", "cpu,cpuacct/cpu.cfs_period_us": "100000"},
+        3,
+    ),
+    # ... or the whole hierarchy, the process's cgroup below it; "cpu" alone as the mount's name.
+    "v1 full hierarchy": (
+        V1_LINES,
+        {"cpu/docker/abc/cpu.cfs_quota_us": "250000", "cpu/docker/abc/cpu.cfs_period_us": "100000"},
+        3,
+    ),
+    "v1 no quota": (V1_LINES, {"cpu,cpuacct/cpu.cfs_quota_us": "-1", "cpu,cpuacct/cpu.cfs_period_us": "100000"}, 0),
+    "v1 other controllers only": (
+        ["3:memory:/x", "2:cpuset:/x"],
+        {"cpu/cpu.cfs_quota_us": "100000", "cpu/cpu.cfs_period_us": "100000"},
+        0,
+    ),
+    "no proc file": (None, {}, 0),
+}
+
+
+@pytest.mark.parametrize("name", TREES)
+def test_cgroup_cpu_quota_read_from_v1_and_v2_trees(tmp_path, name):
+    lines, files, cpus = TREES[name]
+    root = _tree(tmp_path, lines, files) if lines is not None else str(tmp_path)
+    assert _core.cgroup_cpu_quota(root) == cpus
+
+
+def test_this_machines_quota_in_cpu_info():
+    quota = qm.cpu_info()["cpu_quota"]
+    assert quota is None or quota >= 1
+    assert (quota or 0) == _core.cgroup_cpu_quota()
+
+
+def _default_threads(preexec=None, **env):
+    environment = {k: v for k, v in os.environ.items() if k != "QUANTMATMUL_NUM_THREADS"} | env
+    done = subprocess.run(
+        [sys.executable, "-c", "import quantmatmul as q; print(q.get_num_threads())"],
+        capture_output=True,
+        text=True,
+        env=environment,
+        timeout=120,
+        preexec_fn=preexec,
+    )
+    assert done.returncode == 0, done.stderr
+    return int(done.stdout)
+
+
+def test_default_threads_are_the_cpus_this_process_may_use():
+    cpus = len(os.sched_getaffinity(0))
+    quota = _core.cgroup_cpu_quota()
+    assert _default_threads() == (min(cpus, quota) if quota else cpus)
+    # Pinned to one CPU (taskset): one thread; the environment variable still decides.
+    one = min(os.sched_getaffinity(0))
+    assert _default_threads(preexec=lambda: os.sched_setaffinity(0, {one})) == 1
+    assert _default_threads(preexec=lambda: os.sched_setaffinity(0, {one}), QUANTMATMUL_NUM_THREADS="3") == 3
+
+
+def test_the_pool_spins_only_with_no_more_threads_than_cpus():
+    cpus = len(os.sched_getaffinity(0))
+    quota = _core.cgroup_cpu_quota()
+    usable = min(cpus, quota) if quota else cpus
+    before = qm.get_num_threads()
+    try:
+        qm.set_num_threads(usable)
+        assert _core.pool_spins()
+        qm.set_num_threads(1)
+        assert _core.pool_spins()
+        qm.set_num_threads(usable + 1)
+        assert not _core.pool_spins()
+    finally:
+        qm.set_num_threads(before)
