@@ -15,6 +15,7 @@
 #include <utility>
 #include <vector>
 
+#include <pthread.h>
 #include <sys/stat.h>
 
 #if defined(__linux__)
@@ -101,8 +102,13 @@ inline void cpu_relax() {
 class Pool {
  public:
   static Pool& instance() {
-    static Pool* pool = new Pool();  // never destroyed: workers may outlive static destruction
-    return *pool;
+    static const bool made = [] {
+      current_ = new Pool(default_threads());  // never destroyed: workers may outlive static destruction
+      pthread_atfork(nullptr, nullptr, after_fork_in_child);
+      return true;
+    }();
+    (void)made;
+    return *current_;
   }
 
   int threads() const { return threads_.load(); }
@@ -116,7 +122,7 @@ class Pool {
   // for the region's jobs (each time up to kRegionSpin) instead of sleeping, until it ends.
   bool begin_region(int want) {
     want = std::min(want, threads());
-    if (want <= 1 || t_inside_task) return false;
+    if (want <= 1 || t_inside_task || !spins()) return false;  // helpers that may not spin would only sleep again
     std::lock_guard<std::mutex> one_job(job_mutex_);  // between jobs: never closes a running one
     ensure_workers(want - 1);
     {
@@ -169,7 +175,14 @@ class Pool {
   }
 
  private:
-  Pool() : threads_(default_threads()), cpus_(available_cpus()) {}
+  explicit Pool(int threads) : threads_(threads), cpus_(available_cpus()) {}
+
+  // In a child process (fork), the parent's workers are gone (only the forking thread is copied)
+  // and its locks may be held by threads that are gone too: the child gets a pool of its own, of
+  // the parent's size, which starts its workers when it needs them (without it, every job of the
+  // child ran on the caller alone). The parent's is left as it is, like the first never destroyed.
+  static void after_fork_in_child() { current_ = new Pool(current_->threads()); }
+  static inline Pool* current_ = nullptr;  // set once, then only in a forked child (one thread there)
 
   // A worker whose thread cannot start (std::system_error, raised to the caller) leaves no slot.
   void ensure_workers(int n) {

@@ -35,7 +35,8 @@ void parallel_for(int64_t count, const std::function<void(int64_t)>& task, int64
 // calls: woken when it begins, each spins for the next job (up to 100 microseconds at a time)
 // instead of sleeping. For a call made of serial steps and jobs (A prepared by the caller, then
 // the products; or two jobs in a row): one wake-up, overlapped with the first serial step, instead
-// of one after each step. Ends with the call: no helper spins between calls.
+// of one after each step. Ends with the call: no helper spins between calls. None begins where the
+// pool does not spin (pool_spins()).
 class ParallelRegion {
  public:
   explicit ParallelRegion(int threads);

@@ -114,3 +114,37 @@ def test_the_pool_spins_only_with_no_more_threads_than_cpus():
         assert not _core.pool_spins()
     finally:
         qm.set_num_threads(before)
+
+
+FORK_SCRIPT = """
+import os, warnings
+import numpy as np
+import quantmatmul as qm
+qm.set_num_threads(2)
+rng = np.random.default_rng(0)
+w = qm.MatMulNBits.from_float(rng.standard_normal((2048, 2048), dtype=np.float32), bits=4, block_size=32,
+                              accuracy_level=4)
+A = rng.standard_normal((64, 2048), dtype=np.float32)
+y = w(A)  # the parent's pool has its helper now
+read, write = os.pipe()
+with warnings.catch_warnings():
+    warnings.simplefilter("ignore", DeprecationWarning)  # Python 3.12: fork() of a multi-threaded process
+    pid = os.fork()
+if pid == 0:
+    same = np.array_equal(w(A), y)
+    os.write(write, f"{len(os.listdir('/proc/self/task'))} {same}".encode())
+    os._exit(0)
+os.close(write)
+print(os.read(read, 100).decode())
+os.waitpid(pid, 0)
+"""
+
+
+def test_a_forked_child_gets_a_pool_of_its_own():
+    # The parent's workers do not exist in a child made by fork (multiprocessing's default on
+    # Linux): without a pool of its own, every job there would run on its calling thread alone.
+    done = subprocess.run([sys.executable, "-c", FORK_SCRIPT], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    threads, same = done.stdout.split()
+    assert same == "True"
+    assert int(threads) >= 2  # the child's caller and the helper its product woke
