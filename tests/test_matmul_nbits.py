@@ -1320,6 +1320,12 @@ def test_constant_weight_class_from_float_copies_and_errors():
     before = w2(A)
     B[:] = 0  # the caller's codes change; the held weight does not
     assert np.array_equal(w2(A), before)
+    # Nor do its bias and g_idx (the fuzzing of the fourteenth session found the bias held as given).
+    bias, g_idx = rng.normal(size=40).astype(np.float32), (np.arange(96) // 32)[::-1].copy()
+    w3 = quantmatmul.MatMulNBits(q.B, q.scales, q.zero_points, g_idx, bias, **q.attributes())
+    before = w3(A)
+    bias[:], g_idx[:] = 1000, 0
+    assert np.array_equal(w3(A), before)
     # Nor do its scales and zero points, held as given (portable, level 2) or packed, integer or float.
     for entry, level, zp_form in (("portable", 0, "packed"), (None, 2, "float"), (None, 0, "float"), (None, 4, "packed")):
         case = Case(rng, 4, 32, K=96, N=40, batch=(5,), zp=zp_form)

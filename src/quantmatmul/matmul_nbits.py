@@ -159,7 +159,8 @@ class MatMulNBits:
         self.accuracy_level = _level(fn, accuracy_level)
         self.dtype = _float_array(fn, "scales", scales).dtype
         self._weights = _Weights(fn, B, scales, zero_points, g_idx, K, N, bits, block_size, self.dtype)
-        self._bias = _bias(fn, bias, self.dtype, N)
+        bias = _bias(fn, bias, self.dtype, N)
+        self._bias = None if bias is None else bias.copy()  # private, as the weight's arrays below
         self.K, self.N, self.bits, self.block_size = K, N, bits, block_size
         # What is held of the weight, replaced as one tuple (calls on other threads see one state):
         # (_Held: the codes, scales and zero points, or the weight packed for a kernel layout; that
