@@ -140,8 +140,14 @@ nb::ndarray<nb::numpy> matmul_nbits_binding(const In& A, std::optional<In> codes
                                             int64_t block_size, std::optional<In> scales, std::optional<In> zero_points,
                                             std::optional<In> bias, int operands, std::optional<In> g_idx,
                                             const qmm::PackedNBits* packed) {
-  const qmm::NBitsDispatch& entry = qmm::nbits_kernels();  // one entry for the check and the call
   const int level = level4 ? 4 : operands == 0 ? 0 : 2;  // levels 0 and 1 compute alike; so do 2 and 3 here
+  // One entry for the check and the call: the one in use, unless only the packed form is given and
+  // that entry does not read its layout but the one that packed it does (another thread's set_isa
+  // between the caller's choice of the weight and this call): then that one.
+  const qmm::NBitsDispatch& now = qmm::nbits_kernels();
+  const bool packer = !codes && packed && packed->entry && packed->layout != qmm::nbits_layout(now, level) &&
+                      packed->layout == qmm::nbits_layout(*packed->entry, level);
+  const qmm::NBitsDispatch& entry = packer ? *packed->entry : now;
   const bool use_packed = packed && packed->layout && packed->layout == qmm::nbits_layout(entry, level) && !g_idx;
   if (!codes && !use_packed)
     throw nb::value_error("matmul_nbits: the codes are needed: the kernels in use do not read the packed weight");
@@ -574,10 +580,12 @@ void bind_matmul_nbits(nb::module_& m) {
          int level) -> std::optional<qmm::PackedNBits> {
         const qmm::NBitsWeight w = nbits_weight(codes, K, bits, block_size, scales, zero_points, 0, std::nullopt);
         qmm::PackedNBits packed;
+        const qmm::NBitsDispatch& entry = qmm::nbits_kernels();
         {
           nb::gil_scoped_release release;
-          packed = qmm::pack_nbits_weight(qmm::nbits_layout(qmm::nbits_kernels(), level), w);
+          packed = qmm::pack_nbits_weight(qmm::nbits_layout(entry, level), w);
         }
+        packed.entry = &entry;
         if (!packed.layout) return std::nullopt;
         return packed;
       },

@@ -306,8 +306,10 @@ void matmul_nbits_int8(const float* A, int64_t M, const NBitsWeight& w, const fl
 // A constant weight packed in `layout` (an entry's: nbits_layout(entry, level), dispatch.h), its
 // panels packed in parallel; layout is null (nothing held) where that is null or does not take w. w.packed =
 // &packed.view() then reaches the kernels of entries with that layout.
+struct NBitsDispatch;
 struct PackedNBits {
   const NBitsLayout* layout = nullptr;
+  const NBitsDispatch* entry = nullptr;  // the entry in use when packed, where known (the bindings set it)
   Buffer<uint8_t> codes;
   Buffer<float> floats;
   int64_t code_bytes = 0, float_count = 0;
@@ -317,7 +319,6 @@ struct PackedNBits {
   size_t bytes() const { return static_cast<size_t>(code_bytes) + sizeof(float) * static_cast<size_t>(float_count); }
 };
 PackedNBits pack_nbits_weight(const NBitsLayout* layout, const NBitsWeight& w);
-struct NBitsDispatch;
 // The codes [N, row_bytes] of the weight `packed` holds, as they were (layout->unpack); its
 // scales and zero points [N, k_blocks] (uint8 where packed.u8_zero_points, else float32), exactly.
 void unpack_nbits_weight(const PackedNBits& packed, uint8_t* codes);

@@ -37,6 +37,7 @@ PackedB pack_b_matrices(const void* b, bool is_signed, int64_t count, int64_t K,
   packed.N = N;
   packed.is_signed = is_signed;
   packed.layout = &L;
+  packed.entry = &q;
   const size_t bytes = static_cast<size_t>(count * L.packed_b_bytes(K, N));
   packed.data = alloc_buffer<int8_t>(bytes + 64);  // std::bad_alloc: nanobind's MemoryError
   packed.colsum.resize(static_cast<size_t>(count * N));
@@ -105,6 +106,19 @@ inline int64_t terms_applied(const int64_t* raw, const RowTerms64& terms, int64_
   return raw[j] - (terms.zb ? terms.zb[j] * terms.t : 0) - terms.za * terms.colsum[j];
 }
 
+// The entry a call runs on, read once: the one in use, unless b was packed in a layout it does not
+// read (another thread's set_isa between the caller's check of the layout and this call), then the
+// entry that packed b. Every int8 entry gives the same bits, so either is the call's result.
+const QGemmDispatch& call_entry(const QGemmProblem& p) {
+  const QGemmDispatch& now = qgemm_kernels();
+  if (!p.b_packed || p.b_packed->layout == now.layout) return now;
+  if (!p.b_packed->entry)
+    throw std::runtime_error(std::string("b was packed in the layout \"") + p.b_packed->layout->name +
+                             "\", but the int8 kernels in use (" + now.info.name + ") read \"" + now.layout->name +
+                             "\": pack it again");
+  return *p.b_packed->entry;
+}
+
 // Calls epilogue(batch, m0, rows, n0, cols, raw, ld, terms) for each block of rows m0 .. m0+rows-1,
 // where for its row r terms_applied(raw + r * ld, terms[r], j) = sum_k (a[m0+r,k] - a_zp[m0+r]) *
 // (b[k,n0+j] - b_zp[n0+j]) (one call per block: the epilogue's setup is paid per block, not per row):
@@ -122,14 +136,9 @@ inline int64_t terms_applied(const int64_t* raw, const RowTerms64& terms, int64_
 //       = sum a'*b' - zb' * (rowsum(a') - K * za') - za' * colsum(b'),
 // where rowsum(a') = rowsum(a) + K * oa and colsum(b') = colsum(b) + K * ob.
 template <class Acc, class Epilogue>
-void accumulate(const QGemmProblem& p, Epilogue&& epilogue) {
+void accumulate(const QGemmDispatch& q, const QGemmProblem& p, Epilogue&& epilogue) {
   constexpr bool kExact = std::is_same_v<Acc, int64_t>;
-  const QGemmDispatch& q = qgemm_kernels();  // one entry for the whole call
   const QGemmLayout& L = *q.layout;
-  if (p.b_packed && p.b_packed->layout != &L)
-    throw std::runtime_error(std::string("b was packed in the layout \"") + p.b_packed->layout->name +
-                             "\", but the int8 kernels in use (" + q.info.name + ") read \"" + L.name +
-                             "\": pack it again");
   const int64_t M = p.M, N = p.N, K = p.K, groups = L.k_groups(K), mr = L.mr, nr = L.nr;
   const int64_t a_row = L.a_row_int32s(K);  // packed A's int32s per row
   if (M == 0 || N == 0 || p.batch == 0) return;
@@ -325,19 +334,20 @@ template <class Acc, class Requantize>
 void run(const QGemmProblem& p, const QOutput& out, Requantize&& requantize) {
   const int32_t qmin = out.is_signed ? -128 : 0, qmax = out.is_signed ? 127 : 255;
   const int64_t M = p.M, N = p.N;
-  accumulate<Acc>(p, [&](int64_t bt, int64_t m0, int64_t rows, int64_t n0, int64_t cols, const Acc* raw_block,
-                         int64_t ld, const TermsOf<Acc>* terms) {
-    for (int64_t r = 0; r < rows; ++r) {
-      const int64_t m = m0 + r, base = (bt * M + m) * N + n0;
-      const Acc* raw = raw_block + r * ld;
-      for (int64_t j = 0; j < cols; ++j) {
-        const int32_t q =
-            requantize(terms_applied(raw, terms[r], j), bt, m, n0 + j, out.zero_point(bt, m, n0 + j), qmin, qmax);
-        if (out.is_signed) static_cast<int8_t*>(out.data)[base + j] = static_cast<int8_t>(q);
-        else static_cast<uint8_t*>(out.data)[base + j] = static_cast<uint8_t>(q);
-      }
-    }
-  });
+  accumulate<Acc>(call_entry(p), p,
+                  [&](int64_t bt, int64_t m0, int64_t rows, int64_t n0, int64_t cols, const Acc* raw_block, int64_t ld,
+                      const TermsOf<Acc>* terms) {
+                    for (int64_t r = 0; r < rows; ++r) {
+                      const int64_t m = m0 + r, base = (bt * M + m) * N + n0;
+                      const Acc* raw = raw_block + r * ld;
+                      for (int64_t j = 0; j < cols; ++j) {
+                        const int32_t q = requantize(terms_applied(raw, terms[r], j), bt, m, n0 + j,
+                                                     out.zero_point(bt, m, n0 + j), qmin, qmax);
+                        if (out.is_signed) static_cast<int8_t*>(out.data)[base + j] = static_cast<int8_t>(q);
+                        else static_cast<uint8_t*>(out.data)[base + j] = static_cast<uint8_t>(q);
+                      }
+                    }
+                  });
 }
 
 // Values view(b, m, n0 .. n0+count) as a contiguous array: the view itself when it is contiguous
@@ -369,23 +379,25 @@ std::atomic<uint64_t> calls{0};
 }  // namespace
 
 void qlinear_matmul_onnxruntime(const QGemmProblem& p, View3<float> multiplier, QOutput out) {
-  const RequantizeRow requantize_row = qgemm_kernels().requantize_onnxruntime;
+  const QGemmDispatch& q = call_entry(p);  // one entry for the products and the epilogue
+  const RequantizeRow requantize_row = q.requantize_onnxruntime;
   const int64_t M = p.M, N = p.N;
   const uint64_t call = ++calls;
-  accumulate<int32_t>(p, [&](int64_t bt, int64_t m0, int64_t rows, int64_t n0, int64_t cols, const int32_t* raw,
-                             int64_t ld, const RowTerms* terms) {
-    thread_local RowOf<int32_t> zp_row;
-    thread_local RowOf<float> multiplier_row;
-    RowOf<int32_t>& zp_of = zp_row;
-    RowOf<float>& multiplier_of = multiplier_row;
-    for (int64_t r = 0; r < rows; ++r) {
-      const int64_t m = m0 + r;
-      const float* mult = multiplier_of(multiplier, call, bt, m, n0, cols);
-      const int32_t* zp = zp_of(out.zero_point, call, bt, m, n0, cols);
-      auto* y = static_cast<uint8_t*>(out.data) + (bt * M + m) * N + n0;
-      requantize_row(raw + r * ld, terms[r], mult, zp, cols, out.is_signed, y);
-    }
-  });
+  accumulate<int32_t>(q, p,
+                      [&](int64_t bt, int64_t m0, int64_t rows, int64_t n0, int64_t cols, const int32_t* raw,
+                          int64_t ld, const RowTerms* terms) {
+                        thread_local RowOf<int32_t> zp_row;
+                        thread_local RowOf<float> multiplier_row;
+                        RowOf<int32_t>& zp_of = zp_row;
+                        RowOf<float>& multiplier_of = multiplier_row;
+                        for (int64_t r = 0; r < rows; ++r) {
+                          const int64_t m = m0 + r;
+                          const float* mult = multiplier_of(multiplier, call, bt, m, n0, cols);
+                          const int32_t* zp = zp_of(out.zero_point, call, bt, m, n0, cols);
+                          auto* y = static_cast<uint8_t*>(out.data) + (bt * M + m) * N + n0;
+                          requantize_row(raw + r * ld, terms[r], mult, zp, cols, out.is_signed, y);
+                        }
+                      });
 }
 
 void qlinear_matmul_onnx_reference(const QGemmProblem& p, View3<double> multiplier, QOutput out) {

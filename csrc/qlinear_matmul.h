@@ -25,6 +25,7 @@ struct View3 {
 };
 
 struct QGemmLayout;
+struct QGemmDispatch;
 
 // One or more 8-bit [K, N] matrices b, packed once in the layout of the int8 GEMM entry in use
 // (csrc/qgemm.h) with their column sums. QLinearMatMul keeps one for a constant weight;
@@ -34,6 +35,7 @@ struct PackedB {
   int64_t count = 0, K = 0, N = 0;
   bool is_signed = false;
   const QGemmLayout* layout = nullptr;
+  const QGemmDispatch* entry = nullptr;  // the entry in use when packed (calls may run on it: call_entry)
   Buffer<int8_t> data;           // count * layout->packed_b_bytes(K, N), 64-byte aligned, every byte written
   std::vector<int32_t> colsum;           // count * N: sum_k b[k, n]
   const int8_t* matrix(int64_t i) const;

@@ -291,8 +291,11 @@ def test_a_weight_packed_under_one_table_runs_under_every_other():
         qm.set_isa(before)
 
 
-def test_the_core_refuses_a_weight_packed_in_another_layout():
-    """Below the Python wrapper, the driver checks the layout id a packed b records."""
+def test_the_core_runs_a_weight_packed_in_another_layout_on_its_packer():
+    """Below the Python wrapper, a packed b records its layout and the entry that packed it: under
+    an entry of another layout (another thread's set_isa between QLinearMatMul's check of its
+    weight and the call: the fuzzing of the fourteenth session raised "pack it again" there), the
+    call runs on the entry that packed b, the same bits as every entry gives."""
     layouts = {}
     before = qm.cpu_info()["isa"]
     try:
@@ -301,14 +304,18 @@ def test_the_core_refuses_a_weight_packed_in_another_layout():
             layouts.setdefault(_core.qgemm_layout(), level)
         if len(layouts) < 2:
             pytest.skip("this build runs a single int8 layout here")
-        (first, level_a), (_, level_b) = list(layouts.items())[:2]
-        qm.set_isa(level_a)
-        packed = _core.pack_b(np.ones((1, 8, 8), u8), False)
-        assert packed.layout == first
-        qm.set_isa(level_b)
-        with pytest.raises(RuntimeError, match="was packed in the layout"):
-            _core.qlinear_matmul_2d_onnxruntime(np.ones((2, 8), u8), False, 0, packed, False, np.zeros(1, np.int32),
-                                                np.ones(1, f32), 0, False)
+        rng = np.random.default_rng(12)
+        a, b = rng.integers(0, 256, (21, 70)).astype(u8), rng.integers(-128, 128, (1, 70, 45)).astype(s8)
+        expected = oracle.onnxruntime(a, f32(0.02), u8(3), b[0], f32(0.01), s8(0), f32(0.05), u8(128))
+        for (layout, level_a), (_, level_b) in zip(layouts.items(), list(layouts.items())[1:] + list(layouts.items())[:1]):
+            qm.set_isa(level_a)
+            packed = _core.pack_b(b, True)
+            assert packed.layout == layout
+            qm.set_isa(level_b)
+            multiplier = np.full(1, f32(0.02) * f32(0.01) / f32(0.05), f32)
+            y = _core.qlinear_matmul_2d_onnxruntime(a, False, 3, packed, True, np.zeros(1, np.int32), multiplier, 128,
+                                                    False)
+            assert np.array_equal(y, expected), (level_a, level_b)
     finally:
         qm.set_isa(before)
 

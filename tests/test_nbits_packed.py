@@ -178,9 +178,11 @@ def test_unpack_restores_the_codes(bits):
 
 
 def test_codes_are_needed_where_the_kernels_do_not_read_the_packed_weight():
-    """Without the codes, a call under an entry of another layout (or none) is refused with a clear
-    error, never run on absent codes; with the packed form (read by the entry in use) the codes,
-    scales and zero points may all be absent; codes without their scales are refused."""
+    """Without the codes, a call under an entry of another layout (or none) runs on the entry that
+    packed the weight (another thread's set_isa may come between a MatMulNBits' choice of its
+    weight and the call), and where no entry reads it (levels 2/3) is refused with a clear error,
+    never run on absent codes; with the packed form (read by the entry in use) the codes, scales
+    and zero points may all be absent; codes without their scales are refused."""
     rng = np.random.default_rng(6600)
     case = Case(rng, 4, 32, K=64, N=16, batch=(2,))
     B = case.B.reshape(case.N, -1)
@@ -199,11 +201,17 @@ def test_codes_are_needed_where_the_kernels_do_not_read_the_packed_weight():
         for operands in (1, 2):  # levels 2/3: their kernels read the codes
             with pytest.raises(ValueError, match="matmul_nbits: the codes are needed"):
                 _core.matmul_nbits_f32(case.A, None, case.K, 4, 32, scales, zero_points, None, operands, packed=packed)
-    with kernel_entry("nbits", "portable"):
+        on_avx2 = [
+            f(case.A, B, case.K, 4, 32, scales, zero_points, None)
+            for f in (_core.matmul_nbits_int8, _core.matmul_nbits_f32)
+        ]
+    with kernel_entry("nbits", "portable"):  # no layout: the avx2 entry that packed it runs the call
+        y = _core.matmul_nbits_int8(case.A, None, case.K, 4, 32, scales, zero_points, None, packed=packed)
+        _same_bits(y, on_avx2[0], "packed under avx2, level 4 under portable")
+        y = _core.matmul_nbits_f32(case.A, None, case.K, 4, 32, scales, zero_points, None, packed=packed)
+        _same_bits(y, on_avx2[1], "packed under avx2, level 0 under portable")
         with pytest.raises(ValueError, match="matmul_nbits: the codes are needed"):
-            _core.matmul_nbits_int8(case.A, None, case.K, 4, 32, scales, zero_points, None, packed=packed)
-        with pytest.raises(ValueError, match="matmul_nbits: the codes are needed"):
-            _core.matmul_nbits_f32(case.A, None, case.K, 4, 32, scales, zero_points, None, packed=packed)
+            _core.matmul_nbits_f32(case.A, None, case.K, 4, 32, scales, zero_points, None, 2, packed=packed)
 
 
 def test_weights_the_layout_does_not_take():
