@@ -130,7 +130,8 @@ class MatMulNBits:
 
     ``w = MatMulNBits(B, scales, zero_points=None, g_idx=None, bias=None, *, K, N, bits=4, block_size,
     accuracy_level=0)`` takes exactly :func:`matmul_nbits`'s weight arguments (A's dtype is the
-    scales' dtype); ``w(A)`` returns what ``matmul_nbits(A, B, scales, ...)`` returns, bit for bit.
+    scales' dtype); ``w(A)`` returns what ``matmul_nbits(A, B, scales, ...)`` returns, bit for bit
+    (a NaN's sign aside: from infinities in A and a NaN scale the two may combine NaNs in another order).
     The codes are copied once, and scales and zero points are held as float32 [N, k_blocks], so a
     call does no weight validation or conversion. At accuracy levels 4 and 0/1 (without g_idx) the
     codes are held instead packed for the kernels in use where they read a packed layout
