@@ -353,6 +353,9 @@ def test_environment_variables():
     assert done.stdout.split() == ["portable", "3"]
     bad = _run_python("import quantmatmul", QUANTMATMUL_ISA="neon")
     assert bad.returncode != 0 and "QUANTMATMUL_ISA='neon' is not one of" in bad.stderr
+    for threads in ("0", "-2", "two", "1.5"):  # the pool would ignore it: say so instead
+        bad = _run_python("import quantmatmul", QUANTMATMUL_NUM_THREADS=threads)
+        assert bad.returncode != 0 and f"QUANTMATMUL_NUM_THREADS={threads!r} is not a positive integer" in bad.stderr
 
 
 def test_thread_counts_do_not_change_results():

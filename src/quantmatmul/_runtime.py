@@ -80,11 +80,15 @@ def set_num_threads(n: int) -> None:
 
 def _apply_environment() -> None:
     """QUANTMATMUL_ISA selects a level; a level this machine lacks falls back to the best it has.
-    A native entry that failed its self-test is reported once."""
+    QUANTMATMUL_NUM_THREADS, where set and not empty, must be a positive integer (the pool reads it when first
+    used). A native entry that failed its self-test is reported once."""
     _core.active_isa()  # selects the entries (self-testing the native ones) now, not at the first product
     report = _core.self_test_report()
     if report:
         warnings.warn(f"quantmatmul: kernels not used, their self-test failed: {report}", RuntimeWarning, stacklevel=3)
+    threads = os.environ.get("QUANTMATMUL_NUM_THREADS")
+    if threads and not (threads.strip().isdigit() and int(threads) > 0):  # empty: unset, as QUANTMATMUL_ISA
+        raise ValueError(f"QUANTMATMUL_NUM_THREADS={threads!r} is not a positive integer")
     requested = os.environ.get("QUANTMATMUL_ISA")
     if not requested:
         return
