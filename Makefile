@@ -8,7 +8,7 @@ PIP := $(VENV)/bin/pip
 LOCK := constraints.txt
 PIN := -c $(LOCK)
 
-.PHONY: demo test test-latest test-asan bench build lock clean lint
+.PHONY: demo test test-latest test-asan bench build lock clean lint fuzz
 
 $(VENV)/.created:
 	$(PYTHON) -m venv $(VENV)
@@ -81,6 +81,12 @@ test-latest:
 	$(LATEST)/bin/python -m pytest -q
 
 # The long benchmark run (docs/benchmarks.md): ONNX Runtime, and oneDNN when torch is installed.
+# Differential fuzzing of both operators on every table here against the oracles (tests/fuzz.py):
+# MINUTES of it, from a fresh seed; a failure prints the seed that reruns it.
+MINUTES ?= 5
+fuzz: $(VENV)/.test-deps build
+	$(PY) tests/fuzz.py --minutes $(MINUTES)
+
 bench: $(VENV)/.bench-deps build
 	OPENBLAS_NUM_THREADS=1 $(PY) benchmarks/run.py
 

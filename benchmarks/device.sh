@@ -9,7 +9,8 @@
 #   MiniLM / BERT-sized calls of tens of microseconds, where the pool's wake and wait show),
 #   TESTS=0 to skip the suite, TEST_TIMEOUT (s per test
 #   file; the files run in parallel), TEST_FILES (tests/test_*.py), BENCH_TIMEOUT (s per script),
-#   PY (python3), BUILD=0 to use the installed build. A rehearsal here, before spending device time:
+#   PY (python3), BUILD=0 to use the installed build, FUZZ_MINUTES (0) to run tests/fuzz.py there
+#   (the differential fuzzer, natively on AMX). A rehearsal here, before spending device time:
 #   BUILD=0 PY=.venv/bin/python TEST_FILES=tests/test_version.py LEVELS=avx2 THREADS=2 REPEAT=2 \
 #     BENCHES=levels bash benchmarks/device.sh
 # Measured 2026-11-26: build 21 s, suite 23 s, the four scripts at 2 levels x 2 thread counts and
@@ -49,6 +50,10 @@ if [ "${TESTS:-1}" != 0 ]; then
   for f in "$logs"/*.log; do echo "== $f"; tail -n 40 "$f"; done >"$OUT/tests.log"
   echo "suite: ${SECONDS} s"
   for f in "$logs"/*.log; do echo "$(basename "$f"): $(tail -n 1 "$f")"; done
+fi
+
+if [ "${FUZZ_MINUTES:-0}" != 0 ]; then  # tests/fuzz.py on the native tables (AMX included), 16 threads among its counts
+  "$PY" tests/fuzz.py --minutes "$FUZZ_MINUTES" --threads 2,7,16 | tail -n 40
 fi
 
 for s in $BENCHES; do
