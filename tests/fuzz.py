@@ -1,13 +1,15 @@
 """fuzz.py: differential fuzzing of QLinearMatMul and MatMulNBits on every kernel table this machine runs (native and emulated) at several thread counts, against the numpy oracles (`make fuzz`).
 
-Usage: python tests/fuzz.py [--minutes M] [--seed S] [--cases C] [--family qlinear|nbits|both]
+Usage: python tests/fuzz.py [--minutes M] [--seed S] [--cases C] [--family qlinear|float8|nbits|all]
        [--threads 1,2,3,16]
 
 Case i of a run is drawn from seed S + i alone (operand types, shapes, parameters, views, level),
 so `--seed S+i --cases 1` reruns it. Each case checks, on every table (and, for MatMulNBits, the
 bf16 entries with AVX512-BF16 / AMX-BF16 hidden as well):
   - QLinearMatMul: the function and a held QLinearMatMul (built under another table) bit for bit
-    against the oracle of the chosen numerics, on 1 thread and another count;
+    against the oracle of the chosen numerics, on 1 thread and another count; with a float8
+    operand or output (small shapes: a scalar oracle), against the float path in the table's order
+    (which rarely shows through an 8-bit output: tests/test_float8_pairs.py checks the sums);
   - MatMulNBits: within the documented error bound (oracle.error_bound) where no float32 step
     overflows; the same bits on every thread count; a held MatMulNBits (built under another table)
     equal to the function bit for bit but for a NaN's sign; level 0 equal to level 1;
@@ -148,6 +150,63 @@ def qlinear_case(seed, tables, threads):
     return fails
 
 
+FLOAT8 = [
+    np.dtype(t)
+    for t in (ml_dtypes.float8_e4m3fn, ml_dtypes.float8_e4m3fnuz, ml_dtypes.float8_e5m2, ml_dtypes.float8_e5m2fnuz)
+]
+
+
+def float8_case(seed, tables, threads):
+    """One QLinearMatMul case on the float path (a float8 operand or output): each table's result
+    bit for bit against the scalar oracle in that table's order (its pair table's, where it has one
+    and every value is pair-exact), on 1 thread and another count, function and held."""
+    rng = np.random.default_rng(seed)
+    M, K, N = (
+        int(rng.integers(1, 10)),
+        int(rng.choice([1, 2, 3, 16, 31, 32, 33, 64, 65, 150])),
+        int(rng.integers(1, 20)),
+    )
+    kinds = [FLOAT8[rng.integers(0, 4)] if rng.random() < 0.6 else np.dtype(rng.choice([u8, s8])) for _ in range(3)]
+    if not any(t in FLOAT8 for t in kinds):
+        kinds[int(rng.integers(0, 3))] = FLOAT8[rng.integers(0, 4)]
+    a_t, b_t, y_t = kinds
+
+    def operand(t, shape):
+        if t in FLOAT8:  # over many binades, so that the order of the float32 sums shows
+            top = float(ml_dtypes.finfo(t).max)
+            return np.clip(rng.standard_normal(shape) * 2.0 ** rng.integers(-8, 7, shape), -top, top).astype(t)
+        return _ints(rng, t, shape)
+
+    a, b = operand(a_t, (M, K)), operand(b_t, (K, N))
+    a_scale, b_scale = f32(rng.uniform(0.01, 0.5)), rng.uniform(0.1, 0.9, N).astype(f32)
+    a_zp = np.zeros((), a_t) if a_t in FLOAT8 else _ints(rng, a_t, ())
+    b_zp = np.zeros(N, b_t) if b_t in FLOAT8 else _ints(rng, b_t, (N,))
+    y_scale, y_zp = f32(rng.uniform(0.01, 2.0)), np.zeros((), y_t)
+    maximum = float(ml_dtypes.finfo(y_t).max) if y_t in FLOAT8 else None
+    args = (a, a_scale, a_zp, b, b_scale, b_zp, y_scale, y_zp)
+    what = f"float8 seed {seed}: {a_t.name}x{b_t.name}->{y_t.name} {M}x{K}x{N}"
+    expected = {}  # by pair order
+    fails = []
+    built = tables[rng.integers(0, len(tables))]
+    with table(*built):
+        held = qm.QLinearMatMul(b, b_scale, b_zp)
+    for level, hidden in tables:
+        for t in (1, int(rng.choice(threads))):
+            with table(level, hidden, t):
+                order = _core.float8_pair_order()
+                got, got_held = qm.qlinear_matmul(*args), held(a, a_scale, a_zp, y_scale, y_zp)
+            if order not in expected:
+                expected[order] = qlinear_oracle.float8_path(
+                    a, a_scale, a_zp, b, b_scale, b_zp, y_scale, y_zp, float8_max=maximum, pair_order=order
+                )
+            for name, y in (("function", got), (f"held (built on {built[0]})", got_held)):
+                if not np.array_equal(y.view(np.uint8), expected[order].view(np.uint8)):
+                    fails.append(
+                        f"{what}: {name} on {level}{hidden} at {t} threads differs from the oracle (order {order})"
+                    )
+    return fails
+
+
 def nbits_case(seed, tables, threads):
     """One MatMulNBits case; returns what failed (empty: nothing)."""
     rng = np.random.default_rng(seed)
@@ -229,12 +288,13 @@ def main(argv=None) -> int:
     parser.add_argument("--minutes", type=float, default=5.0)
     parser.add_argument("--seed", type=int, default=int(time.time()) % 1_000_000 * 1000)
     parser.add_argument("--cases", type=int, default=0, help="stop after this many cases (0: when time is up)")
-    parser.add_argument("--family", choices=["qlinear", "nbits", "both"], default="both")
+    parser.add_argument("--family", choices=["qlinear", "float8", "nbits", "all"], default="all")
     parser.add_argument("--threads", default="2,3,16", help="thread counts besides 1, one per case and table")
     options = parser.parse_args(argv)
     threads = [int(t) for t in options.threads.split(",")]
     tables = runnable_tables()
-    families = {"qlinear": [qlinear_case], "nbits": [nbits_case], "both": [qlinear_case, nbits_case]}[options.family]
+    every = [qlinear_case, float8_case, nbits_case]
+    families = every if options.family == "all" else [c for c in every if c.__name__ == f"{options.family}_case"]
     names = ", ".join(level + "".join(f" without {h}" for h in hidden) for level, hidden in tables)
     print(f"fuzz: seed {options.seed}, {options.minutes} minutes, tables: {names}", flush=True)
     deadline, cases, failed = time.monotonic() + 60 * options.minutes, 0, 0
