@@ -23,6 +23,7 @@
 #include "matmul_nbits.h"
 #include "peak.h"
 #include "qlinear_matmul.h"
+#include "quantize_linear.h"
 #include "quantize_nbits.h"
 #include "thread_pool.h"
 
@@ -605,6 +606,28 @@ void bind_matmul_nbits(nb::module_& m) {
   });
 }
 
+// quantize_linear.py's common case (float32 x or y, an 8- or 16-bit integer type: 0 int8, 1 uint8,
+// 2 int16, 3 uint16; per tensor or per axis). The caller ensures it all: x and y contiguous with
+// the same number of elements, scale float32 and zero_point int32 contiguous with one value per
+// channel, inner the elements per channel run.
+void bind_quantize_linear(nb::module_& m) {
+  m.def("quantize_linear_f32", [](const In& x, const In& scale, const In& zero_point, int64_t inner, int type, Out y) {
+    const qmm::LinearShape shape{static_cast<int64_t>(x.size()), static_cast<int64_t>(scale.size()), inner};
+    nb::gil_scoped_release release;
+    qmm::quantize_linear_f32(static_cast<const float*>(x.data()), shape, static_cast<const float*>(scale.data()),
+                             static_cast<const int32_t*>(zero_point.data()), static_cast<qmm::IntType>(type), y.data());
+  });
+  m.def("dequantize_linear_f32",
+        [](const In& x, int type, const In& scale, const In& zero_point, int64_t inner, Out y) {
+          const qmm::LinearShape shape{static_cast<int64_t>(x.size()), static_cast<int64_t>(scale.size()), inner};
+          nb::gil_scoped_release release;
+          qmm::dequantize_linear_f32(x.data(), static_cast<qmm::IntType>(type), shape,
+                                     static_cast<const float*>(scale.data()),
+                                     static_cast<const int32_t*>(zero_point.data()), static_cast<float*>(y.data()));
+        });
+  m.def("quantize_linear_path", [] { return std::string(qmm::quantize_linear_path()); });
+}
+
 // quantize_nbits: the block loops of quantize_nbits.py (which validates everything first).
 void bind_quantize_nbits(nb::module_& m) {
   // W [K, N] (any strides; float16 and bfloat16 as their uint16 bits), its type and the options as
@@ -689,5 +712,6 @@ NB_MODULE(_core, m) {
   bind_runtime(m);
   bind_qlinear_matmul(m);
   bind_matmul_nbits(m);
+  bind_quantize_linear(m);
   bind_quantize_nbits(m);
 }

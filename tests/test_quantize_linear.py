@@ -695,3 +695,44 @@ def test_bad_input_is_rejected_with_the_function_name(fn, args, kwargs, exc, fra
         fn(*args, **kwargs)
     message = str(info.value)
     assert message.startswith(f"{fn.__name__}: ") and fragment in message, message
+
+
+@pytest.mark.parametrize("out_dtype", [np.dtype(t) for t in (np.int8, np.uint8, np.int16, np.uint16)], ids=str)
+def test_the_compiled_loops_of_both_builds_give_the_formulas_bits(out_dtype):
+    """float32 <-> 8- and 16-bit integers per tensor and per axis run in C++ (csrc/quantize_linear.h),
+    in a baseline build and an AVX2 one (8 values at a time, tails scalar): both give the formula's
+    bits (float32 x / scale rounded half to even, + zero point, saturated, NaN -> minimum; float32
+    (q - zero point) * scale), over ties, specials, tails and channel runs cut by the 64 K-element tasks."""
+    import quantmatmul as qm
+    from quantmatmul import _core
+
+    rng = np.random.default_rng(1414)
+    low, high = INT_RANGES[out_dtype]
+    x = (rng.standard_normal((3, 5, 9001)) * 300).astype(F32)
+    x.flat[::101] = np.round(x.flat[::101]) + 0.5  # ties once divided by a scale of 1
+    x.flat[1::97], x.flat[2::89], x.flat[3::83] = np.nan, np.inf, -np.inf
+    x.flat[4::79] = 3e38
+    before = qm.cpu_info()["isa"]
+    try:
+        for isa in ("portable", "avx2"):
+            if isa not in qm.available_isas():
+                continue
+            qm.set_isa(isa)
+            assert _core.quantize_linear_path() == isa
+            for axis in (None, 0, 1, 2):
+                shape = () if axis is None else (x.shape[axis],)
+                scale = rng.choice([1.0, 0.7, 3.0], shape).astype(F32)
+                zero_point = rng.integers(low, high + 1, shape).astype(out_dtype)
+                expand = [1] * 3
+                if axis is not None:
+                    expand[axis] = -1
+                s, z = scale.reshape(expand), zero_point.reshape(expand)
+                with np.errstate(all="ignore"):
+                    v = np.rint(x / s) + z.astype(F32)
+                expected = np.where(np.isnan(v), low, np.clip(v, low, high)).astype(np.int64).astype(out_dtype)
+                y = quantize_linear(x, scale, zero_point, axis=axis if axis is not None else 1)
+                assert np.array_equal(y, expected), (isa, axis)
+                back = dequantize_linear(y, scale, zero_point, axis=axis if axis is not None else 1)
+                assert np.array_equal(back, (y.astype(F32) - z.astype(F32)) * s), (isa, axis)
+    finally:
+        qm.set_isa(before)

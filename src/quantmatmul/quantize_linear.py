@@ -1,4 +1,4 @@
-"""quantize_linear.py: ONNX QuantizeLinear and DequantizeLinear (opset 21) in numpy + ml_dtypes, matching onnxruntime bit for bit.
+"""quantize_linear.py: ONNX QuantizeLinear and DequantizeLinear (opset 21), matching onnxruntime bit for bit: float32 and 8/16-bit integers per tensor or per axis in C++, the rest in numpy + ml_dtypes.
 
 ``quantize_linear`` and ``dequantize_linear`` make and read the operands of
 QLinearMatMul (and of any other QDQ graph): per-tensor, per-axis and blocked
@@ -45,6 +45,7 @@ import operator
 import ml_dtypes
 import numpy as np
 
+from . import _core
 from ._dtypes import FLOAT8_TYPES as _FLOAT8_TYPES
 from ._dtypes import SCALE_TYPES as _SCALE_TYPES
 
@@ -63,6 +64,9 @@ _INT_RANGES = {
 _E4M3FN, _E4M3FNUZ, _E5M2, _E5M2FNUZ = _FLOAT8_TYPES
 
 _QUANT_TYPES = tuple(_INT_RANGES) + _FLOAT8_TYPES
+# The integer types the C++ loops take (csrc/quantize_linear.h, IntType), float32 on the other side.
+_CORE_TYPES = {np.dtype(np.int8): 0, np.dtype(np.uint8): 1, np.dtype(np.int16): 2, np.dtype(np.uint16): 3}
+_F32 = np.dtype(np.float32)
 _QUANTIZE_INPUT_TYPES = _SCALE_TYPES + (np.dtype(np.float64),)
 
 
@@ -191,8 +195,24 @@ def _float8_from(v: np.ndarray, dtype: np.dtype, saturate: bool) -> np.ndarray:
     return y
 
 
+def _channels(x_shape, scale, zero_point, kind, ax):
+    """For the C++ loops: one float32 scale and int32 zero point per channel, and the elements of
+    each run of one channel (per tensor: one channel, runs of everything)."""
+    scale = np.ascontiguousarray(scale.reshape(-1), _F32)  # float16 / bfloat16 scales widen exactly
+    count = scale.size
+    zero_point = np.zeros(count, np.int32) if zero_point is None else np.ascontiguousarray(zero_point.reshape(-1),
+                                                                                           np.int32)
+    inner = max(1, int(np.prod(x_shape[ax + 1:], dtype=np.int64))) if kind == "axis" else max(1, int(np.prod(x_shape)))
+    return scale, zero_point, inner
+
+
 def _quantize(x, y_scale, y_zero_point, out_dtype, kind, ax, block_size, compute, saturate):
     """The arithmetic of quantize_linear, on validated inputs."""
+    if x.dtype == _F32 and out_dtype in _CORE_TYPES and kind in ("tensor", "axis"):  # the common case, in C++
+        scale, zero_point, inner = _channels(x.shape, y_scale, y_zero_point, kind, ax)
+        y = np.empty(x.shape, out_dtype)
+        _core.quantize_linear_f32(np.ascontiguousarray(x), scale, zero_point, inner, _CORE_TYPES[out_dtype], y)
+        return y
     scale = _expand(y_scale, x.shape, kind, ax, block_size).astype(compute)
     v = np.asarray(x.astype(compute) / scale)
     if out_dtype in _FLOAT8_TYPES:
@@ -357,6 +377,12 @@ def dequantize_linear(
     kind, ax = _layout(prefix, x.shape, x_scale.shape, axis, block_size)
     _check_scale_values(prefix, x_scale)
 
+    if x.dtype in _CORE_TYPES and kind in ("tensor", "axis"):  # the common case, in C++
+        scale, zero_point, inner = _channels(x.shape, x_scale, x_zero_point, kind, ax)
+        y = np.empty(x.shape, _F32)
+        _core.dequantize_linear_f32(np.ascontiguousarray(x), _CORE_TYPES[x.dtype], scale, zero_point, inner, y)
+        with np.errstate(all="ignore"):  # float16 / bfloat16 scales: the float32 result rounded to them
+            return y if x_scale.dtype == _F32 else np.asarray(y.astype(x_scale.dtype))
     with np.errstate(all="ignore"):  # NaN / Inf float8 inputs and overflow are expected
         d = x.astype(np.float32)
         if x_zero_point is not None and x.dtype not in _FLOAT8_TYPES:

@@ -1,0 +1,67 @@
+// quantize_linear.cpp: quantize_linear's driver: tasks of elements over the thread pool, the choice of loop build.
+#include "quantize_linear.h"
+
+#include <algorithm>
+
+#include "cpu_features.h"
+#include "dispatch.h"
+#include "thread_pool.h"
+
+// The baseline build of the loops.
+#define QMM_QUANTIZE_NS portable
+#include "quantize_linear_loops.inc"
+#undef QMM_QUANTIZE_NS
+
+namespace qmm {
+
+#if QMM_QUANTIZE_AVX2
+namespace avx2 {  // kernels/quantize_linear_avx2.cpp
+void quantize_linear_range(const float* x, const LinearShape& s, const float* scale, const int32_t* zero_point,
+                           IntType type, void* y, int64_t i0, int64_t i1);
+void dequantize_linear_range(const void* x, IntType type, const LinearShape& s, const float* scale,
+                             const int32_t* zero_point, float* y, int64_t i0, int64_t i1);
+}  // namespace avx2
+#endif
+
+namespace {
+
+bool avx2_path() {
+#if QMM_QUANTIZE_AVX2
+  const Features usable = usable_features() & ~hidden_features();
+  return active_isa() >= Isa::kAvx2 && (usable & kAvx2Features) == kAvx2Features;
+#else
+  return false;
+#endif
+}
+
+// Tasks of 64 K elements (a few tens of microseconds each), at least 4 per thread woken.
+template <class Range>
+void over_tasks(int64_t count, Range&& range) {
+  constexpr int64_t kTask = 65536;
+  const int64_t tasks = (count + kTask - 1) / kTask;
+  parallel_for(tasks, [&](int64_t t) { range(t * kTask, std::min(count, (t + 1) * kTask)); }, 4);
+}
+
+}  // namespace
+
+void quantize_linear_f32(const float* x, const LinearShape& shape, const float* scale, const int32_t* zero_point,
+                         IntType type, void* y) {
+  auto* range = portable::quantize_linear_range;
+#if QMM_QUANTIZE_AVX2
+  if (avx2_path()) range = avx2::quantize_linear_range;
+#endif
+  over_tasks(shape.count, [&](int64_t i0, int64_t i1) { range(x, shape, scale, zero_point, type, y, i0, i1); });
+}
+
+void dequantize_linear_f32(const void* x, IntType type, const LinearShape& shape, const float* scale,
+                           const int32_t* zero_point, float* y) {
+  auto* range = portable::dequantize_linear_range;
+#if QMM_QUANTIZE_AVX2
+  if (avx2_path()) range = avx2::dequantize_linear_range;
+#endif
+  over_tasks(shape.count, [&](int64_t i0, int64_t i1) { range(x, type, shape, scale, zero_point, y, i0, i1); });
+}
+
+const char* quantize_linear_path() { return avx2_path() ? "avx2" : "portable"; }
+
+}  // namespace qmm
