@@ -736,3 +736,28 @@ def test_the_compiled_loops_of_both_builds_give_the_formulas_bits(out_dtype):
                 assert np.array_equal(back, (y.astype(F32) - z.astype(F32)) * s), (isa, axis)
     finally:
         qm.set_isa(before)
+
+
+def test_the_per_tensor_shortcut_gives_the_full_paths_bits_and_errors():
+    """A float32 ndarray with a float32 scalar scale (the per-token call) skips most of the Python
+    checks: the same results as the full path (taken here with an axis of another integer type),
+    and anything it does not take (bad scales, odd attributes) still gets the full path's error."""
+    rng = np.random.default_rng(77)
+    x = (rng.standard_normal((3, 70)) * 50).astype(F32)
+    x.flat[::13] = np.nan
+    for zero_point in (None, np.int8(-3), np.uint8(200), np.array([7], np.int16), np.array(9, np.uint16)):
+        for scale in (np.float32(0.7), np.array([0.7], F32), np.array(0.7, F32)):
+            fast = quantize_linear(x, scale, zero_point)
+            full = quantize_linear(x, scale, zero_point, axis=np.int64(1))
+            assert fast.dtype == full.dtype and np.array_equal(fast, full), (zero_point, scale)
+            back = dequantize_linear(fast, scale, None if zero_point is None else zero_point)
+            assert np.array_equal(back, dequantize_linear(fast, scale, zero_point, axis=np.int64(1)))
+    for scale in (np.float32(0), np.float32(np.nan), np.float32(np.inf)):
+        with pytest.raises(ValueError, match="^quantize_linear: scale must be"):
+            quantize_linear(x, scale, np.uint8(0))
+        with pytest.raises(ValueError, match="^dequantize_linear: scale must be"):
+            dequantize_linear(np.zeros(3, np.uint8), scale, np.uint8(0))
+    with pytest.raises(TypeError, match="^quantize_linear: axis must be an integer"):
+        quantize_linear(x, np.float32(1), np.uint8(0), axis="1")
+    with pytest.raises(TypeError, match="^dequantize_linear: x_zero_point must have x's dtype"):
+        dequantize_linear(np.zeros(3, np.uint8), np.float32(1), np.int8(0))

@@ -40,6 +40,7 @@ onnxruntime, except where onnxruntime itself depends on undefined behaviour:
 
 from __future__ import annotations
 
+import math
 import operator
 
 import ml_dtypes
@@ -206,6 +207,32 @@ def _channels(x_shape, scale, zero_point, kind, ax):
     return scale, zero_point, inner
 
 
+def _single(value, dtypes):
+    """value as a Python number where it is one value of one of dtypes (a numpy scalar, or an
+    array of shape () or (1,)), else None."""
+    if isinstance(value, np.ndarray):
+        if value.dtype not in dtypes or value.shape not in ((), (1,)):
+            return None
+        return value.reshape(()).item()
+    return value.item() if isinstance(value, np.generic) and value.dtype in dtypes else None
+
+
+def _per_tensor_call(x, scale, zero_point, zero_point_dtypes, axis, block_size, flag):
+    """The most frequent call (an ndarray, per-tensor float32 scale, 8/16-bit integer or no zero point,
+    default-typed attributes) checked with as little Python as gives the full path's verdict: the
+    scale and zero point as numbers, or None (then the full path checks and runs it)."""
+    if type(axis) is not int or type(block_size) is not int or block_size != 0 or type(flag) is not bool:
+        return None
+    s = _single(scale, (_F32,))
+    if s is None or not math.isfinite(s) or s == 0:
+        return None
+    if zero_point is None:
+        return s, 0
+    z = _single(zero_point, zero_point_dtypes)
+    same_shape = np.shape(zero_point) == np.shape(scale) or {np.shape(zero_point), np.shape(scale)} <= {(), (1,)}
+    return (s, z) if z is not None and same_shape else None
+
+
 def _quantize(x, y_scale, y_zero_point, out_dtype, kind, ax, block_size, compute, saturate):
     """The arithmetic of quantize_linear, on validated inputs."""
     if x.dtype == _F32 and out_dtype in _CORE_TYPES and kind in ("tensor", "axis"):  # the common case, in C++
@@ -287,6 +314,14 @@ def quantize_linear(
     >>> quantize_linear(x, np.float32(0.02), np.uint8(0))
     array([[  0,  13, 100]], dtype=uint8)
     """
+    if type(x) is np.ndarray and x.dtype == _F32:
+        single = _per_tensor_call(x, y_scale, y_zero_point, _CORE_TYPES, axis, block_size, saturate)
+        if single is not None:
+            out_dtype = np.dtype(np.uint8) if y_zero_point is None else np.asarray(y_zero_point).dtype
+            y = np.empty(x.shape, out_dtype)
+            _core.quantize_linear_f32(np.ascontiguousarray(x), np.array([single[0]], _F32),
+                                      np.array([single[1]], np.int32), max(1, x.size), _CORE_TYPES[out_dtype], y)
+            return y
     prefix = "quantize_linear: "
     x = np.asarray(x)
     _check_dtype(prefix, "x", x.dtype, _QUANTIZE_INPUT_TYPES)
@@ -356,6 +391,13 @@ def dequantize_linear(
     >>> dequantize_linear(q, np.float32(0.02), np.int8(-3))
     array([[-1.  ,  0.26,  2.  ]], dtype=float32)
     """
+    if type(x) is np.ndarray and x.dtype in _CORE_TYPES:
+        single = _per_tensor_call(x, x_scale, x_zero_point, (x.dtype,), axis, block_size, True)
+        if single is not None:
+            y = np.empty(x.shape, _F32)
+            _core.dequantize_linear_f32(np.ascontiguousarray(x), _CORE_TYPES[x.dtype], np.array([single[0]], _F32),
+                                        np.array([single[1]], np.int32), max(1, x.size), y)
+            return y
     prefix = "dequantize_linear: "
     x = np.asarray(x)
     _check_dtype(prefix, "x", x.dtype, _QUANT_TYPES)
