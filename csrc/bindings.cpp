@@ -367,6 +367,18 @@ void bind_qlinear_matmul(nb::module_& m) {
   // float32 multiplier (length 1 or N), zero points are plain integers or an int32 vector.
   // QLinearMatMul's common case, 2-D a and b, per-tensor a and y parameters, b per tensor or per
   // column: the ONNX Runtime numerics with the multiplier(s) computed by the caller.
+  // MatMulInteger: (a - a_zp) x (b - b_zp) in wrapping int32, [batch, M, N]; the operands as the
+  // products above take them (K >= 1).
+  m.def("matmul_integer", [](const In& a, bool a_signed, const In& a_index, const In& a_zp, nb::handle b, bool b_signed,
+                             const In& b_index, const In& b_zp) {
+    const auto p = problem(a, a_signed, a_index, a_zp, b, b_signed, b_index, b_zp);
+    NewArray<int32_t> y({p.batch, p.M, p.N});
+    {
+      nb::gil_scoped_release release;
+      qmm::matmul_integer(p, y.data());
+    }
+    return y.array();
+  });
   m.def("qlinear_matmul_2d_onnxruntime", [](const In& a, bool a_signed, int32_t a_zp, nb::handle b, bool b_signed,
                                             const In& b_zp, const In& multiplier, int32_t y_zp, bool y_signed) {
     const bool per_tensor = multiplier.shape(0) == 1;

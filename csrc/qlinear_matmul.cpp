@@ -400,6 +400,18 @@ void qlinear_matmul_onnxruntime(const QGemmProblem& p, View3<float> multiplier, 
                       });
 }
 
+void matmul_integer(const QGemmProblem& p, int32_t* y) {
+  const int64_t M = p.M, N = p.N;
+  accumulate<int32_t>(call_entry(p), p,
+                      [&](int64_t bt, int64_t m0, int64_t rows, int64_t n0, int64_t cols, const int32_t* raw,
+                          int64_t ld, const RowTerms* terms) {
+                        for (int64_t r = 0; r < rows; ++r) {
+                          int32_t* row = y + (bt * M + m0 + r) * N + n0;
+                          for (int64_t j = 0; j < cols; ++j) row[j] = row_terms_applied(raw + r * ld, terms[r], j);
+                        }
+                      });
+}
+
 void qlinear_matmul_onnx_reference(const QGemmProblem& p, View3<double> multiplier, QOutput out) {
   run<int32_t>(p, out, [&](int32_t acc, int64_t b, int64_t m, int64_t n, int32_t zp, int32_t qmin, int32_t qmax) {
     return requantize_onnx_reference(acc, multiplier(b, m, n), zp, qmin, qmax);

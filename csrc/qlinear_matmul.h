@@ -86,6 +86,9 @@ QGemmBlocking qgemm_blocking(const QGemmLayout& layout);
 // numerics="onnxruntime": int32 (wrapping) accumulator -> float32, one float32 multiply by
 // multiplier = f32(f32(a_scale * b_scale) / y_scale), clamp, round half to even, + zero point.
 void qlinear_matmul_onnxruntime(const QGemmProblem& p, View3<float> multiplier, QOutput out);
+// ONNX MatMulInteger: y[b, m, n] = sum_k (a - a_zp)(b - b_zp) in wrapping int32 (exact while it
+// fits), y contiguous [batch, M, N]; K >= 1.
+void matmul_integer(const QGemmProblem& p, int32_t* y);
 
 // numerics="onnx-reference": int32 (wrapping) accumulator; rint(f64(acc) * multiplier + zp) in float64,
 // where multiplier is a_scale * b_scale / y_scale evaluated in the scales' own dtype; then clip.

@@ -523,6 +523,59 @@ def test_matmul_integer_is_exact_int32():
     assert int(big.item()) == (40000 * 255 * 255 + 2**31) % 2**32 - 2**31
 
 
+def _matmul_integer_oracle(a, b, a_zp, b_zp):
+    exact = np.matmul(a.astype(np.int64) - a_zp.astype(np.int64), b.astype(np.int64) - b_zp.astype(np.int64))
+    return ((exact + 2**31) % 2**32 - 2**31).astype(np.int32)
+
+
+def test_matmul_integer_on_every_table_shape_and_zero_point_form(isa):
+    """MatMulInteger runs on the int8 GEMM kernels (QLinearMatMul's sums without requantization): every
+    signedness pair, zero points per tensor, per row of a, per column of b (batched too), 1-D operands,
+    batch broadcasting, K across the layouts' k-groups, and a constant b packed once (the session's
+    op) give the exact int32 sums."""
+    from quantmatmul.onnx._session import _integer_operand, _matmul_integer, matmul_integer
+
+    rng = np.random.default_rng(5)
+    i8, u8 = np.dtype(np.int8), np.dtype(np.uint8)
+
+    def ints(t, shape):
+        return rng.integers(np.iinfo(t).min, int(np.iinfo(t).max) + 1, shape).astype(t)
+
+    cases = [
+        ((7, 65), (65, 33), "tensor"),
+        ((2, 3, 5, 4), (4, 17), "row"),
+        ((9, 300), (300, 40), "column"),
+        ((2, 1, 3, 70), (4, 70, 9), "batched column"),
+        ((1,), (1, 5), "tensor"),
+        ((6, 129), (129,), "row"),
+        ((33,), (33,), "tensor"),
+    ]
+    for a_t in (u8, i8):
+        for b_t in (u8, i8):
+            for a_shape, b_shape, form in cases:
+                a, b = ints(a_t, a_shape), ints(b_t, b_shape)
+                a_zp, b_zp = ints(a_t, ()), ints(b_t, ())
+                a_zp_full, b_zp_full = a_zp, b_zp
+                if form == "row":
+                    a_zp = ints(a_t, (a_shape[-2],))
+                    a_zp_full = a_zp.reshape(-1, 1)
+                elif form == "column":
+                    b_zp = b_zp_full = ints(b_t, (b_shape[-1],))
+                elif form == "batched column":
+                    b_zp = ints(b_t, b_shape[:-2] + (b_shape[-1],))
+                    b_zp_full = b_zp[..., None, :]
+                want = _matmul_integer_oracle(a, b, a_zp_full, b_zp_full)
+                what = (a_t, b_t, a_shape, b_shape, form)
+                got = matmul_integer(a, b, a_zp, b_zp)
+                assert got.dtype == np.int32 and got.shape == want.shape and np.array_equal(got, want), what
+                held = _integer_operand("b", b, b_zp, "MatMulInteger", pack=True)
+                got = _matmul_integer(_integer_operand("a", a, a_zp, "MatMulInteger"), held)
+                assert np.array_equal(got, want), what + ("packed b",)
+    empty = matmul_integer(np.zeros((3, 0), u8), np.zeros((0, 4), i8))
+    assert empty.shape == (3, 4) and not empty.any()
+    assert matmul_integer(np.zeros((0, 5), u8), np.zeros((5, 4), u8)).shape == (0, 4)
+
+
 # ---------------------------------------------------------------------------------------------------
 # compare()
 

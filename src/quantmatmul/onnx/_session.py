@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import numpy as np
 import onnx
 from onnx.reference import ReferenceEvaluator
 from onnx.reference.op_run import OpRun
 
+from .. import _core
 from ..matmul_nbits import MatMulNBits, matmul_nbits
 from ..qlinear import NUMERICS, QLinearMatMul, qlinear_matmul
 from ..quantize_linear import _QUANT_TYPES as DEQUANTIZE_TYPES
@@ -235,7 +238,7 @@ class _MatMulInteger(_Op):
         b, b_zp = self._constant(1), self._constant(3)
         self._held = None
         if b is not None and b is not False and b_zp is not False:
-            self._held = _integer_operand("b", b, b_zp, "MatMulInteger")
+            self._held = _integer_operand("b", b, b_zp, "MatMulInteger", pack=True)
 
     def _compute(self, A, B, a_zero_point=None, b_zero_point=None, **_):
         b = self._held if self._held is not None else _integer_operand("b", B, b_zero_point, "MatMulInteger")
@@ -255,7 +258,7 @@ def _op_classes(constants: dict, numerics: str) -> list:
 
 
 # ---------------------------------------------------------------------------------------------------
-# DynamicQuantizeLinear and MatMulInteger (quantmatmul has no kernel of its own for them)
+# DynamicQuantizeLinear (numpy, then quantize_linear) and MatMulInteger (the int8 GEMM kernels)
 
 
 def dynamic_quantize_linear(x) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -282,48 +285,97 @@ def dynamic_quantize_linear(x) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
 _INT8 = (np.dtype(np.int8), np.dtype(np.uint8))
 
 
-def _integer_operand(which, x, zero_point, fn):
-    """x - zero_point in float64 (exact), zero point per tensor, per row of a or per column of b."""
+class _IntegerOperand(NamedTuple):
+    """A MatMulInteger operand: its values (int8 or uint8), its zero point as int32 shaped to broadcast
+    against them (per tensor (), per row of a (..., M, 1), per column of b (..., 1, N) or (N,)), and for
+    a constant b, b packed once for the int8 kernels (qmm's PackedB)."""
+
+    x: np.ndarray
+    zp: np.ndarray
+    packed: object = None
+
+
+def _integer_operand(which, x, zero_point, fn, *, pack=False):
+    """The operand checked, its zero point per tensor, per row of a or per column of b (_IntegerOperand)."""
     x = np.asarray(x)
     if x.dtype not in _INT8:
         raise TypeError(f"{fn}: {which} must be int8 or uint8, got {x.dtype}")
     if x.ndim == 0:
         raise ValueError(f"{fn}: {which} must have at least 1 dimension")
-    values = x.astype(np.float64)
+    zp = _zero_point_shaped(which, x, zero_point, fn)
+    packed = None
+    if pack and x.size:  # a constant b: packed once, as QLinearMatMul packs its weight
+        b = x[:, None] if x.ndim == 1 else x
+        packed = _core.pack_b(np.ascontiguousarray(b).reshape(-1, *b.shape[-2:]), x.dtype == np.int8)
+    return _IntegerOperand(x, zp, packed)
+
+
+def _zero_point_shaped(which, x, zero_point, fn):
     if zero_point is None:
-        return values
+        return np.zeros((), np.int32)
     zp = np.asarray(zero_point)
     if zp.dtype != x.dtype:
         raise TypeError(f"{fn}: {which}_zero_point dtype {zp.dtype} does not match {which} dtype {x.dtype}")
-    z = zp.astype(np.float64)
+    z = zp.astype(np.int32)
     if z.size == 1:
-        return values - z.reshape(())
+        return z.reshape(())
     if which == "a":  # per row: [M] for a of rank >= 2, or a shape ending in (M, 1)
         if x.ndim >= 2 and z.shape == (x.shape[-2],):
-            return values - z.reshape(-1, 1)
+            return z.reshape(-1, 1)
         if z.ndim >= 2 and z.shape[-1] == 1:
-            return values - z
+            return z
     else:  # per column: [N], or a shape ending in (1, N) or (..., N) for batched b
         if x.ndim >= 2 and z.shape == (x.shape[-1],):
-            return values - z
+            return z
         if x.ndim >= 3 and z.shape == x.shape[:-2] + (x.shape[-1],):
-            return values - z[..., None, :]
+            return z[..., None, :]
         if z.ndim >= 2 and z.shape[-2] == 1:
-            return values - z
+            return z
     raise ValueError(
         f"{fn}: {which}_zero_point has shape {zp.shape}, which is neither per tensor nor per "
         f"{'row' if which == 'a' else 'column'} of {which} {x.shape}"
     )
 
 
-def _matmul_integer(a, b) -> np.ndarray:
-    """(a - a_zp) @ (b - b_zp) in int32 (wrapping), from exact float64 operands. Each product has magnitude
-    <= 255 * 255 < 2**16, so every partial sum is an integer below 2**53 for K < 2**37: the float64 product
-    (any summation order) is the exact integer sum."""
-    if a.shape[-1] != (b.shape[0] if b.ndim == 1 else b.shape[-2]):
-        raise ValueError(f"MatMulInteger: inner dimensions differ: a {a.shape}, b {b.shape}")
-    exact = np.matmul(a, b).astype(np.int64)
-    return ((exact + 2**31) % 2**32 - 2**31).astype(np.int32)
+def _matmul_integer(a: _IntegerOperand, b: _IntegerOperand) -> np.ndarray:
+    """(a - a_zp) @ (b - b_zp) in int32 (wrapping), numpy.matmul's shapes, on the int8 GEMM kernels
+    (QLinearMatMul's accumulation without its requantization: exact modulo 2^32)."""
+    A = a.x[None, :] if a.x.ndim == 1 else a.x
+    B = b.x[:, None] if b.x.ndim == 1 else b.x
+    if A.shape[-1] != B.shape[-2]:
+        raise ValueError(f"MatMulInteger: inner dimensions differ: a {a.x.shape}, b {b.x.shape}")
+    try:
+        batch = tuple(np.broadcast_shapes(A.shape[:-2], B.shape[:-2]))
+        a_zp = np.broadcast_to(a.zp, A.shape[:-1] + (1,))
+        b_zp = np.broadcast_to(b.zp, B.shape[:-2] + (1, B.shape[-1]))
+    except ValueError:
+        raise ValueError(
+            f"MatMulInteger: a {a.x.shape}, b {b.x.shape} and their zero points do not broadcast"
+        ) from None
+    (M, K), N = A.shape[-2:], B.shape[-1]
+    shape = batch + (() if a.x.ndim == 1 else (M,)) + (() if b.x.ndim == 1 else (N,))
+    count = int(np.prod(batch, dtype=np.int64)) * M * N
+    if count == 0 or K == 0:
+        return np.zeros(shape, np.int32)
+
+    def index(own):
+        return np.ascontiguousarray(
+            np.broadcast_to(np.arange(int(np.prod(own, dtype=np.int64))).reshape(own), batch).reshape(-1)
+        )
+
+    a3 = np.ascontiguousarray(A).reshape(-1, M, K)
+    b_operand = b.packed if b.packed is not None else np.ascontiguousarray(B).reshape(-1, K, N)
+    y = _core.matmul_integer(
+        a3,
+        A.dtype == np.int8,
+        index(A.shape[:-2]),
+        np.ascontiguousarray(a_zp.reshape(len(a3), M)),
+        b_operand,
+        B.dtype == np.int8,
+        index(B.shape[:-2]),
+        np.ascontiguousarray(b_zp.reshape(-1, N)),
+    )
+    return y.reshape(shape)
 
 
 def matmul_integer(A, B, a_zero_point=None, b_zero_point=None) -> np.ndarray:
