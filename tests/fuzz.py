@@ -1,6 +1,6 @@
 """fuzz.py: differential fuzzing of QLinearMatMul and MatMulNBits on every kernel table this machine runs (native and emulated) at several thread counts, against the numpy oracles (`make fuzz`).
 
-Usage: python tests/fuzz.py [--minutes M] [--seed S] [--cases C] [--family qlinear|float8|nbits|all]
+Usage: python tests/fuzz.py [--minutes M] [--seed S] [--cases C] [--family qlinear|float8|nbits|matmul_integer|all]
        [--threads 1,2,3,16]
 
 Case i of a run is drawn from seed S + i alone (operand types, shapes, parameters, views, level),
@@ -13,6 +13,7 @@ bf16 entries with AVX512-BF16 / AMX-BF16 hidden as well):
   - MatMulNBits: within the documented error bound (oracle.error_bound) where no float32 step
     overflows; the same bits on every thread count; a held MatMulNBits (built under another table)
     equal to the function bit for bit but for a NaN's sign; level 0 equal to level 1;
+  - MatMulInteger (quantmatmul.onnx's): the exact int32 sums, B per call and packed once;
   - no input modified.
 Failures print the seed and what differed; the exit status is 1 if any case failed. The fourteenth
 session's campaign of this kind (about 480,000 cases) found a held MatMulNBits keeping the caller's
@@ -147,6 +148,36 @@ def qlinear_case(seed, tables, threads):
                 if y.dtype != expected.dtype or not np.array_equal(y, expected):
                     fails.append(f"{what}: {name} on {level}{hidden} at {t} threads differs from the oracle")
     fails += [f"{what}: input {i} modified" for i, (x, c) in enumerate(zip(inputs, copies)) if not np.array_equal(x, c)]
+    return fails
+
+
+def matmul_integer_case(seed, tables, threads):
+    """One MatMulInteger case (quantmatmul.onnx's, on the int8 kernels): the exact int32 sums on every
+    table and thread count, B given per call and packed once."""
+    from quantmatmul.onnx._session import _integer_operand, _matmul_integer
+
+    rng = np.random.default_rng(seed)
+    M = _size(rng, [1, 7, 8, 9, 16, 17, 31, 32, 33, 64, 65], 40)
+    K = _size(rng, [1, 3, 4, 5, 63, 64, 65, 255, 256, 257, 1000], 300)
+    N = _size(rng, [1, 15, 16, 17, 31, 32, 33, 63, 64, 65], 80)
+    a_t, b_t = np.dtype(rng.choice([u8, s8])), np.dtype(rng.choice([u8, s8]))
+    batch = () if rng.random() < 0.7 else (int(rng.integers(1, 4)),)
+    a, b = _ints(rng, a_t, batch + (M, K)), _ints(rng, b_t, (K, N))
+    a_zp = _ints(rng, a_t, (M,) if rng.random() < 0.5 and not batch else ())
+    b_zp = _ints(rng, b_t, (N,) if rng.random() < 0.5 else ())
+    a_full = a_zp.reshape(-1, 1) if a_zp.ndim else a_zp
+    exact = np.matmul(a.astype(np.int64) - a_full.astype(np.int64), b.astype(np.int64) - b_zp.astype(np.int64))
+    expected = ((exact + 2**31) % 2**32 - 2**31).astype(np.int32)
+    what = f"matmul_integer seed {seed}: {a_t.name}x{b_t.name} {batch}+{M}x{K}x{N}"
+    fails = []
+    for level, hidden in tables:
+        for t in (1, int(rng.choice(threads))):
+            with table(level, hidden, t):
+                a_op = _integer_operand("a", _view(rng, a), a_zp, "MatMulInteger")
+                for packed in (False, True):
+                    b_op = _integer_operand("b", _view(rng, b), b_zp, "MatMulInteger", pack=packed)
+                    if not np.array_equal(_matmul_integer(a_op, b_op), expected):
+                        fails.append(f"{what}: {'packed b' if packed else 'b'} on {level}{hidden} at {t} threads")
     return fails
 
 
@@ -288,12 +319,12 @@ def main(argv=None) -> int:
     parser.add_argument("--minutes", type=float, default=5.0)
     parser.add_argument("--seed", type=int, default=int(time.time()) % 1_000_000 * 1000)
     parser.add_argument("--cases", type=int, default=0, help="stop after this many cases (0: when time is up)")
-    parser.add_argument("--family", choices=["qlinear", "float8", "nbits", "all"], default="all")
+    parser.add_argument("--family", choices=["qlinear", "float8", "nbits", "matmul_integer", "all"], default="all")
     parser.add_argument("--threads", default="2,3,16", help="thread counts besides 1, one per case and table")
     options = parser.parse_args(argv)
     threads = [int(t) for t in options.threads.split(",")]
     tables = runnable_tables()
-    every = [qlinear_case, float8_case, nbits_case]
+    every = [qlinear_case, float8_case, nbits_case, matmul_integer_case]
     families = every if options.family == "all" else [c for c in every if c.__name__ == f"{options.family}_case"]
     names = ", ".join(level + "".join(f" without {h}" for h in hidden) for level, hidden in tables)
     print(f"fuzz: seed {options.seed}, {options.minutes} minutes, tables: {names}", flush=True)
