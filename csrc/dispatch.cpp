@@ -395,6 +395,15 @@ void hide_features(Features features) {
 
 Features hidden_features() { return hidden.load(); }
 
+bool avx2_loops_usable() {
+#if QMM_QUANTIZE_AVX2
+  const Features usable = usable_features() & ~hidden_features();
+  return active_isa() >= Isa::kAvx2 && (usable & kAvx2Features) == kAvx2Features;
+#else
+  return false;  // the avx2 build is not there
+#endif
+}
+
 std::vector<std::string> kernel_entries() {
   const Registry& r = registry();
   std::vector<std::string> out;

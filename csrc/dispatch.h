@@ -123,6 +123,10 @@ bool set_isa(Isa isa, bool emulated);
 // selects the entries of the current level again.
 void hide_features(Features hidden);
 Features hidden_features();
+// Whether loops built for AVX2 outside the kernel families (quantize_nbits', quantize_linear's) may
+// run now: they are built (QMM_QUANTIZE_AVX2), the selected level is avx2 or higher and the CPU has
+// the avx2 build's features, none hidden.
+bool avx2_loops_usable();
 // Every registered entry, as "family:name" with " (emulated)", " (not supported here)" or
 // " (failed its self-test: ...)" where that applies.
 std::vector<std::string> kernel_entries();

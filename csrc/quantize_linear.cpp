@@ -3,7 +3,6 @@
 
 #include <algorithm>
 
-#include "cpu_features.h"
 #include "dispatch.h"
 #include "thread_pool.h"
 
@@ -25,15 +24,6 @@ void dequantize_linear_range(const void* x, IntType type, const LinearShape& s, 
 
 namespace {
 
-bool avx2_path() {
-#if QMM_QUANTIZE_AVX2
-  const Features usable = usable_features() & ~hidden_features();
-  return active_isa() >= Isa::kAvx2 && (usable & kAvx2Features) == kAvx2Features;
-#else
-  return false;
-#endif
-}
-
 // Tasks of 64 K elements (a few tens of microseconds each), at least 4 per thread woken.
 template <class Range>
 void over_tasks(int64_t count, Range&& range) {
@@ -48,7 +38,7 @@ void quantize_linear_f32(const float* x, const LinearShape& shape, const float* 
                          IntType type, void* y) {
   auto* range = portable::quantize_linear_range;
 #if QMM_QUANTIZE_AVX2
-  if (avx2_path()) range = avx2::quantize_linear_range;
+  if (avx2_loops_usable()) range = avx2::quantize_linear_range;
 #endif
   over_tasks(shape.count, [&](int64_t i0, int64_t i1) { range(x, shape, scale, zero_point, type, y, i0, i1); });
 }
@@ -57,11 +47,11 @@ void dequantize_linear_f32(const void* x, IntType type, const LinearShape& shape
                            const int32_t* zero_point, float* y) {
   auto* range = portable::dequantize_linear_range;
 #if QMM_QUANTIZE_AVX2
-  if (avx2_path()) range = avx2::dequantize_linear_range;
+  if (avx2_loops_usable()) range = avx2::dequantize_linear_range;
 #endif
   over_tasks(shape.count, [&](int64_t i0, int64_t i1) { range(x, type, shape, scale, zero_point, y, i0, i1); });
 }
 
-const char* quantize_linear_path() { return avx2_path() ? "avx2" : "portable"; }
+const char* quantize_linear_path() { return avx2_loops_usable() ? "avx2" : "portable"; }
 
 }  // namespace qmm

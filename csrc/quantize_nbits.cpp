@@ -29,18 +29,9 @@ namespace {
 using PanelFn = QuantizeStatus (*)(const QuantizeNBitsProblem&, const QuantizeNBitsOutput&, uint8_t*, int64_t, int64_t,
                                    int64_t, float*);
 
-bool avx2_path() {
-#if QMM_QUANTIZE_AVX2
-  const Features usable = usable_features() & ~hidden_features();
-  return active_isa() >= Isa::kAvx2 && (usable & kAvx2Features) == kAvx2Features;
-#else
-  return false;
-#endif
-}
-
 PanelFn panel_function() {
 #if QMM_QUANTIZE_AVX2
-  if (avx2_path()) return avx2::quantize_panel;
+  if (avx2_loops_usable()) return avx2::quantize_panel;
 #endif
   return portable::quantize_panel;
 }
@@ -110,7 +101,7 @@ QuantizeStatus quantize_nbits(const QuantizeNBitsProblem& p, const QuantizeNBits
   return QuantizeStatus::kOk;
 }
 
-const char* quantize_nbits_path() { return avx2_path() ? "avx2" : "portable"; }
+const char* quantize_nbits_path() { return avx2_loops_usable() ? "avx2" : "portable"; }
 
 uint16_t float_to_half_bits(float x) { return portable::half_bits(x); }
 uint16_t float_to_bfloat16_bits(float x) { return portable::bfloat16_bits(x); }
