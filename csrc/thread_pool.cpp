@@ -115,7 +115,7 @@ class Pool {
   void set_threads(int n) { threads_.store(n < 1 ? 1 : n); }
   // Whether waiting threads spin (kDoneSpin, kRegionSpin) before they sleep: only while the pool
   // has no more threads than the CPUs it may use. Oversubscribed, a spinning thread holds a CPU
-  // that a thread with work is waiting for (2 CPUs, 16 threads: level-4 decode 2-7x slower).
+  // that a thread with work is waiting for (2 CPUs, 16 threads: calls up to 1.9-2.7x slower).
   bool spins() const { return threads() <= cpus_; }
 
   // A ParallelRegion for want threads begins: up to want - 1 helpers are woken now, and they spin
