@@ -64,7 +64,10 @@ test-asan: $(VENV)/.test-deps
 	cd tests && LD_PRELOAD=$(SANITIZERS) ASAN_OPTIONS=detect_leaks=0 UBSAN_OPTIONS=print_stacktrace=1 \
 		../$(ASAN)/bin/python -m pytest -q -p no:cacheprovider test_native.py test_qlinear_matmul.py \
 		test_matmul_nbits.py test_nbits_packed.py test_amx.py test_float8_pairs.py test_nbits_bf16.py \
-		test_quantize_nbits_core.py \
+		test_quantize_nbits_core.py test_threads.py test_fuzz.py \
+		test_quantize_linear.py::test_the_compiled_loops_of_both_builds_give_the_formulas_bits \
+		test_quantize_linear.py::test_the_per_tensor_shortcut_gives_the_full_paths_bits_and_errors \
+		test_onnx_api.py::test_matmul_integer_on_every_table_shape_and_zero_point_form \
 		-k "not onnxruntime and not shared_symbols"
 
 # The same suite against the newest release of every peer and tool (no constraints), in its own
