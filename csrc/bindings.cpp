@@ -362,11 +362,6 @@ void bind_qlinear_matmul(nb::module_& m) {
   m.def("qlinear_matmul_onnxruntime", qlinear_binding<float, qmm::qlinear_matmul_onnxruntime>);
   m.def("qlinear_matmul_onnx_reference", qlinear_binding<double, qmm::qlinear_matmul_onnx_reference>);
 
-  // The fast path of the common call: 2-D a, per-tensor a and y, per-tensor or per-column b,
-  // numerics "onnxruntime". Allocates and returns y [M, N]; scales are already combined into the
-  // float32 multiplier (length 1 or N), zero points are plain integers or an int32 vector.
-  // QLinearMatMul's common case, 2-D a and b, per-tensor a and y parameters, b per tensor or per
-  // column: the ONNX Runtime numerics with the multiplier(s) computed by the caller.
   // MatMulInteger: (a - a_zp) x (b - b_zp) in wrapping int32, [batch, M, N]; the operands as the
   // products above take them (K >= 1).
   m.def("matmul_integer", [](const In& a, bool a_signed, const In& a_index, const In& a_zp, nb::handle b, bool b_signed,
@@ -379,6 +374,12 @@ void bind_qlinear_matmul(nb::module_& m) {
     }
     return y.array();
   });
+
+  // The fast path of the common call: 2-D a, per-tensor a and y, per-tensor or per-column b,
+  // numerics "onnxruntime". Allocates and returns y [M, N]; scales are already combined into the
+  // float32 multiplier (length 1 or N), zero points are plain integers or an int32 vector.
+  // QLinearMatMul's common case, 2-D a and b, per-tensor a and y parameters, b per tensor or per
+  // column: the ONNX Runtime numerics with the multiplier(s) computed by the caller.
   m.def("qlinear_matmul_2d_onnxruntime", [](const In& a, bool a_signed, int32_t a_zp, nb::handle b, bool b_signed,
                                             const In& b_zp, const In& multiplier, int32_t y_zp, bool y_signed) {
     const bool per_tensor = multiplier.shape(0) == 1;

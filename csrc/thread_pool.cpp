@@ -75,12 +75,13 @@ int available_cpus() {
   return quota > 0 && quota < n ? quota : n;
 }
 
-int default_threads() {
+// QUANTMATMUL_NUM_THREADS if set, else the CPUs the process may use.
+int default_threads(int cpus) {
   if (const char* env = std::getenv("QUANTMATMUL_NUM_THREADS")) {
     const int n = std::atoi(env);
     if (n > 0) return n;
   }
-  return available_cpus();
+  return cpus;
 }
 
 thread_local bool t_inside_task = false;
@@ -103,7 +104,8 @@ class Pool {
  public:
   static Pool& instance() {
     static const bool made = [] {
-      current_ = new Pool(default_threads());  // never destroyed: workers may outlive static destruction
+      const int cpus = available_cpus();
+      current_ = new Pool(default_threads(cpus), cpus);  // never destroyed: workers may outlive static destruction
       pthread_atfork(nullptr, nullptr, after_fork_in_child);
       return true;
     }();
@@ -175,13 +177,13 @@ class Pool {
   }
 
  private:
-  explicit Pool(int threads) : threads_(threads), cpus_(available_cpus()) {}
+  Pool(int threads, int cpus) : threads_(threads), cpus_(cpus) {}
 
   // In a child process (fork), the parent's workers are gone (only the forking thread is copied)
   // and its locks may be held by threads that are gone too: the child gets a pool of its own, of
   // the parent's size, which starts its workers when it needs them (without it, every job of the
   // child ran on the caller alone). The parent's is left as it is, like the first never destroyed.
-  static void after_fork_in_child() { current_ = new Pool(current_->threads()); }
+  static void after_fork_in_child() { current_ = new Pool(current_->threads(), current_->cpus_); }
   static inline Pool* current_ = nullptr;  // set once, then only in a forked child (one thread there)
 
   // A worker whose thread cannot start (std::system_error, raised to the caller) leaves no slot.
@@ -228,7 +230,7 @@ class Pool {
   }
 
   std::atomic<int> threads_;
-  const int cpus_;  // available_cpus() when the pool was made
+  const int cpus_;  // available_cpus() when the first pool was made
   std::mutex job_mutex_, mutex_;
   // Worker i sleeps on its own slots_[i], so a job wakes only the helpers it wants: on a 16-thread
   // pool, a job for 2 threads wakes one worker, not 15 that find nothing to do and queue on mutex_.

@@ -120,8 +120,7 @@ def tight_tolerance(case, level, out_dtype=None, a_block=None):
     name = np.dtype(out_dtype or case.dtype).name
     u, eta = oracle.UNIT_ROUNDOFF[name], oracle.HALF_SUBNORMAL[name]
     # and the float32 steps' underflow, as the documented bound has it (oracle.error_bound)
-    sigma = (np.abs(decoded.s) * (1 + np.abs(decoded.z))).max(axis=1, initial=0.0)
-    under = 1.01 * 2.0**-150 * ((2 * case.K + 16) * (1 + sigma) + np.abs(a).sum(axis=-1)[..., None])
+    under = oracle.underflow(np.abs(a), decoded, case.K)
     tol = u * np.abs(y) + (1 + u) * (oracle.gamma(2 * case.K + 24) * T + under) + eta
     shape = case.A.shape[:-1] + (case.N,)
     return y.reshape(shape), tol.reshape(shape)

@@ -258,6 +258,13 @@ def _fits(shape, target) -> bool:
     return all(s in (1, t) for s, t in zip(reversed(shape), reversed(target)))
 
 
+def batch_index(own_batch, batch) -> np.ndarray:
+    """Batch broadcasting as an index map: output matrix i of `batch` takes matrix batch_index[i] of an
+    operand whose own batch dimensions are own_batch (int64, contiguous)."""
+    own = np.arange(prod(own_batch), dtype=np.int64).reshape(own_batch)
+    return np.ascontiguousarray(np.broadcast_to(own, batch).reshape(-1))
+
+
 class _Problem:
     """One validated call, normalized to the core's batched form [B, M, K] x [B, K, N] -> [B, M, N].
 
@@ -366,8 +373,7 @@ class _Problem:
     # Step 3: the batch index maps, and views of parameters and operands in the kernels' form.
 
     def _batch_index(self, own_batch):
-        own = np.arange(prod(own_batch), dtype=np.int64).reshape(own_batch)
-        return np.ascontiguousarray(np.broadcast_to(own, self.batch).reshape(-1))
+        return batch_index(own_batch, self.batch)
 
     def view3(self, p, dtype):
         """A parameter broadcast over the output as a [B, M, N] view (zero strides where broadcast)."""

@@ -11,7 +11,7 @@ from onnx.reference.op_run import OpRun
 
 from .. import _core
 from ..matmul_nbits import MatMulNBits, matmul_nbits
-from ..qlinear import NUMERICS, QLinearMatMul, qlinear_matmul
+from ..qlinear import NUMERICS, QLinearMatMul, batch_index, qlinear_matmul
 from ..quantize_linear import _QUANT_TYPES as DEQUANTIZE_TYPES
 from ..quantize_linear import dequantize_linear, quantize_linear
 from ._common import MS_DOMAIN, NodeArg, check_feed, graph_inputs, load_model, node_arg, np_dtype, to_array
@@ -358,21 +358,16 @@ def _matmul_integer(a: _IntegerOperand, b: _IntegerOperand) -> np.ndarray:
     if count == 0 or K == 0:
         return np.zeros(shape, np.int32)
 
-    def index(own):
-        return np.ascontiguousarray(
-            np.broadcast_to(np.arange(int(np.prod(own, dtype=np.int64))).reshape(own), batch).reshape(-1)
-        )
-
     a3 = np.ascontiguousarray(A).reshape(-1, M, K)
     b_operand = b.packed if b.packed is not None else np.ascontiguousarray(B).reshape(-1, K, N)
     y = _core.matmul_integer(
         a3,
         A.dtype == np.int8,
-        index(A.shape[:-2]),
+        batch_index(A.shape[:-2], batch),
         np.ascontiguousarray(a_zp.reshape(len(a3), M)),
         b_operand,
         B.dtype == np.int8,
-        index(B.shape[:-2]),
+        batch_index(B.shape[:-2], batch),
         np.ascontiguousarray(b_zp.reshape(-1, N)),
     )
     return y.reshape(shape)

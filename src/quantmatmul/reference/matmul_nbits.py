@@ -169,6 +169,15 @@ def gamma(n: float) -> float:
     return n * u / (1 - n * u)
 
 
+def underflow(a, decoded, K) -> np.ndarray:
+    """The bound's underflow term, [..., N] for |A| a [..., K]: in the float32 steps each rounding may
+    lose up to 2^-150 absolutely (products and fused multiply-adds whose result is subnormal; sums of
+    float32 values never), a loss in a block's sum is scaled by at most the block's |s| (1 + |z|),
+    and W's own rounding costs up to 2^-150 |a| per term."""
+    sigma = (np.abs(decoded.s) * (1 + np.abs(decoded.z))).max(axis=1, initial=0.0)  # [N]
+    return 1.01 * 2.0**-150 * ((2 * K + 16) * (1 + sigma) + np.asarray(a).sum(axis=-1)[..., None])
+
+
 def error_bound(A, B, scales, zp=None, g_idx=None, bias=None, *, K, N, bits, block_size, level,
                 out_dtype, decoded=None, exact=None) -> np.ndarray:
     """The bound on |Y - Y*| that matmul_nbits documents for accuracy_level=level, [..., N] float64.
@@ -202,12 +211,7 @@ def error_bound(A, B, scales, zp=None, g_idx=None, bias=None, *, K, N, bits, blo
                 a.sum(axis=1)[:, None] + np.abs(decoded.W).sum(axis=1)[None, :])
             if level == 3:
                 E = E + (2 * K + 16) * 2.0**-126
-    # Underflow in the float32 steps: each rounding may lose up to 2^-150 absolutely (products and
-    # fused multiply-adds whose result is subnormal; sums of float32 values never), a loss in a
-    # block's sum is scaled by at most the block's |s| (1 + |z|), and W's own rounding costs up to
-    # 2^-150 |a| per term.
-    sigma = (np.abs(decoded.s) * (1 + np.abs(decoded.z))).max(axis=1, initial=0.0)  # [N]
-    E = E + 1.01 * 2.0**-150 * ((2 * K + 16) * (1 + sigma)[None, :] + a.sum(axis=1)[:, None])
+    E = E + underflow(a, decoded, K)
     name = np.dtype(out_dtype).name
     u_out, eta_out = UNIT_ROUNDOFF[name], HALF_SUBNORMAL[name]
     bound = u_out * exact + (1 + u_out) * E + eta_out
