@@ -21,6 +21,7 @@
 #include "float8.h"
 #include "float8_gemm.h"
 #include "matmul_nbits.h"
+#include "onnx_ops.h"
 #include "peak.h"
 #include "qlinear_matmul.h"
 #include "quantize_linear.h"
@@ -641,6 +642,29 @@ void bind_quantize_linear(nb::module_& m) {
   m.def("quantize_linear_path", [] { return std::string(qmm::quantize_linear_path()); });
 }
 
+// The ONNX session's float operators (onnx/_session.py): Erf of a contiguous float32 or float64 x
+// into float32 y of as many elements; DynamicQuantizeLinear of a contiguous float32 x into uint8
+// y, returning (scale, zero point).
+void bind_onnx_ops(nb::module_& m) {
+  m.def("erf", [](const In& x, Out y) {
+    const auto count = static_cast<int64_t>(x.size());
+    auto* out = static_cast<float*>(y.data());
+    const bool is_double = x.dtype() == nb::dtype<double>();
+    nb::gil_scoped_release release;
+    if (is_double) qmm::erf_f32(static_cast<const double*>(x.data()), count, out);
+    else qmm::erf_f32(static_cast<const float*>(x.data()), count, out);
+  });
+  m.def("dynamic_quantize_linear", [](const In& x, Out y) {
+    qmm::DynamicQuantization q;
+    {
+      nb::gil_scoped_release release;
+      q = qmm::dynamic_quantize_linear(static_cast<const float*>(x.data()), static_cast<int64_t>(x.size()),
+                                       static_cast<uint8_t*>(y.data()));
+    }
+    return std::make_pair(q.scale, static_cast<int>(q.zero_point));
+  });
+}
+
 // quantize_nbits: the block loops of quantize_nbits.py (which validates everything first).
 void bind_quantize_nbits(nb::module_& m) {
   // W [K, N] (any strides; float16 and bfloat16 as their uint16 bits), its type and the options as
@@ -726,5 +750,6 @@ NB_MODULE(_core, m) {
   bind_qlinear_matmul(m);
   bind_matmul_nbits(m);
   bind_quantize_linear(m);
+  bind_onnx_ops(m);
   bind_quantize_nbits(m);
 }

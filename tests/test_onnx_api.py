@@ -486,6 +486,7 @@ def test_session_bad_input():
 
 def test_dynamic_quantize_linear_as_onnxruntime():
     rng = np.random.default_rng(3)
+    inf = np.inf
     cases = [
         rng.normal(size=(5, 7)).astype(F32),
         np.zeros((3,), F32),
@@ -493,6 +494,18 @@ def test_dynamic_quantize_linear_as_onnxruntime():
         -np.abs(rng.normal(size=9)).astype(F32),
         np.array([1e-30, -2e-30], F32),
         np.zeros((0, 4), F32),
+        np.array([-0.0, 0.0, -0.0], F32),
+        # a range past FLT_MAX (scale inf), a scale that underflows to 0: the zero point's NaN quotient is 255
+        np.array([3e38, -3e38, 1.0], F32),
+        np.array([1e-45, 3e-45], F32),
+        # infinities: scale inf, x / inf and inf / inf (NaN: 0)
+        np.array([1, inf, -2], F32),
+        np.array([1, -inf, -2], F32),
+        np.array([inf, -inf], F32),
+        np.array([-inf], F32),
+        # the range pass and the quantization in tasks over the threads, lengths off the vector steps
+        (rng.normal(size=(3, 70001)) * 5 + 2).astype(F32),
+        rng.normal(size=(17,)).astype(F32) - 9,
     ]
     node = helper.make_node("DynamicQuantizeLinear", ["x"], ["y", "s", "z"])
     for x in cases:
@@ -507,6 +520,61 @@ def test_dynamic_quantize_linear_as_onnxruntime():
         theirs = run_ort(model, {"x": x})
         for a, b in zip(ours, theirs):
             assert a.dtype == b.dtype and a.shape == b.shape and a.tobytes() == b.tobytes(), x
+
+
+def test_dynamic_quantize_linear_leaves_nan_out_of_the_range():
+    # ONNX Runtime's NaN handling follows its vector loop's lanes (a NaN counts or not by where it
+    # sits); quantmatmul leaves every NaN out of min and max, and quantizes it to 0, as ORT does.
+    from quantmatmul.onnx._session import dynamic_quantize_linear
+
+    rng = np.random.default_rng(8)
+    for n in (3, 16, 41, 200003):
+        x = rng.normal(size=n).astype(F32)
+        with_nan = x.copy()
+        with_nan[rng.integers(0, n, 1 + n // 10)] = np.nan
+        y, scale, zero_point = dynamic_quantize_linear(with_nan)
+        want = dynamic_quantize_linear(with_nan[~np.isnan(with_nan)])
+        assert scale.tobytes() == want[1].tobytes() and zero_point == want[2]
+        assert np.all(y[np.isnan(with_nan)] == 0)
+        assert np.array_equal(y[~np.isnan(with_nan)], want[0])
+    y, scale, zero_point = dynamic_quantize_linear(np.full(40, np.nan, F32))  # no value: the range [0, 0]
+    assert scale == 1 and zero_point == 0 and not y.any()
+    with pytest.raises(TypeError, match="^dynamic_quantize_linear: x must be float32"):
+        dynamic_quantize_linear(np.ones(3, np.float64))
+
+
+def erf_model(tensor_type, shape):
+    node = helper.make_node("Erf", ["x"], ["y"])
+    return make_model([node], [("x", tensor_type, shape)], [("y", tensor_type, shape)], {}, opset=13)
+
+
+@pytest.mark.parametrize(
+    "dtype", [np.float32, np.float16, np.float64, ml_dtypes.bfloat16], ids=["float32", "float16", "float64", "bfloat16"]
+)
+def test_erf_is_onnx_reference_bit_for_bit(dtype):
+    from onnx.reference import ReferenceEvaluator
+
+    rng = np.random.default_rng(11)
+    special = [0.0, -0.0, np.inf, -np.inf, np.nan, 1e-40, -1e-45, 1e-20, 3.9, -3.92, 10.0, 0.5, -1.0, 65504.0]
+    values = np.concatenate([rng.normal(size=150001) * 2, rng.uniform(-6, 6, 20000), special]).astype(dtype)
+    model = erf_model(helper.np_dtype_to_tensor_dtype(np.dtype(dtype)), [values.size])
+    want = ReferenceEvaluator(model).run(None, {"x": values})[0]
+    got = qo.InferenceSession(model).run(None, {"x": values})[0]
+    assert got.dtype == want.dtype and got.shape == want.shape
+    if sys.version_info >= (3, 11):  # math.erf is the C library's erf from CPython 3.11 on
+        assert got.tobytes() == want.tobytes()
+    else:
+        assert np.allclose(got.astype(np.float64), want.astype(np.float64), rtol=2**-22, atol=0, equal_nan=True)
+
+
+def test_erf_in_a_model_reads_views_and_keeps_shapes():
+    # Erf after a Transpose (a view in onnx.reference): read in place of its strides, shape kept
+    x = np.random.default_rng(12).normal(size=(3, 4, 5)).astype(F32)
+    nodes = [helper.make_node("Transpose", ["x"], ["t"], perm=[2, 0, 1]), helper.make_node("Erf", ["t"], ["y"])]
+    model = make_model(nodes, [("x", TensorProto.FLOAT, [3, 4, 5])], [("y", TensorProto.FLOAT, [5, 3, 4])], {})
+    got = qo.InferenceSession(model).run(None, {"x": x})[0]
+    want = np.vectorize(__import__("math").erf, otypes=["f"])(x.transpose(2, 0, 1))
+    assert got.shape == (5, 3, 4) and np.array_equal(got, want)
 
 
 def test_matmul_integer_is_exact_int32():

@@ -1,9 +1,10 @@
-"""onnx/_session.py: InferenceSession: onnx.reference.ReferenceEvaluator with quantmatmul's QLinearMatMul, MatMulNBits, QuantizeLinear, DequantizeLinear, DynamicQuantizeLinear and MatMulInteger."""
+"""onnx/_session.py: InferenceSession: onnx.reference.ReferenceEvaluator with quantmatmul's QLinearMatMul, MatMulNBits, QuantizeLinear, DequantizeLinear, DynamicQuantizeLinear, MatMulInteger and Erf."""
 
 from __future__ import annotations
 
 from typing import NamedTuple
 
+import ml_dtypes
 import numpy as np
 import onnx
 from onnx.reference import ReferenceEvaluator
@@ -26,6 +27,7 @@ OPS = (
     ("", "DequantizeLinear"),
     ("", "DynamicQuantizeLinear"),
     ("", "MatMulInteger"),
+    ("", "Erf"),
 )
 
 
@@ -36,7 +38,8 @@ class InferenceSession:
     Every node runs in ``onnx.reference.ReferenceEvaluator``, except QLinearMatMul, com.microsoft
     MatMulNBits, QuantizeLinear, DequantizeLinear, DynamicQuantizeLinear and MatMulInteger, which run in
     quantmatmul (what ONNX Runtime's quantizers emit: ``quantize_static`` in QOperator and QDQ formats,
-    ``quantize_dynamic``, ``MatMulNBitsQuantizer`` and :func:`quantmatmul.onnx.quantize`). A constant
+    ``quantize_dynamic``, ``MatMulNBitsQuantizer`` and :func:`quantmatmul.onnx.quantize`), and Erf (onnx.reference's
+    bits, in C++: an erf-GELU model's Erf nodes were most of its time). A constant
     weight (B and its parameters initializers) is held as a :class:`quantmatmul.QLinearMatMul` /
     :class:`quantmatmul.MatMulNBits`, packed once. ``numerics`` ("onnxruntime", "onnx-reference" or
     "exact") is passed to every QLinearMatMul; MatMulNBits runs at its node's ``accuracy_level``;
@@ -232,6 +235,26 @@ class _DynamicQuantizeLinear(_Op):
         return dynamic_quantize_linear(x)
 
 
+class _Erf(_Op):
+    """Erf as onnx.reference computes it (math.erf of each element, the double result rounded to
+    float32, then to x's dtype), in C++ with the same C library function over the thread pool: numpy's
+    element-by-element call was most of a BERT-style model's time (MiniLM's six Erf nodes, 72 %)."""
+
+    _EXACT_IN_FLOAT32 = (np.dtype(np.float16), np.dtype(np.float32), np.dtype(ml_dtypes.bfloat16))
+
+    def _compute(self, x, **_):
+        x = np.asarray(x)
+        if x.dtype == np.float64:
+            source = np.ascontiguousarray(x)
+        elif x.dtype in self._EXACT_IN_FLOAT32:  # exactly float32 values
+            source = np.ascontiguousarray(x, dtype=np.float32)
+        else:
+            return _reference_op(self).run(x)
+        y = np.empty(x.shape, np.float32)
+        _core.erf(source.reshape(-1), y.reshape(-1))
+        return (y.astype(x.dtype, copy=False),)
+
+
 class _MatMulInteger(_Op):
     def __init__(self, onnx_node, run_params, schema=None):
         super().__init__(onnx_node, run_params, schema)
@@ -253,12 +276,13 @@ def _op_classes(constants: dict, numerics: str) -> list:
         "DequantizeLinear": _DequantizeLinear,
         "DynamicQuantizeLinear": _DynamicQuantizeLinear,
         "MatMulInteger": _MatMulInteger,
+        "Erf": _Erf,
     }
     return [type(name, (base,), {"constants": constants, "numerics": numerics}) for name, base in bases.items()]
 
 
 # ---------------------------------------------------------------------------------------------------
-# DynamicQuantizeLinear (numpy, then quantize_linear) and MatMulInteger (the int8 GEMM kernels)
+# DynamicQuantizeLinear (C++: csrc/onnx_ops.cpp) and MatMulInteger (the int8 GEMM kernels)
 
 
 def dynamic_quantize_linear(x) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -266,20 +290,16 @@ def dynamic_quantize_linear(x) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
 
     In float32: ``lo = min(min(x), 0)``, ``hi = max(max(x), 0)``, ``scale = (hi - lo) / 255`` (1 when
     ``hi == lo``, i.e. x all zero or empty, where the spec would divide by zero), ``zero_point =
-    round_half_even(clamp(0 - lo / scale, 0, 255))``, and ``y = QuantizeLinear(x, scale, zero_point)``
-    (``round_half_even(x / scale) + zero_point``, saturated to uint8)."""
+    round_half_even(max(0, min(255, 0 - lo / scale)))`` (255 where that quotient is NaN: an infinite
+    or zero scale), and ``y = QuantizeLinear(x, scale, zero_point)`` (``round_half_even(x / scale) +
+    zero_point``, saturated to uint8; NaN to 0). NaN elements are left out of min(x) and max(x). In
+    C++ (csrc/onnx_ops.cpp): one pass for the range, one to quantize, both over the thread pool."""
     x = np.asarray(x)
     if x.dtype != np.float32:
         raise TypeError(f"dynamic_quantize_linear: x must be float32, got {x.dtype}")
-    f32 = np.float32
-    with np.errstate(all="ignore"):
-        lo = min(f32(np.min(x)) if x.size else f32(0), f32(0))
-        hi = max(f32(np.max(x)) if x.size else f32(0), f32(0))
-        scale = f32(1) if hi == lo else f32(f32(hi - lo) / f32(255))
-        initial = f32(f32(0) - f32(lo / scale))
-        zero_point = np.uint8(np.rint(np.clip(initial, f32(0), f32(255))))
-    y = quantize_linear(x, np.asarray(scale, f32), np.asarray(zero_point, np.uint8))
-    return y, np.asarray(scale, f32), np.asarray(zero_point, np.uint8)
+    y = np.empty(x.shape, np.uint8)
+    scale, zero_point = _core.dynamic_quantize_linear(np.ascontiguousarray(x).reshape(-1), y.reshape(-1))
+    return y, np.asarray(scale, np.float32), np.asarray(zero_point, np.uint8)
 
 
 _INT8 = (np.dtype(np.int8), np.dtype(np.uint8))

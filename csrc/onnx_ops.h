@@ -1,0 +1,30 @@
+// onnx_ops.h: float operators of the ONNX session in C++: Erf as onnx.reference computes it, DynamicQuantizeLinear as ONNX Runtime does.
+#pragma once
+
+#include <cstdint>
+
+namespace qmm {
+
+// y[i] = float32(erf(double(x[i]))) with the C library's erf: onnx.reference's Erf (math.erf on
+// each element, the double result rounded to float32), over the thread pool.
+void erf_f32(const float* x, int64_t count, float* y);
+void erf_f32(const double* x, int64_t count, float* y);
+
+// The smallest and largest non-NaN values of x[0 .. count) (lo > hi where there is none), over the
+// thread pool. Order does not matter: min and max of numbers are exact.
+void min_max_f32(const float* x, int64_t count, float& lo, float& hi);
+
+// ONNX DynamicQuantizeLinear's scale and zero point (uint8) from x's range, as ONNX Runtime's CPU
+// kernel computes them in float32 (docs/onnx.md): lo = min(min(x), 0), hi = max(max(x), 0),
+// scale = hi == lo ? 1 : (hi - lo) / 255, zero point = round_half_even(max(0, min(255, 0 - lo / scale)))
+// (a NaN quotient gives 255, as std::min puts it). NaN elements are left out of min(x) and max(x).
+struct DynamicQuantization {
+  float scale;
+  uint8_t zero_point;
+};
+DynamicQuantization dynamic_quantization(const float* x, int64_t count);
+// DynamicQuantizeLinear: those parameters, and y = QuantizeLinear(x, scale, zero point) (uint8,
+// quantize_linear.h's arithmetic: ONNX Runtime's, whatever the scale, 0 and infinity included).
+DynamicQuantization dynamic_quantize_linear(const float* x, int64_t count, uint8_t* y);
+
+}  // namespace qmm
