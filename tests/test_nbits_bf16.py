@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import ml_dtypes
 import numpy as np
 import pytest
@@ -77,6 +79,37 @@ def test_level3_prefill_is_the_pair_order_bit_for_bit(entry, level, hidden, bits
         if bias is not None:
             model = model + bias
         assert np.array_equal(Y.view(np.uint32), model.view(np.uint32)), (bits, M, K, N, block_size)
+
+
+@pytest.mark.parametrize("entry, level, hidden", BF16_ENTRIES, ids=[e[0] for e in BF16_ENTRIES])
+def test_level3_pair_panels_with_non_finite_scales(entry, level, hidden):
+    """4-bit codes in blocks of 32 or more take a path of their own into the pair panels
+    (nbits_pairs4_avx512.cpp), per task of 32 columns; a task whose scales or float zero points are
+    not all finite takes the general one. Both in one call: a NaN and an infinite scale in the first
+    task's columns, the second task's finite; integer and float zero points, K odd."""
+    rng = np.random.default_rng(41)
+    M, K, N = 20, 97, 40
+    for zero_points in ("integer", "float"):
+        q = quantize_nbits(
+            rng.standard_normal((K, N)).astype(np.float32),
+            bits=4,
+            block_size=32,
+            method="hqq" if zero_points == "float" else "rtn",
+        )
+        B, scales, zps, _ = q.tensors()
+        scales = scales.copy()
+        scales[3, 1] = np.uint32(0x7FFFFFFF).view(np.float32)  # a NaN that rounding by integer addition makes -0
+        scales[7, 0] = np.inf
+        A = rng.standard_normal((M, K)).astype(np.float32)
+        with nbits_entry(level, hidden) as running:
+            assert running == entry
+            Y = matmul_nbits(A, B, scales, zps, **q.attributes(), accuracy_level=3)
+        with np.errstate(invalid="ignore"):
+            W = dataclasses.replace(q, scales=scales).dequantize()
+            model = pair_model(_bf16(A), _bf16(W), _order(entry))
+        assert np.array_equal(np.isnan(Y), np.isnan(model)) and np.isnan(Y[:, [3, 7]]).any()
+        finite = ~np.isnan(model)
+        assert np.array_equal(Y[finite].view(np.uint32), model[finite].view(np.uint32)), zero_points
 
 
 @pytest.mark.parametrize("entry, level, hidden", BF16_ENTRIES, ids=[e[0] for e in BF16_ENTRIES])

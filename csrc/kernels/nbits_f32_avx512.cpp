@@ -465,29 +465,7 @@ void decode(const float* A, int64_t M, const NBitsWeight& w, int64_t n0, int64_t
 // ---------------------------------------------------------------------------------------------
 // Prefill: more than 12 rows.
 
-// r[c] = lanes 0..15 of row c -> r[j] = lane j of rows 0..15 (a 16 x 16 transpose).
-inline void transpose16(__m512 r[16]) {
-  __m512 t[16], u[16];
-  for (int i = 0; i < 8; ++i) {  // per 128-bit lane L: [r2i, r2i+1 at 4L, at 4L+1], [.. 4L+2, .. 4L+3]
-    t[2 * i] = _mm512_unpacklo_ps(r[2 * i], r[2 * i + 1]);
-    t[2 * i + 1] = _mm512_unpackhi_ps(r[2 * i], r[2 * i + 1]);
-  }
-  for (int g = 0; g < 4; ++g) {  // u[4g + j], lane L: rows 4g .. 4g+3 at 4L + j
-    u[4 * g] = _mm512_shuffle_ps(t[4 * g], t[4 * g + 2], 0x44);
-    u[4 * g + 1] = _mm512_shuffle_ps(t[4 * g], t[4 * g + 2], 0xEE);
-    u[4 * g + 2] = _mm512_shuffle_ps(t[4 * g + 1], t[4 * g + 3], 0x44);
-    u[4 * g + 3] = _mm512_shuffle_ps(t[4 * g + 1], t[4 * g + 3], 0xEE);
-  }
-  for (int j = 0; j < 4; ++j) {  // lane 4L + j: lane L of u[j], u[4 + j], u[8 + j], u[12 + j]
-    const __m512 a = _mm512_shuffle_f32x4(u[j], u[4 + j], 0x44), b = _mm512_shuffle_f32x4(u[j], u[4 + j], 0xEE);
-    const __m512 c = _mm512_shuffle_f32x4(u[8 + j], u[12 + j], 0x44);
-    const __m512 d = _mm512_shuffle_f32x4(u[8 + j], u[12 + j], 0xEE);
-    r[j] = _mm512_shuffle_f32x4(a, c, 0x88);
-    r[4 + j] = _mm512_shuffle_f32x4(a, c, 0xDD);
-    r[8 + j] = _mm512_shuffle_f32x4(b, d, 0x88);
-    r[12 + j] = _mm512_shuffle_f32x4(b, d, 0xDD);
-  }
-}
+#include "transpose16_avx512.inc"
 
 // partial[r][16p + j] (row stride 32) continues its FMA chain over k < kc with A's row r, column k
 // (a[k * MR + r]: MR rows interleaved by k; or a[r * lda + k]: A read in place, InPlace) and
@@ -661,6 +639,9 @@ void nbits_pair_panel32(const NBitsWeight& w, int64_t n, int64_t cols, uint32_t*
   thread_local Scratch columns_storage, zp_storage;
   float* const columns = columns_storage.get<float>(16 * lda);
   float* const zp_buffer = zp_storage.get<float>(w.k_blocks + 8);
+  if (w.bits == 4 && w.block_size >= 32 && !w.g_idx && w.operands == NBitsOperands::kBFloat16 &&
+      QMM_KERNEL_NS::nbits_pair_panel32_4bit(w, n, cols, pairs))
+    return;
   switch (w.bits) {
     case 2: return build_pair_panels<2>(w, n, cols, columns, pairs, zp_buffer);
     case 3: return build_pair_panels<3>(w, n, cols, columns, pairs, zp_buffer);

@@ -21,6 +21,9 @@ bool nbits_prepare_f32(const float* A, int64_t M, const NBitsWeight& w, float* o
 // zero), the second panel at pairs + ceil(K / 2) * 16 (written only with cols > 16). Codes as
 // given: not for a packed weight.
 void nbits_pair_panel32(const NBitsWeight& w, int64_t n, int64_t cols, uint32_t* pairs);
+// Its fast path (nbits_pairs4_avx512.cpp): the same panels for 4-bit codes in blocks of 32 or more,
+// no g_idx, level 3; false, with nothing written, where a scale or float zero point is not finite.
+bool nbits_pair_panel32_4bit(const NBitsWeight& w, int64_t n, int64_t cols, uint32_t* pairs);
 
 // Columns per task that nbits_rows_f32's prefill path (more than 12 rows) wants: its tile's width.
 constexpr int64_t kNBitsF32PrefillColumns = 32;
@@ -47,6 +50,9 @@ bool nbits_prepare_f32(const float* A, int64_t M, const NBitsWeight& w, float* o
 // zero), the second panel at pairs + ceil(K / 2) * 16 (written only with cols > 16). Codes as
 // given: not for a packed weight.
 void nbits_pair_panel32(const NBitsWeight& w, int64_t n, int64_t cols, uint32_t* pairs);
+// Its fast path (nbits_pairs4_avx512.cpp): the same panels for 4-bit codes in blocks of 32 or more,
+// no g_idx, level 3; false, with nothing written, where a scale or float zero point is not finite.
+bool nbits_pair_panel32_4bit(const NBitsWeight& w, int64_t n, int64_t cols, uint32_t* pairs);
 
 // Columns per task that nbits_rows_f32's prefill path (more than 12 rows) wants: its tile's width.
 constexpr int64_t kNBitsF32PrefillColumns = 32;

@@ -319,29 +319,7 @@ inline bool packed_rows(const NBitsWeight& w, int64_t M) {
 }
 constexpr int kGroupRows = 8;  // rows interleaved by quads, the tile's height
 
-// r[c] = quads 0..15 of column c -> r[q] = columns 0..15 of quad q (a 16 x 16 transpose of dwords).
-inline void transpose16(__m512i r[16]) {
-  __m512i t[16], u[16];
-  for (int i = 0; i < 8; ++i) {  // per 128-bit lane L: [c0 q4L, c1 q4L, c0 q4L+1, c1 q4L+1], [.. q4L+2, .. q4L+3]
-    t[2 * i] = _mm512_unpacklo_epi32(r[2 * i], r[2 * i + 1]);
-    t[2 * i + 1] = _mm512_unpackhi_epi32(r[2 * i], r[2 * i + 1]);
-  }
-  for (int g = 0; g < 4; ++g) {  // u[4g + j], lane L: quad 4L + j of columns 4g .. 4g+3
-    u[4 * g] = _mm512_unpacklo_epi64(t[4 * g], t[4 * g + 2]);
-    u[4 * g + 1] = _mm512_unpackhi_epi64(t[4 * g], t[4 * g + 2]);
-    u[4 * g + 2] = _mm512_unpacklo_epi64(t[4 * g + 1], t[4 * g + 3]);
-    u[4 * g + 3] = _mm512_unpackhi_epi64(t[4 * g + 1], t[4 * g + 3]);
-  }
-  for (int j = 0; j < 4; ++j) {  // quad 4L + j = lane L of u[j], u[4 + j], u[8 + j], u[12 + j]
-    const __m512i a = _mm512_shuffle_i32x4(u[j], u[4 + j], 0x44), b = _mm512_shuffle_i32x4(u[j], u[4 + j], 0xEE);
-    const __m512i c = _mm512_shuffle_i32x4(u[8 + j], u[12 + j], 0x44);
-    const __m512i d = _mm512_shuffle_i32x4(u[8 + j], u[12 + j], 0xEE);
-    r[j] = _mm512_shuffle_i32x4(a, c, 0x88);
-    r[4 + j] = _mm512_shuffle_i32x4(a, c, 0xDD);
-    r[8 + j] = _mm512_shuffle_i32x4(b, d, 0x88);
-    r[12 + j] = _mm512_shuffle_i32x4(b, d, 0xDD);
-  }
-}
+#include "transpose16_avx512.inc"  // r[c] = quads 0..15 of column c -> r[q] = columns 0..15 of quad q
 
 // The panel of columns n0 .. n0 + cols - 1 (zeros past them), codes k0 .. k1 - 1 (k0 a multiple of
 // 64, k1 <= k_blocks * block_size) rounded up to 64, quad (k - k0) / 4 at 64 * that; 8-bit codes
