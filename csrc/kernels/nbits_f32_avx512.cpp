@@ -62,7 +62,7 @@ namespace {
 
 // Up to this many rows the per-column path, more the prefill: the AVX2 crossover, and AVX-512's
 // (Zen 4, 4-bit K = N = 4096, level 0, 2 threads: prefill / per-column 1.34-1.40x at 6 rows,
-// 1.02-1.07x at 12, 0.79-0.81x at 13, 0.67-0.74x at 24).
+// 1.02-1.07x at 12, 0.79-0.81x at 13, 0.72x at 24, 0.67x at 32).
 constexpr int64_t kDecodeMaxRows = 12;
 constexpr int kPassRows = 6;  // decode: rows sharing one computation of the weights
 constexpr int64_t kChunkGroups = 256;  // decode: groups per k-chunk for one row (16 KB of A), / rows per pass
