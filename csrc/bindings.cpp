@@ -646,14 +646,21 @@ void bind_quantize_linear(nb::module_& m) {
 // into float32 y of as many elements; DynamicQuantizeLinear of a contiguous float32 x into uint8
 // y, returning (scale, zero point).
 void bind_onnx_ops(nb::module_& m) {
-  m.def("erf", [](const In& x, Out y) {
-    const auto count = static_cast<int64_t>(x.size());
-    auto* out = static_cast<float*>(y.data());
-    const bool is_double = x.dtype() == nb::dtype<double>();
-    nb::gil_scoped_release release;
-    if (is_double) qmm::erf_f32(static_cast<const double*>(x.data()), count, out);
-    else qmm::erf_f32(static_cast<const float*>(x.data()), count, out);
-  });
+  // path (float32 x only): "" the one erf_path() names, or one of erf_paths(); False if not there.
+  m.def(
+      "erf",
+      [](const In& x, Out y, const std::string& path) {
+        const auto count = static_cast<int64_t>(x.size());
+        auto* out = static_cast<float*>(y.data());
+        const bool is_double = x.dtype() == nb::dtype<double>();
+        nb::gil_scoped_release release;
+        if (!is_double) return qmm::erf_f32(static_cast<const float*>(x.data()), count, out, path.c_str());
+        qmm::erf_f32(static_cast<const double*>(x.data()), count, out);
+        return true;
+      },
+      nb::arg("x"), nb::arg("y"), nb::arg("path") = "");
+  m.def("erf_path", [] { return std::string(qmm::erf_path()); });
+  m.def("erf_paths", &qmm::erf_paths);
   m.def("dynamic_quantize_linear", [](const In& x, Out y) {
     qmm::DynamicQuantization q;
     {

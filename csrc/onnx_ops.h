@@ -2,13 +2,24 @@
 #pragma once
 
 #include <cstdint>
+#include <string>
+#include <vector>
 
 namespace qmm {
 
 // y[i] = float32(erf(double(x[i]))) with the C library's erf: onnx.reference's Erf (math.erf on
-// each element, the double result rounded to float32), over the thread pool.
-void erf_f32(const float* x, int64_t count, float* y);
+// each element, the double result rounded to float32), over the thread pool. A float32 x goes
+// through `path`: "libm" (std::erf on each element), "avx512" (kernels/erf_avx512.cpp: a
+// polynomial, std::erf where rounding could tell them apart; the same bits), "avx512-emulated"
+// (the same code over SIMDe, for the tests), or "" (the one erf_path() names); false, computing
+// nothing, for a path that is not there (erf_paths()).
+bool erf_f32(const float* x, int64_t count, float* y, const char* path = "");
 void erf_f32(const double* x, int64_t count, float* y);
+// The path "" takes now: "avx512" where it is built, the CPU has AVX-512 (F, BW, DQ, VL) and the
+// kernel level (set_isa, hidden features) is avx512_vnni or higher, else "libm".
+const char* erf_path();
+// The paths this build and CPU can run.
+std::vector<std::string> erf_paths();
 
 // The smallest and largest non-NaN values of x[0 .. count) (lo > hi where there is none), over the
 // thread pool. Order does not matter: min and max of numbers are exact.

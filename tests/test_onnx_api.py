@@ -567,6 +567,56 @@ def test_erf_is_onnx_reference_bit_for_bit(dtype):
         assert np.allclose(got.astype(np.float64), want.astype(np.float64), rtol=2**-22, atol=0, equal_nan=True)
 
 
+def test_erf_paths_are_the_c_library_bit_for_bit():
+    # Every path of the session's Erf against the C library's erf (the "libm" path) on a stride
+    # through all 2^32 float32 bit patterns (NaN ones included), the edges of the kernel's
+    # intervals, the saturation and the small-|x| limit, and random values of both signs; a path
+    # off this CPU is refused. (Every float32 was checked once too: docs/onnx.md.)
+    from quantmatmul import _core
+
+    paths = _core.erf_paths()
+    assert paths[0] == "libm" and set(paths) <= {"libm", "avx512", "avx512-emulated"}
+    saturate = np.float32(3.9192059)
+    edges = [0.5 * i for i in range(9)] + [2.0**-20, float(saturate)]
+    near = np.array([np.nextafter(np.float32(e), np.float32(np.inf * s)) for e in edges for s in (1, -1)], F32)
+    rng = np.random.default_rng(13)
+    x = np.concatenate(
+        [
+            np.arange(0, 2**32, 4099, dtype=np.uint64).astype(np.uint32).view(F32),
+            np.array(edges, F32),
+            near,
+            -np.array(edges, F32),
+            (rng.standard_normal(300000) * 2).astype(F32),
+            np.array([0.0, -0.0, np.inf, -np.inf, np.nan, -np.nan, 1e-45, -1e-38], F32),
+        ]
+    )
+    want = np.empty_like(x)
+    assert _core.erf(x, want, "libm")
+    assert np.isnan(want[np.isnan(x)]).all() and want[x == saturate] == 1
+    for path in paths:
+        got = np.full_like(x, 7.0)
+        assert _core.erf(x, got, path)
+        assert got.tobytes() == want.tobytes(), path
+        assert _core.erf(x[:13], got[:13], path)  # shorter than one vector
+        assert got[:13].tobytes() == want[:13].tobytes(), path
+    assert not _core.erf(x, np.empty_like(x), "no such path")
+    if "avx512" not in paths:
+        assert not _core.erf(x, np.empty_like(x), "avx512")
+
+
+def test_erf_path_follows_the_kernel_level():
+    from quantmatmul import _core
+
+    before = quantmatmul.cpu_info()["isa"]
+    try:
+        quantmatmul.set_isa("avx2" if "avx2" in quantmatmul.cpu_info()["available_isas"] else "portable")
+        assert _core.erf_path() == "libm"
+        quantmatmul.set_isa(quantmatmul.cpu_info()["best_isa"])
+        assert _core.erf_path() == ("avx512" if "avx512" in _core.erf_paths() else "libm")
+    finally:
+        quantmatmul.set_isa(before)
+
+
 def test_erf_in_a_model_reads_views_and_keeps_shapes():
     # Erf after a Transpose (a view in onnx.reference): read in place of its strides, shape kept
     x = np.random.default_rng(12).normal(size=(3, 4, 5)).astype(F32)
