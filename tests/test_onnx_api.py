@@ -662,6 +662,9 @@ def test_matmul_integer_on_every_table_shape_and_zero_point_form(isa):
     cases = [
         ((7, 65), (65, 33), "tensor"),
         ((2, 3, 5, 4), (4, 17), "row"),
+        ((2, 3, 5, 40), (40, 17), "tensor"),  # a's leading dimensions fold into its rows
+        ((3, 4, 50), (50, 20), "column"),
+        ((0, 4, 9), (9, 5), "tensor"),
         ((9, 300), (300, 40), "column"),
         ((2, 1, 3, 70), (4, 70, 9), "batched column"),
         ((1,), (1, 5), "tensor"),

@@ -530,3 +530,48 @@ def test_float8_operands_with_nonzero_float8_zero_points():
                              expected, level)
     finally:
         qm.set_isa(before)
+
+
+@pytest.mark.parametrize("numerics", ["onnxruntime", "onnx-reference", "exact"])
+def test_leading_dimensions_fold_into_rows_with_a_matrix_b(numerics):
+    """a [..., M, K] with a matrix b and per-tensor a and y parameters runs as one product of all of a's
+    rows (qlinear._run): every shape and value is numpy.matmul's, row by row the 2-D product's bits
+    and the oracle's, the held weight's too, zero-size batches and float8 operands included."""
+    rng = np.random.default_rng(77)
+    b = rng.integers(-128, 128, (37, 19)).astype(np.int8)
+    b_scale, b_zp = rng.uniform(0.01, 0.02, 19).astype(np.float32), rng.integers(-5, 5, 19).astype(np.int8)
+    held = qm.QLinearMatMul(b, b_scale, b_zp)
+    params = (np.float32(0.03), np.uint8(7), np.float32(0.4), np.uint8(120))
+    for shape in [(2, 3, 5, 37), (4, 1, 37), (0, 6, 37), (3, 0, 37)]:
+        a = rng.integers(0, 256, shape).astype(np.uint8)
+        y = qm.qlinear_matmul(a, params[0], params[1], b, b_scale, b_zp, *params[2:], numerics=numerics)
+        assert y.shape == shape[:-1] + (19,) and y.dtype == np.uint8
+        rows = a.reshape(-1, 37)
+        want = qm.qlinear_matmul(rows, params[0], params[1], b, b_scale, b_zp, *params[2:], numerics=numerics)
+        assert np.array_equal(y.reshape(-1, 19), want)
+        assert np.array_equal(held(a, *params, numerics=numerics), y)
+        if rows.size:  # against the oracle, one 2-D product per matrix of a
+            for i, matrix in enumerate(a.reshape(-1, shape[-2], 37)):
+                mine = y.reshape(-1, shape[-2], 19)[i]
+                model = {"onnxruntime": oracle.onnxruntime, "onnx-reference": oracle.onnx_reference}.get(
+                    numerics, oracle.exact
+                )
+                theirs = model(matrix, params[0], params[1], b, b_scale, b_zp, *params[2:])
+                assert np.array_equal(mine, theirs)
+    # float8 (the float path): each matrix of a as its own 2-D product
+    e4 = ml_dtypes.float8_e4m3fn
+    a8 = rng.normal(size=(3, 4, 37)).astype(e4)
+    b8 = rng.normal(size=(37, 19)).astype(e4)
+    z8 = np.zeros((), e4)
+    y8 = qm.qlinear_matmul(a8, np.float32(0.5), z8, b8, np.float32(0.25), z8, np.float32(2.0), z8, numerics=numerics)
+    for i in range(3):
+        one = qm.qlinear_matmul(
+            a8[i], np.float32(0.5), z8, b8, np.float32(0.25), z8, np.float32(2.0), z8, numerics=numerics
+        )
+        assert y8[i].tobytes() == one.tobytes()
+    # a non-contiguous a (a transposed view) folds through a copy of its rows
+    a = rng.integers(0, 256, (37, 5, 4)).astype(np.uint8).transpose(2, 1, 0)
+    y = qm.qlinear_matmul(a, params[0], params[1], b, b_scale, b_zp, *params[2:], numerics=numerics)
+    want = qm.qlinear_matmul(np.ascontiguousarray(a).reshape(-1, 37), params[0], params[1], b, b_scale, b_zp,
+                             *params[2:], numerics=numerics)
+    assert np.array_equal(y.reshape(-1, 19), want)

@@ -167,6 +167,13 @@ def _check_numerics(numerics, fn):
 def _run(a, a_scale, a_zero_point, b, b_scale, b_zero_point, y_scale, y_zero_point, numerics, fn, packed_b):
     """The call after b and b_zero_point are validated: the fast path when it applies; else validate
     the rest, normalize (_Problem) and run the integer or the float path."""
+    if _foldable(a, b, (a_scale, a_zero_point, y_scale, y_zero_point)):
+        # a [..., M, K] times a matrix b with a and y per tensor: one product of all a's rows, as
+        # numpy.matmul's result is (each output is the same sum; the kernels then see every row at
+        # once, not a batch of M-row products each streaming b: 8 x 12 x 384 by 384 x 384 2.5x faster)
+        rows = a.reshape(prod(a.shape[:-1]), a.shape[-1])
+        y = _run(rows, a_scale, a_zero_point, b, b_scale, b_zero_point, y_scale, y_zero_point, numerics, fn, packed_b)
+        return y.reshape(a.shape[:-1] + (b.shape[1],))
     if numerics == "onnxruntime":
         y = _fast_2d(a, a_scale, a_zero_point, b, b_scale, b_zero_point, y_scale, y_zero_point, packed_b)
         if y is not None:
@@ -178,6 +185,18 @@ def _run(a, a_scale, a_zero_point, b, b_scale, b_zero_point, y_scale, y_zero_poi
     )
     y = _float_path(problem, numerics) if problem.float8 else _integer_path(problem, numerics)
     return y.reshape(problem.out_shape)
+
+
+def _foldable(a, b, per_tensor) -> bool:
+    """Whether a's leading dimensions fold into its rows: a is an array of rank 3 or more, b a matrix
+    of a's K rows, and the a and y parameters one value each (any other case keeps its batch)."""
+    return (
+        type(a) is np.ndarray
+        and a.ndim >= 3
+        and np.ndim(b) == 2
+        and a.shape[-1] == np.shape(b)[0]
+        and all(np.size(p) == 1 for p in per_tensor)
+    )
 
 
 # ---------------------------------------------------------------------------------------------------

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from math import prod
 from typing import NamedTuple
 
 import ml_dtypes
@@ -364,6 +365,9 @@ def _matmul_integer(a: _IntegerOperand, b: _IntegerOperand) -> np.ndarray:
     B = b.x[:, None] if b.x.ndim == 1 else b.x
     if A.shape[-1] != B.shape[-2]:
         raise ValueError(f"MatMulInteger: inner dimensions differ: a {a.x.shape}, b {b.x.shape}")
+    if A.ndim >= 3 and b.x.ndim == 2 and a.zp.ndim == 0:  # a's leading dimensions fold into its rows (qlinear._run)
+        rows = _IntegerOperand(A.reshape(prod(A.shape[:-1]), A.shape[-1]), a.zp)
+        return _matmul_integer(rows, b).reshape(A.shape[:-1] + (B.shape[-1],))
     try:
         batch = tuple(np.broadcast_shapes(A.shape[:-2], B.shape[:-2]))
         a_zp = np.broadcast_to(a.zp, A.shape[:-1] + (1,))
