@@ -569,6 +569,12 @@ def test_leading_dimensions_fold_into_rows_with_a_matrix_b(numerics):
             a8[i], np.float32(0.5), z8, b8, np.float32(0.25), z8, np.float32(2.0), z8, numerics=numerics
         )
         assert y8[i].tobytes() == one.tobytes()
+    # per-tensor parameters of rank 3 (valid for a 3-D a: they broadcast) keep the batch and its checks
+    a = rng.integers(0, 256, (2, 3, 37)).astype(np.uint8)
+    y = qm.qlinear_matmul(a, np.full((1, 1, 1), 0.03, np.float32), np.full((1, 1, 1), 7, np.uint8), b, b_scale, b_zp,
+                          np.full((1, 1, 1), 0.4, np.float32), np.full((1, 1, 1), 120, np.uint8), numerics=numerics)
+    want = qm.qlinear_matmul(a, *params[:2], b, b_scale, b_zp, *params[2:], numerics=numerics)
+    assert np.array_equal(y, want)
     # a non-contiguous a (a transposed view) folds through a copy of its rows
     a = rng.integers(0, 256, (37, 5, 4)).astype(np.uint8).transpose(2, 1, 0)
     y = qm.qlinear_matmul(a, params[0], params[1], b, b_scale, b_zp, *params[2:], numerics=numerics)

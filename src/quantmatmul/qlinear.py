@@ -189,13 +189,14 @@ def _run(a, a_scale, a_zero_point, b, b_scale, b_zero_point, y_scale, y_zero_poi
 
 def _foldable(a, b, per_tensor) -> bool:
     """Whether a's leading dimensions fold into its rows: a is an array of rank 3 or more, b a matrix
-    of a's K rows, and the a and y parameters one value each (any other case keeps its batch)."""
+    of a's K rows, and the a and y parameters one value each, of shape () or (1,) (which mean the same
+    for any a; any other case keeps its batch)."""
     return (
         type(a) is np.ndarray
         and a.ndim >= 3
         and np.ndim(b) == 2
         and a.shape[-1] == np.shape(b)[0]
-        and all(np.size(p) == 1 for p in per_tensor)
+        and all(np.ndim(p) <= 1 and np.size(p) == 1 for p in per_tensor)
     )
 
 
