@@ -660,6 +660,7 @@ void bind_onnx_ops(nb::module_& m) {
       },
       nb::arg("x"), nb::arg("y"), nb::arg("path") = "");
   m.def("erf_path", [] { return std::string(qmm::erf_path()); });
+  m.def("keep_heap", &qmm::keep_heap);
   m.def("erf_paths", &qmm::erf_paths);
   m.def("dynamic_quantize_linear", [](const In& x, Out y) {
     qmm::DynamicQuantization q;

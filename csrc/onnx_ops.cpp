@@ -10,6 +10,9 @@
 #if defined(__SSE2__)
 #include <emmintrin.h>
 #endif
+#if defined(__GLIBC__)
+#include <malloc.h>
+#endif
 
 #include "cpu_features.h"
 #include "dispatch.h"
@@ -160,6 +163,17 @@ DynamicQuantization dynamic_quantize_linear(const float* x, int64_t count, uint8
   const int32_t zero_point = q.zero_point;
   quantize_linear_f32(x, LinearShape{count, 1, std::max<int64_t>(count, 1)}, &q.scale, &zero_point, IntType::kUInt8, y);
   return q;
+}
+
+bool keep_heap(int64_t top_pad, int64_t mmap_threshold) {
+  constexpr int64_t kMost = int64_t{1} << 30;
+  if (top_pad < 0 || top_pad > kMost || mmap_threshold < 0 || mmap_threshold > kMost) return false;
+#if defined(__GLIBC__)
+  return mallopt(M_TOP_PAD, static_cast<int>(top_pad)) == 1 &&
+         mallopt(M_MMAP_THRESHOLD, static_cast<int>(mmap_threshold)) == 1;
+#else
+  return false;
+#endif
 }
 
 }  // namespace qmm

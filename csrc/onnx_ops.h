@@ -38,4 +38,11 @@ DynamicQuantization dynamic_quantization(const float* x, int64_t count);
 // quantize_linear.h's arithmetic: ONNX Runtime's, whatever the scale, 0 and infinity included).
 DynamicQuantization dynamic_quantize_linear(const float* x, int64_t count, uint8_t* y);
 
+// The C library's heap keeps up to top_pad bytes of freed memory at its top for reuse instead of
+// handing them back to the system, and serves blocks below mmap_threshold bytes from the heap
+// (glibc's M_TOP_PAD, M_MMAP_THRESHOLD): onnx.reference's numpy temporaries, freed and allocated
+// again on every node, otherwise fault their pages in anew (half of a MiniLM batch's time). False
+// where the C library has no such settings or a value is out of range (0 .. 1 GiB).
+bool keep_heap(int64_t top_pad, int64_t mmap_threshold);
+
 }  // namespace qmm

@@ -617,6 +617,35 @@ def test_erf_path_follows_the_kernel_level():
         quantmatmul.set_isa(before)
 
 
+@pytest.mark.parametrize(
+    "variable, value",
+    [("MALLOC_TOP_PAD_", "131072"), ("MALLOC_TRIM_THRESHOLD_", "0"), ("GLIBC_TUNABLES", "glibc.malloc.top_pad=0")],
+)
+def test_the_first_session_keeps_the_heap_unless_the_environment_tunes_malloc(monkeypatch, variable, value):
+    import platform
+
+    from quantmatmul import _core
+    from quantmatmul.onnx import _session
+
+    calls = []
+    monkeypatch.setattr(_session._core, "keep_heap", lambda *sizes: calls.append(sizes) or True)
+    for name in (*_session._MALLOC_ENVIRONMENT, "GLIBC_TUNABLES"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setattr(_session, "_heap_kept", False)
+    monkeypatch.setenv(variable, value)  # the user's own setting: malloc left alone
+    qo.InferenceSession(mlp())
+    assert calls == []
+    monkeypatch.setattr(_session, "_heap_kept", False)
+    monkeypatch.delenv(variable)
+    qo.InferenceSession(mlp())
+    qo.InferenceSession(mlp())  # once per process
+    assert calls == [(_session.HEAP_TOP_PAD, _session.HEAP_MMAP_THRESHOLD)] == [(256 << 20, 32 << 20)]
+    monkeypatch.undo()
+    assert _core.keep_heap(-1, 0) is False and _core.keep_heap(0, 2**31) is False  # out of range: nothing set
+    if platform.libc_ver()[0] == "glibc":
+        assert _core.keep_heap(_session.HEAP_TOP_PAD, _session.HEAP_MMAP_THRESHOLD) is True
+
+
 def test_erf_in_a_model_reads_views_and_keeps_shapes():
     # Erf after a Transpose (a view in onnx.reference): read in place of its strides, shape kept
     x = np.random.default_rng(12).normal(size=(3, 4, 5)).astype(F32)
