@@ -660,8 +660,8 @@ void bind_onnx_ops(nb::module_& m) {
       },
       nb::arg("x"), nb::arg("y"), nb::arg("path") = "");
   m.def("erf_path", [] { return std::string(qmm::erf_path()); });
-  m.def("keep_heap", &qmm::keep_heap);
   m.def("erf_paths", &qmm::erf_paths);
+  m.def("keep_heap", &qmm::keep_heap);  // the session's heap settings (glibc)
   m.def("dynamic_quantize_linear", [](const In& x, Out y) {
     qmm::DynamicQuantization q;
     {

@@ -1,4 +1,4 @@
-// onnx_ops.cpp: Erf and DynamicQuantizeLinear's range for the ONNX session: elementwise loops in tasks over the thread pool.
+// onnx_ops.cpp: the ONNX session's Erf and DynamicQuantizeLinear (elementwise loops in tasks over the thread pool) and its heap settings.
 #include "onnx_ops.h"
 
 #include <algorithm>
@@ -37,9 +37,7 @@ namespace {
 // Elements [0, count) in tasks of `task` elements, each worth about task_ns nanoseconds.
 template <class Range>
 void over_tasks(int64_t count, int64_t task, double task_ns, Range&& range) {
-  const int64_t tasks = (count + task - 1) / task;
-  parallel_for(
-      tasks, [&](int64_t t) { range(t, t * task, std::min(count, (t + 1) * task)); }, tasks_worth_a_thread(task_ns));
+  parallel_ranges(count, task, tasks_worth_a_thread(task_ns), range);
 }
 
 template <class T>
@@ -58,10 +56,14 @@ void erf_vector(ErfRange range, const float* x, int64_t count, float* y) {
   over_tasks(count, kTask, kTask * 1.5, [&](int64_t, int64_t i0, int64_t i1) { range(x + i0, i1 - i0, y + i0); });
 }
 
+#if QMM_ERF_AVX512
+// Whether the CPU runs the avx512f build (hidden features aside: a path named explicitly runs).
+bool has_avx512() { return (usable_features() & kAvx512Features) == kAvx512Features; }
+#endif
+
 bool erf_avx512_usable() {
 #if QMM_ERF_AVX512
-  const Features usable = usable_features() & ~hidden_features();
-  return active_isa() >= Isa::kAvx512Vnni && (usable & kAvx512Features) == kAvx512Features;
+  return active_isa() >= Isa::kAvx512Vnni && has_avx512() && (hidden_features() & kAvx512Features) == 0;
 #else
   return false;
 #endif
@@ -97,6 +99,19 @@ void min_max_range(const float* x, int64_t i0, int64_t i1, float& lo, float& hi)
   lo = l, hi = h;
 }
 
+// The smallest and largest non-NaN values of x[0 .. count) (+inf and -inf where there is none).
+void min_max_f32(const float* x, int64_t count, float& lo, float& hi) {
+  constexpr int64_t kTask = 1 << 16;  // 256 KB of x: some microseconds
+  std::vector<float> los(static_cast<size_t>((count + kTask - 1) / kTask)), his(los.size());
+  over_tasks(count, kTask, kTask * 0.1,
+             [&](int64_t t, int64_t i0, int64_t i1) { min_max_range(x, i0, i1, los[t], his[t]); });
+  lo = std::numeric_limits<float>::infinity(), hi = -lo;
+  for (size_t t = 0; t < los.size(); ++t) {
+    lo = los[t] < lo ? los[t] : lo;
+    hi = his[t] > hi ? his[t] : hi;
+  }
+}
+
 }  // namespace
 
 const char* erf_path() { return erf_avx512_usable() ? "avx512" : "libm"; }
@@ -104,7 +119,7 @@ const char* erf_path() { return erf_avx512_usable() ? "avx512" : "libm"; }
 std::vector<std::string> erf_paths() {
   std::vector<std::string> paths{"libm"};
 #if QMM_ERF_AVX512
-  if ((usable_features() & kAvx512Features) == kAvx512Features) paths.emplace_back("avx512");
+  if (has_avx512()) paths.emplace_back("avx512");
 #endif
 #if QMM_ERF_AVX512_EMULATED
   paths.emplace_back("avx512-emulated");
@@ -119,7 +134,7 @@ bool erf_f32(const float* x, int64_t count, float* y, const char* path) {
     return true;
   }
 #if QMM_ERF_AVX512
-  if (name == "avx512" && (usable_features() & kAvx512Features) == kAvx512Features) {
+  if (name == "avx512" && has_avx512()) {
     erf_vector(avx512f::erf_f32_range, x, count, y);
     return true;
   }
@@ -134,18 +149,6 @@ bool erf_f32(const float* x, int64_t count, float* y, const char* path) {
 }
 
 void erf_f32(const double* x, int64_t count, float* y) { erf_libm(x, count, y); }
-
-void min_max_f32(const float* x, int64_t count, float& lo, float& hi) {
-  constexpr int64_t kTask = 1 << 16;  // 256 KB of x: some microseconds
-  std::vector<float> los(static_cast<size_t>((count + kTask - 1) / kTask)), his(los.size());
-  over_tasks(count, kTask, kTask * 0.1,
-             [&](int64_t t, int64_t i0, int64_t i1) { min_max_range(x, i0, i1, los[t], his[t]); });
-  lo = std::numeric_limits<float>::infinity(), hi = -lo;
-  for (size_t t = 0; t < los.size(); ++t) {
-    lo = los[t] < lo ? los[t] : lo;
-    hi = his[t] > hi ? his[t] : hi;
-  }
-}
 
 DynamicQuantization dynamic_quantization(const float* x, int64_t count) {
   float lo, hi;

@@ -1,4 +1,4 @@
-// onnx_ops.h: float operators of the ONNX session in C++: Erf as onnx.reference computes it, DynamicQuantizeLinear as ONNX Runtime does.
+// onnx_ops.h: float operators of the ONNX session in C++ (Erf as onnx.reference computes it, DynamicQuantizeLinear as ONNX Runtime does) and its heap settings.
 #pragma once
 
 #include <cstdint>
@@ -20,10 +20,6 @@ void erf_f32(const double* x, int64_t count, float* y);
 const char* erf_path();
 // The paths this build and CPU can run.
 std::vector<std::string> erf_paths();
-
-// The smallest and largest non-NaN values of x[0 .. count) (lo > hi where there is none), over the
-// thread pool. Order does not matter: min and max of numbers are exact.
-void min_max_f32(const float* x, int64_t count, float& lo, float& hi);
 
 // ONNX DynamicQuantizeLinear's scale and zero point (uint8) from x's range, as ONNX Runtime's CPU
 // kernel computes them in float32 (docs/onnx.md): lo = min(min(x), 0), hi = max(max(x), 0),

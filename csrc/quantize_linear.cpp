@@ -1,8 +1,6 @@
 // quantize_linear.cpp: quantize_linear's driver: tasks of elements over the thread pool, the choice of loop build.
 #include "quantize_linear.h"
 
-#include <algorithm>
-
 #include "dispatch.h"
 #include "thread_pool.h"
 
@@ -27,9 +25,7 @@ namespace {
 // Tasks of 64 K elements (a few tens of microseconds each), at least 4 per thread woken.
 template <class Range>
 void over_tasks(int64_t count, Range&& range) {
-  constexpr int64_t kTask = 65536;
-  const int64_t tasks = (count + kTask - 1) / kTask;
-  parallel_for(tasks, [&](int64_t t) { range(t * kTask, std::min(count, (t + 1) * kTask)); }, 4);
+  parallel_ranges(count, 65536, 4, [&](int64_t, int64_t i0, int64_t i1) { range(i0, i1); });
 }
 
 }  // namespace

@@ -31,6 +31,15 @@ bool pool_spins();
 // tasks (a small job is quicker done by fewer threads than by waking more).
 void parallel_for(int64_t count, const std::function<void(int64_t)>& task, int64_t min_per_thread = 1);
 
+// Elements [0, count) in tasks of `task` consecutive elements: range(t, i0, i1) for task t, elements
+// [i0, i1), on the pool (parallel_for's min_per_thread as given).
+template <class Range>
+void parallel_ranges(int64_t count, int64_t task, int64_t min_per_thread, Range&& range) {
+  const int64_t tasks = (count + task - 1) / task;
+  parallel_for(
+      tasks, [&](int64_t t) { range(t, t * task, t * task + task < count ? t * task + task : count); }, min_per_thread);
+}
+
 // While alive, up to threads - 1 of the pool's helpers stay awake for this thread's parallel_for
 // calls: woken when it begins, each spins for the next job (up to 100 microseconds at a time)
 // instead of sleeping. For a call made of serial steps and jobs (A prepared by the caller, then

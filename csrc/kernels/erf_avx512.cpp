@@ -16,7 +16,6 @@
 
 #include <cmath>
 #include <cstdint>
-#include <cstring>
 
 namespace qmm {
 namespace QMM_KERNEL_NS {

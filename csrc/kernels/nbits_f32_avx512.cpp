@@ -638,12 +638,12 @@ void nbits_rows_f32(const float* A, int64_t M, const NBitsWeight& w, int64_t n0,
 
 void nbits_pair_panel32(const NBitsWeight& w, int64_t n, int64_t cols, uint32_t* pairs) {
   const int64_t lda = 16 * ((w.K + 15) / 16);
-  thread_local Scratch columns_storage, zp_storage;
-  float* const columns = columns_storage.get<float>(16 * lda);
-  float* const zp_buffer = zp_storage.get<float>(w.k_blocks + 8);
   if (w.bits == 4 && w.block_size >= 32 && !w.g_idx && w.operands == NBitsOperands::kBFloat16 &&
       QMM_KERNEL_NS::nbits_pair_panel32_4bit(w, n, cols, pairs))
     return;
+  thread_local Scratch columns_storage, zp_storage;
+  float* const columns = columns_storage.get<float>(16 * lda);
+  float* const zp_buffer = zp_storage.get<float>(w.k_blocks + 8);
   switch (w.bits) {
     case 2: return build_pair_panels<2>(w, n, cols, columns, pairs, zp_buffer);
     case 3: return build_pair_panels<3>(w, n, cols, columns, pairs, zp_buffer);
