@@ -415,18 +415,22 @@ def test_session_on_quantize_static(kind, activation, per_channel, tmp_path):
     feed = x_for(model, batch=7)
     (ours,) = qo.InferenceSession(model).run(None, feed)
     (theirs,) = run_ort(model, feed)
-    if kind == "qoperator":  # integer all the way: bit for bit
-        assert ours.tobytes() == theirs.tobytes()
-        assert held(qo.InferenceSession(model)) == [quantmatmul.QLinearMatMul] * 2
-    else:
-        # ORT fuses DQ -> MatMul -> Q into an integer QLinearMatMul; the graph as written rounds a float32
-        # sum instead: the first layer's quantized output at most one step apart (later layers carry it on)
+    # integer all the way: bit for bit (QDQ: both sessions fuse DQ -> MatMul -> Q into QLinearMatMul)
+    assert ours.tobytes() == theirs.tobytes()
+    assert held(qo.InferenceSession(model)) == [quantmatmul.QLinearMatMul] * 2
+    if kind == "qdq":
+        assert qo.InferenceSession(model).fused == ["mm1", "mm2"]
+        # the graph as written (fuse_qdq=False) rounds a float32 sum instead: the first layer's quantized
+        # output at most one step from ORT's fused one (later layers carry it on)
         (first,) = [n.output[0] for n in model.graph.node if n.op_type == "QuantizeLinear" and n.input[0] == "r"]
         exposed = expose(model, ())
         exposed.graph.output.append(onnx.ValueInfoProto(name=first))
-        a, b = qo.InferenceSession(exposed).run([first], feed)[0], run_ort(exposed, feed)[1]
+        written = qo.InferenceSession(exposed, fuse_qdq=False)
+        assert written.fused == [] and held(written) == []
+        a, b = written.run([first], feed)[0], run_ort(exposed, feed)[1]
         assert np.abs(a.astype(int) - b.astype(int)).max() <= 1
-        assert np.linalg.norm(ours - theirs) <= 0.05 * np.linalg.norm(theirs)
+        (unfused,) = written.run(["y"], feed)
+        assert np.linalg.norm(unfused - theirs) <= 0.05 * np.linalg.norm(theirs)
     report = qo.compare(model, feed, numerics="onnxruntime")
     assert report.ok, str(report)
     quantized = [n.name for n in model.graph.node if n.op_type in qo._compare.COMPARED]

@@ -188,6 +188,13 @@ def _add_model_commands(sub):
     r.add_argument("--input", action="append", default=[], metavar="NAME=FILE.npy", help="every input of the model")
     r.add_argument("--output-dir", default=".", metavar="DIR", help="where OUTPUT.npy files go (default: .)")
     r.add_argument("--numerics", default="onnxruntime", help="QLinearMatMul numerics (default onnxruntime)")
+    r.add_argument(
+        "--no-fuse-qdq",
+        dest="fuse_qdq",
+        action="store_false",
+        help="run QDQ MatMul groups as written (a float MatMul between DequantizeLinear and QuantizeLinear) "
+        "rather than as one QLinearMatMul, as ONNX Runtime's optimizer runs them",
+    )
 
 
 def _model_command(args) -> int:
@@ -356,7 +363,7 @@ def _run(args, qonnx) -> int:
     from .onnx._common import format_table
 
     feed = _pairs("run", "--input", args.input, _npy("run"))
-    session = qonnx.InferenceSession(args.model, numerics=args.numerics)
+    session = qonnx.InferenceSession(args.model, numerics=args.numerics, fuse_qdq=args.fuse_qdq)
     print(f"running {args.model} on quantmatmul ...", file=sys.stderr, flush=True)
     start = time.perf_counter()
     outputs = session.run(None, feed)
@@ -369,7 +376,9 @@ def _run(args, qonnx) -> int:
         np.save(path, value)
         table.append([arg.name, str(value.dtype), "x".join(map(str, value.shape)) or "scalar", path])
     print(format_table(["output", "dtype", "shape", "file"], table))
-    print(f"\n{len(outputs)} outputs in {elapsed:.2f} s (numerics={args.numerics!r})")
+    count = len(session.fused)
+    fused = f", {count} QDQ MatMul group{'s' * (count != 1)} run as QLinearMatMul" if count else ""
+    print(f"\n{len(outputs)} outputs in {elapsed:.2f} s (numerics={args.numerics!r}{fused})")
     return 0
 
 

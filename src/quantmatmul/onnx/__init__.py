@@ -5,9 +5,11 @@ Three entry points (docs/onnx.md):
 * ``quantize(model, *, bits=4, block_size=128, method="mse", ...)``: every MatMul / Gemm with a
   constant float weight becomes a ``com.microsoft`` MatMulNBits node, in the form ONNX Runtime's
   ``MatMulNBitsQuantizer`` writes (byte for byte with ``method="rtn"``).
-* ``InferenceSession(model, *, numerics="onnxruntime")``: ``.run(output_names, input_feed)`` as in
-  onnxruntime, on ``onnx.reference.ReferenceEvaluator`` with quantmatmul's QLinearMatMul,
-  MatMulNBits, QuantizeLinear, DequantizeLinear, DynamicQuantizeLinear and MatMulInteger.
+* ``InferenceSession(model, *, numerics="onnxruntime", fuse_qdq=True)``: ``.run(output_names,
+  input_feed)`` as in onnxruntime, on ``onnx.reference.ReferenceEvaluator`` with quantmatmul's
+  QLinearMatMul, MatMulNBits, QuantizeLinear, DequantizeLinear, DynamicQuantizeLinear and
+  MatMulInteger; a QDQ model's DequantizeLinear -> MatMul -> QuantizeLinear groups run as
+  QLinearMatMul, as ONNX Runtime's optimizer runs them.
 * ``compare(model, input_feed=None, *, numerics="exact")``: runs the model once in ONNX Runtime
   and checks every quantized node's output against quantmatmul's: a ``CompareReport``.
 

@@ -1,4 +1,4 @@
-"""onnx/_session.py: InferenceSession: onnx.reference.ReferenceEvaluator with quantmatmul's QLinearMatMul, MatMulNBits, QuantizeLinear, DequantizeLinear, DynamicQuantizeLinear, MatMulInteger and Erf."""
+"""onnx/_session.py: InferenceSession: onnx.reference.ReferenceEvaluator with quantmatmul's QLinearMatMul (QDQ MatMul groups fused into it), MatMulNBits, QuantizeLinear, DequantizeLinear, DynamicQuantizeLinear, MatMulInteger and Erf."""
 
 from __future__ import annotations
 
@@ -18,6 +18,7 @@ from ..qlinear import NUMERICS, QLinearMatMul, batch_index, qlinear_matmul
 from ..quantize_linear import _QUANT_TYPES as DEQUANTIZE_TYPES
 from ..quantize_linear import dequantize_linear, quantize_linear
 from ._common import MS_DOMAIN, NodeArg, check_feed, graph_inputs, load_model, node_arg, np_dtype, to_array
+from ._fuse import fuse_qdq_matmuls
 
 __all__ = ["InferenceSession", "NodeArg", "OPS", "dynamic_quantize_linear", "matmul_integer"]
 
@@ -36,7 +37,8 @@ OPS = (
 class InferenceSession:
     """Runs an ONNX model the way ``onnxruntime.InferenceSession`` does, on quantmatmul's kernels.
 
-    ``InferenceSession(model, *, numerics="onnxruntime")``: model is an ``onnx.ModelProto`` or a path.
+    ``InferenceSession(model, *, numerics="onnxruntime", fuse_qdq=True)``: model is an ``onnx.ModelProto``
+    or a path.
     Every node runs in ``onnx.reference.ReferenceEvaluator``, except QLinearMatMul, com.microsoft
     MatMulNBits, QuantizeLinear, DequantizeLinear, DynamicQuantizeLinear and MatMulInteger, which run in
     quantmatmul (what ONNX Runtime's quantizers emit: ``quantize_static`` in QOperator and QDQ formats,
@@ -48,6 +50,11 @@ class InferenceSession:
     MatMulInteger computes the spec's int32 sum; DynamicQuantizeLinear computes scale and zero point as
     ONNX Runtime does (docs/onnx.md).
 
+    With ``fuse_qdq`` (the default), a QDQ model's ``DequantizeLinear -> MatMul -> QuantizeLinear`` groups
+    run as one QLinearMatMul each, as ONNX Runtime's graph optimizer runs them (the rules: docs/onnx.md,
+    "QDQ fusion"; ``fused``: the fused MatMul nodes' names); ``fuse_qdq=False`` runs the graph as written.
+    The caller's model is never modified.
+
     ``run(output_names, input_feed)`` returns a list of numpy arrays (``output_names`` None: every
     output); ``get_inputs()`` / ``get_outputs()`` return :class:`NodeArg` (name, shape, type) as
     onnxruntime does. The input feed is checked against the model's input types and fixed dimensions.
@@ -58,14 +65,20 @@ class InferenceSession:
 
     _FN = "InferenceSession"
 
-    def __init__(self, model, *, numerics: str = "onnxruntime"):
+    def __init__(self, model, *, numerics: str = "onnxruntime", fuse_qdq: bool = True):
         if numerics not in NUMERICS:
             raise ValueError(f"{self._FN}: numerics must be one of {', '.join(map(repr, NUMERICS))}, got {numerics!r}")
+        if not isinstance(fuse_qdq, (bool, np.bool_)):
+            raise TypeError(f"{self._FN}: fuse_qdq must be True or False, got {type(fuse_qdq).__name__}")
         self.numerics = numerics
+        owned = not isinstance(model, onnx.ModelProto)  # read from a file: the session's own to rewrite
         self._model = load_model(self._FN, model, copy=False)
-        constants = {t.name: t for t in self._model.graph.initializer}
+        runs, self.fused = self._model, []
+        if fuse_qdq:
+            runs, self.fused = fuse_qdq_matmuls(self._model, in_place=owned)
+        constants = {t.name: t for t in runs.graph.initializer}
         try:
-            self._evaluator = ReferenceEvaluator(self._model, new_ops=_op_classes(constants, numerics))
+            self._evaluator = ReferenceEvaluator(runs, new_ops=_op_classes(constants, numerics))
         except _NodeError as error:
             raise error.public(self._FN) from None
         except Exception as error:  # onnx.reference refuses an operator or an attribute
@@ -258,7 +271,13 @@ def _reference_op(op: OpRun) -> OpRun:
     if getattr(op, "_reference", None) is None:
         from onnx.reference.ops import load_op
 
-        cls = load_op(op.onnx_node.domain, op.onnx_node.op_type, op.run_params["opsets"][op.onnx_node.domain])
+        domain, op_type = op.onnx_node.domain, op.onnx_node.op_type
+        try:
+            cls = load_op(domain, op_type, op.run_params["opsets"][domain])
+        except RuntimeError:
+            # onnx.reference implements DequantizeLinear from opset 19 on only; an opset-10..18 node's
+            # int32 input (a QDQ model's quantized bias) means the same in every version: the latest
+            cls = load_op(domain, op_type, None)
         op._reference = cls(op.onnx_node, op.run_params)
     return op._reference
 

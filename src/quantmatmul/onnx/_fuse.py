@@ -1,0 +1,268 @@
+"""onnx/_fuse.py: the QDQ fusion InferenceSession applies, as ONNX Runtime's graph optimizer does: DequantizeLinear -> MatMul -> QuantizeLinear groups become QLinearMatMul nodes.
+
+A QDQ model (``quantize_static(..., quant_format=QuantFormat.QDQ)``, ONNX Runtime's default format)
+writes each quantized MatMul as float operators between quantize / dequantize pairs:
+
+    a_q -> DequantizeLinear -\
+                              MatMul [-> Relu] -> QuantizeLinear -> y_q
+    b_q -> DequantizeLinear -/
+
+ONNX Runtime (graph optimizations on, its default) runs the group as one integer QLinearMatMul
+(its QDQ selector / action transformers); run as written, the session would multiply dequantized
+float32 values and round their float32 sum, which can land one step of y's scale away, and is 5-10x
+slower (onnx.reference's np.matmul on float copies of the weights). ``fuse_qdq_matmuls`` rewrites a
+copy of the graph where the group is a QLinearMatMul, so the session's QLinearMatMul (its
+``numerics``; "onnxruntime": ONNX Runtime's fused bits) runs it. A group is fused when:
+
+- the MatMul's inputs are both DequantizeLinear outputs, of int8 or uint8 values (any combination:
+  quantmatmul's QLinearMatMul takes all eight), and its output feeds one QuantizeLinear only, to
+  int8 or uint8, directly or through one Relu that the quantization makes redundant (y's zero point
+  the type's minimum, a positive scale: negative values saturate to it either way, as ONNX Runtime's
+  redundant-clip rule has it); neither output is a graph output;
+- every scale and zero point is an initializer: float32 scales, finite and nonzero, with a finite
+  float32 multiplier ``a_scale * b_scale / y_scale``; a and y per tensor (one element); b per tensor,
+  or per column (a [N] scale along axis 1 of a 2-D b initializer); no ``block_size``.
+
+Anything else stays as written. A DequantizeLinear whose output nothing reads any more is dropped.
+The caller's model is not modified (a copy is rewritten, unless the caller owns the model).
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+
+import numpy as np
+import onnx
+from onnx import helper, numpy_helper
+
+from ._common import np_dtype
+
+_INT8 = (np.dtype(np.int8), np.dtype(np.uint8))
+_PASS_THROUGH = ("Transpose", "Reshape", "Squeeze", "Unsqueeze", "Flatten", "Identity")
+
+
+def fuse_qdq_matmuls(model: onnx.ModelProto, *, in_place: bool = False) -> tuple[onnx.ModelProto, list[str]]:
+    """(model with its fusable QDQ MatMul groups as QLinearMatMul nodes, the names of the fused MatMul
+    nodes); the model itself when nothing fuses. A copy is rewritten unless in_place."""
+    graph = model.graph
+    view = _GraphView(graph)
+    groups = [g for g in (view.group(node) for node in graph.node if _is(node, "MatMul")) if g is not None]
+    if not groups:
+        return model, []
+    if not in_place:
+        copy = onnx.ModelProto()
+        copy.CopyFrom(model)
+        model, graph = copy, copy.graph
+
+    names = view.names
+    new_initializers = []
+
+    def zero_point(given: str, dtype: np.dtype, hint: str) -> str:
+        if given:
+            return given
+        name = _unique(f"{hint}_zero_point_fused", names)
+        new_initializers.append(numpy_helper.from_array(np.zeros((), dtype), name))
+        return name
+
+    fused_at = {}  # id of the QuantizeLinear node -> the QLinearMatMul replacing the group
+    dropped = set()  # ids of the MatMul and Relu nodes folded into a group
+    for g in groups:
+        label = g.matmul.name or g.q.output[0]
+        inputs = [
+            g.a.input[0],
+            g.a.input[1],
+            zero_point(_arg(g.a, 2), g.a_dtype, f"{label}_a"),
+            g.b.input[0],
+            g.b.input[1],
+            zero_point(_arg(g.b, 2), g.b_dtype, f"{label}_b"),
+            g.q.input[1],
+            zero_point(_arg(g.q, 2), g.y_dtype, f"{label}_y"),
+        ]
+        fused_at[id(g.q)] = helper.make_node("QLinearMatMul", inputs, [g.q.output[0]], name=g.matmul.name or None)
+        dropped.add(id(g.matmul))
+        if g.relu is not None:
+            dropped.add(id(g.relu))
+
+    nodes = []
+    for node in view.nodes:
+        if id(node) in dropped:
+            continue
+        nodes.append(fused_at.get(id(node), node))
+    # DequantizeLinear nodes of the groups that nothing reads any more
+    read = {name for node in nodes for name in node.input} | view.outer_reads
+    candidates = {id(g.a) for g in groups} | {id(g.b) for g in groups}
+    nodes = [n for n in nodes if id(n) not in candidates or n.output[0] in read]
+
+    kept = [onnx.NodeProto() for _ in nodes]
+    for target, node in zip(kept, nodes):
+        target.CopyFrom(node)
+    del graph.node[:]
+    graph.node.extend(kept)
+    graph.initializer.extend(new_initializers)
+    return model, [g.matmul.name for g in groups]
+
+
+class _Group:
+    def __init__(self, matmul, a, b, relu, q, a_dtype, b_dtype, y_dtype):
+        self.matmul, self.a, self.b, self.relu, self.q = matmul, a, b, relu, q
+        self.a_dtype, self.b_dtype, self.y_dtype = a_dtype, b_dtype, y_dtype
+
+
+class _GraphView:
+    """The graph's producers, readers, initializers and declared types, for matching groups."""
+
+    def __init__(self, graph: onnx.GraphProto):
+        self.nodes = list(graph.node)
+        self.inits = {t.name: t for t in graph.initializer}
+        self.producer = {name: node for node in self.nodes for name in node.output if name}
+        self.readers = defaultdict(list)
+        for node in self.nodes:
+            for i, name in enumerate(node.input):
+                if name:
+                    self.readers[name].append((node, i))
+        self.graph_outputs = {o.name for o in graph.output}
+        # names read inside subgraphs (If / Loop / Scan bodies) from this scope: never fused away
+        self.outer_reads = set()
+        for node in self.nodes:
+            for attribute in node.attribute:
+                for sub in list(attribute.graphs) + ([attribute.g] if attribute.HasField("g") else []):
+                    self.outer_reads |= _names_read(sub)
+        self.declared = {}
+        for value in list(graph.input) + list(graph.value_info) + list(graph.output):
+            if value.type.HasField("tensor_type") and value.type.tensor_type.elem_type:
+                self.declared[value.name] = value.type.tensor_type.elem_type
+        self.names = set(self.inits) | set(self.producer) | {v.name for v in graph.input} | self.outer_reads
+
+    def only_reader(self, name: str):
+        """The one node reading name as its first input, or None (several readers, another input, a graph
+        output, a subgraph's read)."""
+        readers = self.readers.get(name, [])
+        if len(readers) != 1 or readers[0][1] != 0 or name in self.graph_outputs or name in self.outer_reads:
+            return None
+        return readers[0][0]
+
+    def constant(self, node, index: int):
+        """Initializer input `index` of node as an array; None when absent; False when not an initializer."""
+        name = _arg(node, index)
+        if not name:
+            return None
+        tensor = self.inits.get(name)
+        return False if tensor is None else numpy_helper.to_array(tensor)
+
+    def dtype(self, name: str, depth: int = 0):
+        """The element type of a tensor where the graph says it, else None."""
+        if name in self.inits:
+            return np_dtype(self.inits[name].data_type)
+        if name in self.declared:
+            return np_dtype(self.declared[name])
+        node = self.producer.get(name)
+        if node is None or depth > 16:
+            return None
+        if _is(node, "QuantizeLinear"):
+            return _quantized_dtype(node, self.constant(node, 2))
+        if _is(node, "DynamicQuantizeLinear") and name == node.output[0]:
+            return np.dtype(np.uint8)
+        if node.op_type in _PASS_THROUGH and node.domain in ("", "ai.onnx"):
+            return self.dtype(node.input[0], depth + 1)
+        return None
+
+    def group(self, matmul):
+        """The fusable group around a MatMul node, or None."""
+        if len(matmul.input) != 2 or not matmul.output:
+            return None
+        a, b = (self.producer.get(name) for name in matmul.input)
+        if not (_is(a, "DequantizeLinear") and _is(b, "DequantizeLinear")):
+            return None
+        q = relu = self.only_reader(matmul.output[0])
+        if _is(relu, "Relu"):
+            q = self.only_reader(relu.output[0])
+        else:
+            relu = None
+        if not _is(q, "QuantizeLinear") or _attr(q, "precision", 0):
+            return None
+        if any(_attr(n, "block_size", 0) for n in (a, b, q)):
+            return None
+        a_dtype, b_dtype = (self._operand_dtype(n) for n in (a, b))
+        y_zp = self.constant(q, 2)
+        y_dtype = _quantized_dtype(q, y_zp)
+        if a_dtype not in _INT8 or b_dtype not in _INT8 or y_dtype not in _INT8:
+            return None
+        params = [(self.constant(n, 1), self.constant(n, 2)) for n in (a, b, q)]
+        if any(s is None or s is False or z is False for s, z in params):
+            return None  # a scale or zero point computed at run time
+        (a_s, a_z), (b_s, b_z), (y_s, y_z) = params
+        scales = (a_s, b_s, y_s)
+        if any(s.dtype != np.float32 or not np.all(np.isfinite(s)) or np.any(s == 0) for s in scales):
+            return None
+        if not all(_per_tensor(s, z) for s, z in ((a_s, a_z), (y_s, y_z))) or not self._b_params(b, b_s, b_z):
+            return None
+        with np.errstate(over="ignore", under="ignore"):
+            if not np.all(np.isfinite((a_s.reshape(-1) * b_s.reshape(-1)) / y_s.reshape(-1))):
+                return None
+        if relu is not None:  # redundant only where Q saturates every negative value to zero's code
+            qmin = np.iinfo(y_dtype).min
+            if not (y_s.reshape(-1)[0] > 0 and (0 if y_z is None else int(y_z.reshape(-1)[0])) == qmin):
+                return None
+        return _Group(matmul, a, b, relu, q, a_dtype, b_dtype, y_dtype)
+
+    def _operand_dtype(self, dq):
+        zp = self.constant(dq, 2)
+        if zp is not None and zp is not False:
+            return zp.dtype
+        return self.dtype(dq.input[0])
+
+    def _b_params(self, dq, scale, zp) -> bool:
+        if _per_tensor(scale, zp):
+            return True
+        b = self.inits.get(dq.input[0])
+        if b is None or len(b.dims) != 2 or _attr(dq, "axis", 1) not in (1, -1):
+            return False
+        shape = (b.dims[1],)
+        return scale.shape == shape and (zp is None or zp.shape == shape)
+
+
+def _is(node, op_type: str) -> bool:
+    return node is not None and node.op_type == op_type and node.domain in ("", "ai.onnx")
+
+
+def _arg(node, index: int) -> str:
+    return node.input[index] if index < len(node.input) else ""
+
+
+def _attr(node, name: str, default):
+    for attribute in node.attribute:
+        if attribute.name == name:
+            return helper.get_attribute_value(attribute)
+    return default
+
+
+def _per_tensor(scale, zp) -> bool:
+    return scale.size == 1 and scale.ndim <= 1 and (zp is None or (zp.size == 1 and zp.ndim <= 1))
+
+
+def _quantized_dtype(q, zp):
+    """A QuantizeLinear's output type: its zero point's, else its output_dtype attribute's, else uint8."""
+    if zp is not None and zp is not False:
+        return zp.dtype
+    if zp is False:
+        return None
+    output_dtype = _attr(q, "output_dtype", 0)
+    return np_dtype(output_dtype) if output_dtype else np.dtype(np.uint8)
+
+
+def _names_read(graph: onnx.GraphProto) -> set:
+    names = set()
+    for node in graph.node:
+        names.update(n for n in node.input if n)
+        for attribute in node.attribute:
+            for sub in list(attribute.graphs) + ([attribute.g] if attribute.HasField("g") else []):
+                names |= _names_read(sub)
+    return names
+
+
+def _unique(name: str, taken: set) -> str:
+    candidate, i = name, 1
+    while candidate in taken:
+        candidate, i = f"{name}_{i}", i + 1
+    taken.add(candidate)
+    return candidate
