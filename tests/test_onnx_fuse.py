@@ -10,7 +10,7 @@ from onnx import TensorProto, helper, numpy_helper
 import quantmatmul
 import quantmatmul.onnx as qo
 from quantmatmul import peers
-from quantmatmul.onnx._fuse import fuse_qdq_matmuls
+from quantmatmul.onnx._fuse import fuse_qdq
 
 F32, U8, S8 = np.float32, np.uint8, np.int8
 SATURATES = peers.onnxruntime_u8s8_saturates()  # ORT's u8·s8 AVX2 kernel without VNNI (onnxruntime#16105)
@@ -309,7 +309,7 @@ def test_the_callers_model_is_not_modified(tmp_path):
     before = model.SerializeToString()
     session = qo.InferenceSession(model)
     assert session.fused == ["mm"] and model.SerializeToString() == before
-    rewritten, fused = fuse_qdq_matmuls(model)
+    rewritten, fused = fuse_qdq(model)
     assert fused == ["mm"] and rewritten is not model and model.SerializeToString() == before
     # a path: the session's own copy, rewritten where it lies; the file unchanged
     path = tmp_path / "qdq.onnx"
@@ -336,7 +336,7 @@ def test_cli_run_fuses_unless_told_not_to(tmp_path, capsys):
     onnx.save(model, path)
     feed = feed_for(model)
     np.save(x, feed["x"])
-    for flags, note in (([], "1 QDQ MatMul group run as QLinearMatMul"), (["--no-fuse-qdq"], None)):
+    for flags, note in (([], "1 QDQ group fused into QLinearMatMul / QGemm"), (["--no-fuse-qdq"], None)):
         out_dir = tmp_path / ("out" + "".join(flags))
         assert cli.main(["run", str(path), "--input", f"x={x}", "--output-dir", str(out_dir), *flags]) == 0
         text = capsys.readouterr().out

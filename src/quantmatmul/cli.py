@@ -192,8 +192,8 @@ def _add_model_commands(sub):
         "--no-fuse-qdq",
         dest="fuse_qdq",
         action="store_false",
-        help="run QDQ MatMul groups as written (a float MatMul between DequantizeLinear and QuantizeLinear) "
-        "rather than as one QLinearMatMul, as ONNX Runtime's optimizer runs them",
+        help="run QDQ MatMul / Gemm groups as written (a float MatMul or Gemm between DequantizeLinear and "
+        "QuantizeLinear) rather than as one QLinearMatMul / QGemm, as ONNX Runtime's optimizer runs them",
     )
 
 
@@ -377,7 +377,7 @@ def _run(args, qonnx) -> int:
         table.append([arg.name, str(value.dtype), "x".join(map(str, value.shape)) or "scalar", path])
     print(format_table(["output", "dtype", "shape", "file"], table))
     count = len(session.fused)
-    fused = f", {count} QDQ MatMul group{'s' * (count != 1)} run as QLinearMatMul" if count else ""
+    fused = f", {count} QDQ group{'s' * (count != 1)} fused into QLinearMatMul / QGemm" if count else ""
     print(f"\n{len(outputs)} outputs in {elapsed:.2f} s (numerics={args.numerics!r}{fused})")
     return 0
 

@@ -13,7 +13,8 @@ from ..quantize_linear import _QUANT_TYPES as DEQUANTIZE_TYPES
 from ..quantize_linear import dequantize_linear, quantize_linear
 from ..reference import matmul_nbits as nbits_oracle
 from ._common import MS_DOMAIN, check_feed, format_table, graph_inputs, load_model, np_dtype, to_array
-from ._session import _integer_operand, _matmul_integer, dynamic_quantize_linear
+from ._integer import _integer_operand, _matmul_integer, dynamic_quantize_linear
+from ._qgemm import qgemm
 
 __all__ = ["compare", "CompareReport", "COMPARED"]
 
@@ -25,7 +26,9 @@ COMPARED = (
     "QuantizeLinear",
     "DequantizeLinear",
     "DynamicQuantizeLinear",
+    "QGemm",
 )
+_MS_OPS = ("MatMulNBits", "QGemm")  # the com.microsoft ones
 _SATURATION_NOTE = (
     "ONNX Runtime's u8·s8 AVX2 kernel saturates int16 pair sums on this CPU (onnxruntime#16105); "
     "quantmatmul gives the spec's int32 sum"
@@ -136,7 +139,7 @@ def compare(model, input_feed=None, *, numerics="exact", dims=None, progress=Non
         for n in graph.node
         if n.op_type in COMPARED
         and n.domain in ("", "ai.onnx", MS_DOMAIN)
-        and (n.op_type == "MatMulNBits") == (n.domain == MS_DOMAIN)
+        and (n.op_type in _MS_OPS) == (n.domain == MS_DOMAIN)
     ]
     if not nodes:
         raise ValueError(f"{_FN}: the model has no quantized node to compare ({', '.join(COMPARED)})")
@@ -328,6 +331,24 @@ def _check_matmul_integer(node, inputs, outputs, numerics):
     return _row(ours.size, differing, max_diff, None, differing == 0, note)
 
 
+def _check_qgemm(node, inputs, outputs, numerics):
+    """ONNX Runtime's QGemm against quantmatmul's (ORT's bits whatever the numerics: its own operator)."""
+    attrs = {a.name: onnx.helper.get_attribute_value(a) for a in node.attribute}
+    args = (list(inputs) + [None] * 9)[:9]
+    ours = qgemm(
+        *args,
+        alpha=float(attrs.get("alpha", 1.0)),
+        trans_a=bool(attrs.get("transA", 0)),
+        trans_b=bool(attrs.get("transB", 0)),
+    )
+    theirs = np.asarray(outputs[0])
+    differing, max_diff = _int_diff(ours, theirs)
+    note = ""
+    if differing:
+        note = _SATURATION_NOTE if _u8s8(args[0], args[3]) and _saturates() else "ONNX Runtime's QGemm differs"
+    return _row(ours.size, differing, max_diff, None, differing == 0 and ours.dtype == theirs.dtype, note)
+
+
 def _check_quantize(node, inputs, outputs, numerics):
     attrs = {a.name: onnx.helper.get_attribute_value(a) for a in node.attribute}
     zp = inputs[2] if len(inputs) > 2 else None
@@ -417,4 +438,5 @@ _CHECKS = {
     "QuantizeLinear": _check_quantize,
     "DequantizeLinear": _check_dequantize,
     "DynamicQuantizeLinear": _check_dynamic,
+    "QGemm": _check_qgemm,
 }

@@ -1,18 +1,18 @@
-"""onnx/_fuse.py: the QDQ fusion InferenceSession applies, as ONNX Runtime's graph optimizer does: DequantizeLinear -> MatMul -> QuantizeLinear groups become QLinearMatMul nodes.
+"""onnx/_fuse.py: the QDQ fusion InferenceSession applies, as ONNX Runtime's graph optimizer does: DequantizeLinear -> MatMul / Gemm -> QuantizeLinear groups become QLinearMatMul / QGemm nodes.
 
 A QDQ model (``quantize_static(..., quant_format=QuantFormat.QDQ)``, ONNX Runtime's default format)
 writes each quantized MatMul as float operators between quantize / dequantize pairs:
 
-    a_q -> DequantizeLinear -\
-                              MatMul [-> Relu] -> QuantizeLinear -> y_q
-    b_q -> DequantizeLinear -/
+    a_q -> DequantizeLinear --+
+                              +--> MatMul [-> Relu] -> QuantizeLinear -> y_q
+    b_q -> DequantizeLinear --+
 
 ONNX Runtime (graph optimizations on, its default) runs the group as one integer QLinearMatMul
 (its QDQ selector / action transformers); run as written, the session would multiply dequantized
-float32 values and round their float32 sum, which can land one step of y's scale away, and is 5-10x
-slower (onnx.reference's np.matmul on float copies of the weights). ``fuse_qdq_matmuls`` rewrites a
-copy of the graph where the group is a QLinearMatMul, so the session's QLinearMatMul (its
-``numerics``; "onnxruntime": ONNX Runtime's fused bits) runs it. A group is fused when:
+float32 values and round their float32 sum, which can land one step of y's scale away, and is 2-3x
+slower (onnx.reference's np.matmul on float copies of the weights). ``fuse_qdq`` rewrites a copy of
+the graph where the group is a QLinearMatMul, so the session's QLinearMatMul (its ``numerics``;
+"onnxruntime": ONNX Runtime's fused bits) runs it. A group is fused when:
 
 - the MatMul's inputs are both DequantizeLinear outputs, of int8 or uint8 values (any combination:
   quantmatmul's QLinearMatMul takes all eight), and its output feeds one QuantizeLinear only, to
@@ -22,6 +22,11 @@ copy of the graph where the group is a QLinearMatMul, so the session's QLinearMa
 - every scale and zero point is an initializer: float32 scales, finite and nonzero, with a finite
   float32 multiplier ``a_scale * b_scale / y_scale``; a and y per tensor (one element); b per tensor,
   or per column (a [N] scale along axis 1 of a 2-D b initializer); no ``block_size``.
+
+A Gemm group becomes a com.microsoft QGemm likewise (b per column along axis 0 of a transposed
+weight), with C absent or the DequantizeLinear of int32 codes with zero point 0 at the scale
+``alpha * a_scale * b_scale`` (within 2^-20; the scale QGemm adds C at) and beta 1; without a
+QuantizeLinear reading its output, a float32 QGemm (ONNX Runtime fuses that form too).
 
 Anything else stays as written. A DequantizeLinear whose output nothing reads any more is dropped.
 The caller's model is not modified (a copy is rewritten, unless the caller owns the model).
@@ -35,18 +40,18 @@ import numpy as np
 import onnx
 from onnx import helper, numpy_helper
 
-from ._common import np_dtype
+from ._common import MS_DOMAIN, np_dtype
 
 _INT8 = (np.dtype(np.int8), np.dtype(np.uint8))
 _PASS_THROUGH = ("Transpose", "Reshape", "Squeeze", "Unsqueeze", "Flatten", "Identity")
 
 
-def fuse_qdq_matmuls(model: onnx.ModelProto, *, in_place: bool = False) -> tuple[onnx.ModelProto, list[str]]:
-    """(model with its fusable QDQ MatMul groups as QLinearMatMul nodes, the names of the fused MatMul
-    nodes); the model itself when nothing fuses. A copy is rewritten unless in_place."""
+def fuse_qdq(model: onnx.ModelProto, *, in_place: bool = False) -> tuple[onnx.ModelProto, list[str]]:
+    """(model with its fusable QDQ groups as QLinearMatMul / QGemm nodes, the names of the fused MatMul
+    and Gemm nodes); the model itself when nothing fuses. A copy is rewritten unless in_place."""
     graph = model.graph
     view = _GraphView(graph)
-    groups = [g for g in (view.group(node) for node in graph.node if _is(node, "MatMul")) if g is not None]
+    groups = [g for g in map(view.group, graph.node) if g is not None]
     if not groups:
         return model, []
     if not in_place:
@@ -64,10 +69,10 @@ def fuse_qdq_matmuls(model: onnx.ModelProto, *, in_place: bool = False) -> tuple
         new_initializers.append(numpy_helper.from_array(np.zeros((), dtype), name))
         return name
 
-    fused_at = {}  # id of the QuantizeLinear node -> the QLinearMatMul replacing the group
-    dropped = set()  # ids of the MatMul and Relu nodes folded into a group
+    replaced = {}  # id of the node where a group's fused node goes (its QuantizeLinear, or a float Gemm)
+    dropped = set()  # ids of the nodes folded into a group
     for g in groups:
-        label = g.matmul.name or g.q.output[0]
+        label = g.node.name or g.node.output[0]
         inputs = [
             g.a.input[0],
             g.a.input[1],
@@ -75,22 +80,33 @@ def fuse_qdq_matmuls(model: onnx.ModelProto, *, in_place: bool = False) -> tuple
             g.b.input[0],
             g.b.input[1],
             zero_point(_arg(g.b, 2), g.b_dtype, f"{label}_b"),
-            g.q.input[1],
-            zero_point(_arg(g.q, 2), g.y_dtype, f"{label}_y"),
         ]
-        fused_at[id(g.q)] = helper.make_node("QLinearMatMul", inputs, [g.q.output[0]], name=g.matmul.name or None)
-        dropped.add(id(g.matmul))
-        if g.relu is not None:
-            dropped.add(id(g.relu))
+        if g.node.op_type == "Gemm":
+            inputs.append(g.c.input[0] if g.c is not None else "")
+        if g.q is not None:
+            inputs += [g.q.input[1], zero_point(_arg(g.q, 2), g.y_dtype, f"{label}_y")]
+        output = g.q.output[0] if g.q is not None else g.node.output[0]
+        if g.node.op_type == "MatMul":
+            fused = helper.make_node("QLinearMatMul", inputs, [output], name=g.node.name or None)
+        else:
+            attributes = {a: _attr(g.node, a, 0) for a in ("transA", "transB")}
+            fused = helper.make_node(
+                "QGemm",
+                inputs,
+                [output],
+                name=g.node.name or None,
+                domain=MS_DOMAIN,
+                alpha=float(_attr(g.node, "alpha", 1.0)),
+                **attributes,
+            )
+        anchor = g.q if g.q is not None else g.node
+        replaced[id(anchor)] = fused
+        dropped |= {id(n) for n in (g.node, g.relu) if n is not None and n is not anchor}
 
-    nodes = []
-    for node in view.nodes:
-        if id(node) in dropped:
-            continue
-        nodes.append(fused_at.get(id(node), node))
+    nodes = [replaced.get(id(node), node) for node in view.nodes if id(node) not in dropped]
     # DequantizeLinear nodes of the groups that nothing reads any more
     read = {name for node in nodes for name in node.input} | view.outer_reads
-    candidates = {id(g.a) for g in groups} | {id(g.b) for g in groups}
+    candidates = {id(dq) for g in groups for dq in (g.a, g.b, g.c) if dq is not None}
     nodes = [n for n in nodes if id(n) not in candidates or n.output[0] in read]
 
     kept = [onnx.NodeProto() for _ in nodes]
@@ -99,12 +115,18 @@ def fuse_qdq_matmuls(model: onnx.ModelProto, *, in_place: bool = False) -> tuple
     del graph.node[:]
     graph.node.extend(kept)
     graph.initializer.extend(new_initializers)
-    return model, [g.matmul.name for g in groups]
+    if any(g.node.op_type == "Gemm" for g in groups) and not any(o.domain == MS_DOMAIN for o in model.opset_import):
+        model.opset_import.append(helper.make_opsetid(MS_DOMAIN, 1))
+    return model, [g.node.name for g in groups]
 
 
 class _Group:
-    def __init__(self, matmul, a, b, relu, q, a_dtype, b_dtype, y_dtype):
-        self.matmul, self.a, self.b, self.relu, self.q = matmul, a, b, relu, q
+    """A fusable group: the MatMul / Gemm node, the DequantizeLinear nodes of a, b (and a Gemm's
+    bias c, or None), a redundant Relu or None, the QuantizeLinear of y (None: a float Gemm output)
+    and the types of a, b and y."""
+
+    def __init__(self, node, a, b, c, relu, q, a_dtype, b_dtype, y_dtype):
+        self.node, self.a, self.b, self.c, self.relu, self.q = node, a, b, c, relu, q
         self.a_dtype, self.b_dtype, self.y_dtype = a_dtype, b_dtype, y_dtype
 
 
@@ -166,44 +188,78 @@ class _GraphView:
             return self.dtype(node.input[0], depth + 1)
         return None
 
-    def group(self, matmul):
-        """The fusable group around a MatMul node, or None."""
-        if len(matmul.input) != 2 or not matmul.output:
-            return None
-        a, b = (self.producer.get(name) for name in matmul.input)
-        if not (_is(a, "DequantizeLinear") and _is(b, "DequantizeLinear")):
-            return None
-        q = relu = self.only_reader(matmul.output[0])
-        if _is(relu, "Relu"):
-            q = self.only_reader(relu.output[0])
+    def group(self, node):
+        """The fusable group around a MatMul or Gemm node, or None."""
+        if _is(node, "MatMul") and len(node.input) == 2:
+            trans_b, alpha, c = False, 1.0, None
+        elif _is(node, "Gemm") and len(node.input) in (2, 3):
+            trans_b, alpha = bool(_attr(node, "transB", 0)), float(_attr(node, "alpha", 1.0))
+            c = self.producer.get(_arg(node, 2)) if _arg(node, 2) else None
+            if _arg(node, 2) and not (_is(c, "DequantizeLinear") and float(_attr(node, "beta", 1.0)) == 1.0):
+                return None  # a float C, or beta scaling it: ORT's QGemm adds C as it is
         else:
-            relu = None
-        if not _is(q, "QuantizeLinear") or _attr(q, "precision", 0):
             return None
-        if any(_attr(n, "block_size", 0) for n in (a, b, q)):
+        a, b = (self.producer.get(name) for name in node.input[:2])
+        if not (_is(a, "DequantizeLinear") and _is(b, "DequantizeLinear")) or not node.output:
+            return None
+        q, relu = self._quantized_output(node)
+        if q is None and (node.op_type != "Gemm" or self._read_by_quantize(node.output[0])):
+            return None  # a MatMul fuses with its QuantizeLinear; a Gemm also on its own (float output)
+        if q is not None and _attr(q, "precision", 0):
+            return None
+        if any(_attr(n, "block_size", 0) for n in (a, b, q) if n is not None):
             return None
         a_dtype, b_dtype = (self._operand_dtype(n) for n in (a, b))
-        y_zp = self.constant(q, 2)
-        y_dtype = _quantized_dtype(q, y_zp)
-        if a_dtype not in _INT8 or b_dtype not in _INT8 or y_dtype not in _INT8:
+        y_zp = self.constant(q, 2) if q is not None else None
+        y_dtype = _quantized_dtype(q, y_zp) if q is not None else None
+        if a_dtype not in _INT8 or b_dtype not in _INT8 or (q is not None and y_dtype not in _INT8):
             return None
-        params = [(self.constant(n, 1), self.constant(n, 2)) for n in (a, b, q)]
+        params = [(self.constant(n, 1), self.constant(n, 2)) for n in (a, b)]
+        params.append((self.constant(q, 1), y_zp) if q is not None else (np.ones((), np.float32), None))
         if any(s is None or s is False or z is False for s, z in params):
             return None  # a scale or zero point computed at run time
         (a_s, a_z), (b_s, b_z), (y_s, y_z) = params
-        scales = (a_s, b_s, y_s)
-        if any(s.dtype != np.float32 or not np.all(np.isfinite(s)) or np.any(s == 0) for s in scales):
+        if any(s.dtype != np.float32 or not np.all(np.isfinite(s)) or np.any(s == 0) for s in (a_s, b_s, y_s)):
             return None
-        if not all(_per_tensor(s, z) for s, z in ((a_s, a_z), (y_s, y_z))) or not self._b_params(b, b_s, b_z):
+        if not all(_per_tensor(s, z) for s, z in ((a_s, a_z), (y_s, y_z))) or not self._b_params(b, b_s, b_z, trans_b):
             return None
         with np.errstate(over="ignore", under="ignore"):
-            if not np.all(np.isfinite((a_s.reshape(-1) * b_s.reshape(-1)) / y_s.reshape(-1))):
+            scale = (np.float32(alpha) * a_s.reshape(-1)) * b_s.reshape(-1)
+            if not np.all(np.isfinite(scale / y_s.reshape(-1))) or not np.all(np.isfinite(scale)):
                 return None
+        if c is not None and not self._bias(c, scale, b_s.size):
+            return None
         if relu is not None:  # redundant only where Q saturates every negative value to zero's code
             qmin = np.iinfo(y_dtype).min
             if not (y_s.reshape(-1)[0] > 0 and (0 if y_z is None else int(y_z.reshape(-1)[0])) == qmin):
                 return None
-        return _Group(matmul, a, b, relu, q, a_dtype, b_dtype, y_dtype)
+        return _Group(node, a, b, c, relu, q, a_dtype, b_dtype, y_dtype)
+
+    def _quantized_output(self, node):
+        """(the QuantizeLinear that alone reads node's output, directly or through a Relu; that Relu or
+        None), or (None, None)."""
+        q = relu = self.only_reader(node.output[0])
+        if _is(relu, "Relu"):
+            q = self.only_reader(relu.output[0])
+        else:
+            relu = None
+        return (q, relu) if _is(q, "QuantizeLinear") else (None, None)
+
+    def _read_by_quantize(self, name: str) -> bool:
+        return any(_is(reader, "QuantizeLinear") for reader, _ in self.readers.get(name, []))
+
+    def _bias(self, c, scale, b_columns: int) -> bool:
+        """A Gemm's C: int32 codes with zero point 0 at the scale alpha * a_scale * b_scale that QGemm's sum
+        has (ONNX Runtime's quantizer writes it so; within float32 rounding), per tensor or per column."""
+        codes, c_s, c_z = self.inits.get(c.input[0]), self.constant(c, 1), self.constant(c, 2)
+        if codes is None or codes.data_type != onnx.TensorProto.INT32 or c_s is None or c_s is False:
+            return False
+        if c_z is False or (c_z is not None and np.any(c_z != 0)) or c_s.dtype != np.float32:
+            return False
+        if c_s.size != 1 and (c_s.size != b_columns or c_s.ndim != 1 or len(codes.dims) != 1):
+            return False
+        want = np.broadcast_to(scale.astype(np.float64), c_s.reshape(-1).shape)
+        return bool(np.all(np.abs(c_s.reshape(-1).astype(np.float64) - want) <= 2.0**-20 * np.abs(want)))
 
     def _operand_dtype(self, dq):
         zp = self.constant(dq, 2)
@@ -211,13 +267,14 @@ class _GraphView:
             return zp.dtype
         return self.dtype(dq.input[0])
 
-    def _b_params(self, dq, scale, zp) -> bool:
+    def _b_params(self, dq, scale, zp, trans_b: bool) -> bool:
+        """b per tensor, or per column of a 2-D initializer: axis 1 of [K, N], or 0 of a transposed [N, K]."""
         if _per_tensor(scale, zp):
             return True
         b = self.inits.get(dq.input[0])
-        if b is None or len(b.dims) != 2 or _attr(dq, "axis", 1) not in (1, -1):
+        if b is None or len(b.dims) != 2 or _attr(dq, "axis", 1) not in ((0, -2) if trans_b else (1, -1)):
             return False
-        shape = (b.dims[1],)
+        shape = (b.dims[0] if trans_b else b.dims[1],)
         return scale.shape == shape and (zp is None or zp.shape == shape)
 
 

@@ -1,10 +1,8 @@
-"""onnx/_session.py: InferenceSession: onnx.reference.ReferenceEvaluator with quantmatmul's QLinearMatMul (QDQ MatMul groups fused into it), MatMulNBits, QuantizeLinear, DequantizeLinear, DynamicQuantizeLinear, MatMulInteger and Erf."""
+"""onnx/_session.py: InferenceSession: onnx.reference.ReferenceEvaluator with quantmatmul's QLinearMatMul and QGemm (QDQ MatMul / Gemm groups fused into them), MatMulNBits, QuantizeLinear, DequantizeLinear, DynamicQuantizeLinear, MatMulInteger and Erf."""
 
 from __future__ import annotations
 
 import os
-from math import prod
-from typing import NamedTuple
 
 import ml_dtypes
 import numpy as np
@@ -14,11 +12,13 @@ from onnx.reference.op_run import OpRun
 
 from .. import _core
 from ..matmul_nbits import MatMulNBits, matmul_nbits
-from ..qlinear import NUMERICS, QLinearMatMul, batch_index, qlinear_matmul
+from ..qlinear import NUMERICS, QLinearMatMul, qlinear_matmul
 from ..quantize_linear import _QUANT_TYPES as DEQUANTIZE_TYPES
 from ..quantize_linear import dequantize_linear, quantize_linear
 from ._common import MS_DOMAIN, NodeArg, check_feed, graph_inputs, load_model, node_arg, np_dtype, to_array
-from ._fuse import fuse_qdq_matmuls
+from ._fuse import fuse_qdq as _fuse_qdq
+from ._integer import _integer_operand, _matmul_integer, dynamic_quantize_linear, matmul_integer
+from ._qgemm import qgemm, qgemm_weight
 
 __all__ = ["InferenceSession", "NodeArg", "OPS", "dynamic_quantize_linear", "matmul_integer"]
 
@@ -31,6 +31,7 @@ OPS = (
     ("", "DynamicQuantizeLinear"),
     ("", "MatMulInteger"),
     ("", "Erf"),
+    (MS_DOMAIN, "QGemm"),
 )
 
 
@@ -50,10 +51,11 @@ class InferenceSession:
     MatMulInteger computes the spec's int32 sum; DynamicQuantizeLinear computes scale and zero point as
     ONNX Runtime does (docs/onnx.md).
 
-    With ``fuse_qdq`` (the default), a QDQ model's ``DequantizeLinear -> MatMul -> QuantizeLinear`` groups
-    run as one QLinearMatMul each, as ONNX Runtime's graph optimizer runs them (the rules: docs/onnx.md,
-    "QDQ fusion"; ``fused``: the fused MatMul nodes' names); ``fuse_qdq=False`` runs the graph as written.
-    The caller's model is never modified.
+    com.microsoft QGemm (``quantize_static``'s QOperator Gemm) computes ONNX Runtime's bits. With
+    ``fuse_qdq`` (the default), a QDQ model's ``DequantizeLinear -> MatMul -> QuantizeLinear`` groups run
+    as one QLinearMatMul each and its QDQ Gemm groups as one QGemm, as ONNX Runtime's graph optimizer runs
+    them (the rules: docs/onnx.md, "QDQ fusion"; ``fused``: the fused MatMul / Gemm nodes' names);
+    ``fuse_qdq=False`` runs the graph as written. The caller's model is never modified.
 
     ``run(output_names, input_feed)`` returns a list of numpy arrays (``output_names`` None: every
     output); ``get_inputs()`` / ``get_outputs()`` return :class:`NodeArg` (name, shape, type) as
@@ -75,7 +77,7 @@ class InferenceSession:
         self._model = load_model(self._FN, model, copy=False)
         runs, self.fused = self._model, []
         if fuse_qdq:
-            runs, self.fused = fuse_qdq_matmuls(self._model, in_place=owned)
+            runs, self.fused = _fuse_qdq(self._model, in_place=owned)
         constants = {t.name: t for t in runs.graph.initializer}
         try:
             self._evaluator = ReferenceEvaluator(runs, new_ops=_op_classes(constants, numerics))
@@ -321,6 +323,47 @@ class _MatMulInteger(_Op):
         return (_matmul_integer(_integer_operand("a", A, a_zero_point, "MatMulInteger"), b),)
 
 
+class _QGemm(_Op):
+    """com.microsoft QGemm as ONNX Runtime computes it (onnx/_qgemm.py), whatever the numerics: it is
+    ORT's operator, defined by its kernel. A constant B (with its zero point) is transposed and packed once."""
+
+    op_domain = MS_DOMAIN
+
+    def __init__(self, onnx_node, run_params, schema=None):
+        super().__init__(onnx_node, run_params, schema)
+        attrs = {a.name: onnx.helper.get_attribute_value(a) for a in onnx_node.attribute}
+        self._alpha = float(attrs.get("alpha", 1.0))
+        self._trans_a, self._trans_b = bool(attrs.get("transA", 0)), bool(attrs.get("transB", 0))
+        b, b_zp = self._constant(3), self._constant(5)
+        self._held = None
+        if b is not None and b is not False and b_zp is not False:
+            try:
+                self._held = qgemm_weight(b, b_zp, self._trans_b)
+            except (TypeError, ValueError) as error:
+                raise _NodeError(onnx_node, error) from error
+
+    def _compute(
+        self, A, a_scale, a_zero_point, B, b_scale, b_zero_point, C=None, y_scale=None, y_zero_point=None, **_
+    ):
+        return (
+            qgemm(
+                A,
+                a_scale,
+                a_zero_point,
+                B,
+                b_scale,
+                b_zero_point,
+                C,
+                y_scale,
+                y_zero_point,
+                alpha=self._alpha,
+                trans_a=self._trans_a,
+                trans_b=self._trans_b,
+                weight=self._held,
+            ),
+        )
+
+
 def _op_classes(constants: dict, numerics: str) -> list:
     bases = {
         "QLinearMatMul": _QLinearMatMul,
@@ -330,127 +373,6 @@ def _op_classes(constants: dict, numerics: str) -> list:
         "DynamicQuantizeLinear": _DynamicQuantizeLinear,
         "MatMulInteger": _MatMulInteger,
         "Erf": _Erf,
+        "QGemm": _QGemm,
     }
     return [type(name, (base,), {"constants": constants, "numerics": numerics}) for name, base in bases.items()]
-
-
-# ---------------------------------------------------------------------------------------------------
-# DynamicQuantizeLinear (C++: csrc/onnx_ops.cpp) and MatMulInteger (the int8 GEMM kernels)
-
-
-def dynamic_quantize_linear(x) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """ONNX DynamicQuantizeLinear (opset 11) as ONNX Runtime's CPU kernel computes it: ``(y, y_scale, y_zero_point)``.
-
-    In float32: ``lo = min(min(x), 0)``, ``hi = max(max(x), 0)``, ``scale = (hi - lo) / 255`` (1 when
-    ``hi == lo``, i.e. x all zero or empty, where the spec would divide by zero), ``zero_point =
-    round_half_even(max(0, min(255, 0 - lo / scale)))`` (255 where that quotient is NaN: an infinite
-    or zero scale), and ``y = QuantizeLinear(x, scale, zero_point)`` (``round_half_even(x / scale) +
-    zero_point``, saturated to uint8; NaN to 0). NaN elements are left out of min(x) and max(x). In
-    C++ (csrc/onnx_ops.cpp): one pass for the range, one to quantize, both over the thread pool."""
-    x = np.asarray(x)
-    if x.dtype != np.float32:
-        raise TypeError(f"dynamic_quantize_linear: x must be float32, got {x.dtype}")
-    y = np.empty(x.shape, np.uint8)
-    scale, zero_point = _core.dynamic_quantize_linear(np.ascontiguousarray(x).reshape(-1), y.reshape(-1))
-    return y, np.asarray(scale, np.float32), np.asarray(zero_point, np.uint8)
-
-
-_INT8 = (np.dtype(np.int8), np.dtype(np.uint8))
-
-
-class _IntegerOperand(NamedTuple):
-    """A MatMulInteger operand: its values (int8 or uint8), its zero point as int32 shaped to broadcast
-    against them (per tensor (), per row of a (..., M, 1), per column of b (..., 1, N) or (N,)), and for
-    a constant b, b packed once for the int8 kernels (qmm's PackedB)."""
-
-    x: np.ndarray
-    zp: np.ndarray
-    packed: object = None
-
-
-def _integer_operand(which, x, zero_point, fn, *, pack=False):
-    """The operand checked, its zero point per tensor, per row of a or per column of b (_IntegerOperand)."""
-    x = np.asarray(x)
-    if x.dtype not in _INT8:
-        raise TypeError(f"{fn}: {which} must be int8 or uint8, got {x.dtype}")
-    if x.ndim == 0:
-        raise ValueError(f"{fn}: {which} must have at least 1 dimension")
-    zp = _zero_point_shaped(which, x, zero_point, fn)
-    packed = None
-    if pack and x.size:  # a constant b: packed once, as QLinearMatMul packs its weight
-        b = x[:, None] if x.ndim == 1 else x
-        packed = _core.pack_b(np.ascontiguousarray(b).reshape(-1, *b.shape[-2:]), x.dtype == np.int8)
-    return _IntegerOperand(x, zp, packed)
-
-
-def _zero_point_shaped(which, x, zero_point, fn):
-    if zero_point is None:
-        return np.zeros((), np.int32)
-    zp = np.asarray(zero_point)
-    if zp.dtype != x.dtype:
-        raise TypeError(f"{fn}: {which}_zero_point dtype {zp.dtype} does not match {which} dtype {x.dtype}")
-    z = zp.astype(np.int32)
-    if z.size == 1:
-        return z.reshape(())
-    if which == "a":  # per row: [M] for a of rank >= 2, or a shape ending in (M, 1)
-        if x.ndim >= 2 and z.shape == (x.shape[-2],):
-            return z.reshape(-1, 1)
-        if z.ndim >= 2 and z.shape[-1] == 1:
-            return z
-    else:  # per column: [N], or a shape ending in (1, N) or (..., N) for batched b
-        if x.ndim >= 2 and z.shape == (x.shape[-1],):
-            return z
-        if x.ndim >= 3 and z.shape == x.shape[:-2] + (x.shape[-1],):
-            return z[..., None, :]
-        if z.ndim >= 2 and z.shape[-2] == 1:
-            return z
-    raise ValueError(
-        f"{fn}: {which}_zero_point has shape {zp.shape}, which is neither per tensor nor per "
-        f"{'row' if which == 'a' else 'column'} of {which} {x.shape}"
-    )
-
-
-def _matmul_integer(a: _IntegerOperand, b: _IntegerOperand) -> np.ndarray:
-    """(a - a_zp) @ (b - b_zp) in int32 (wrapping), numpy.matmul's shapes, on the int8 GEMM kernels
-    (QLinearMatMul's accumulation without its requantization: exact modulo 2^32)."""
-    A = a.x[None, :] if a.x.ndim == 1 else a.x
-    B = b.x[:, None] if b.x.ndim == 1 else b.x
-    if A.shape[-1] != B.shape[-2]:
-        raise ValueError(f"MatMulInteger: inner dimensions differ: a {a.x.shape}, b {b.x.shape}")
-    if A.ndim >= 3 and b.x.ndim == 2 and a.zp.ndim == 0:  # a's leading dimensions fold into its rows (qlinear._run)
-        rows = _IntegerOperand(A.reshape(prod(A.shape[:-1]), A.shape[-1]), a.zp)
-        return _matmul_integer(rows, b).reshape(A.shape[:-1] + (B.shape[-1],))
-    try:
-        batch = tuple(np.broadcast_shapes(A.shape[:-2], B.shape[:-2]))
-        a_zp = np.broadcast_to(a.zp, A.shape[:-1] + (1,))
-        b_zp = np.broadcast_to(b.zp, B.shape[:-2] + (1, B.shape[-1]))
-    except ValueError:
-        raise ValueError(
-            f"MatMulInteger: a {a.x.shape}, b {b.x.shape} and their zero points do not broadcast"
-        ) from None
-    (M, K), N = A.shape[-2:], B.shape[-1]
-    shape = batch + (() if a.x.ndim == 1 else (M,)) + (() if b.x.ndim == 1 else (N,))
-    count = int(np.prod(batch, dtype=np.int64)) * M * N
-    if count == 0 or K == 0:
-        return np.zeros(shape, np.int32)
-
-    a3 = np.ascontiguousarray(A).reshape(-1, M, K)
-    b_operand = b.packed if b.packed is not None else np.ascontiguousarray(B).reshape(-1, K, N)
-    y = _core.matmul_integer(
-        a3,
-        A.dtype == np.int8,
-        batch_index(A.shape[:-2], batch),
-        np.ascontiguousarray(a_zp.reshape(len(a3), M)),
-        b_operand,
-        B.dtype == np.int8,
-        batch_index(B.shape[:-2], batch),
-        np.ascontiguousarray(b_zp.reshape(-1, N)),
-    )
-    return y.reshape(shape)
-
-
-def matmul_integer(A, B, a_zero_point=None, b_zero_point=None) -> np.ndarray:
-    """ONNX MatMulInteger (opset 10): ``(A - a_zero_point) @ (B - b_zero_point)`` accumulated in int32, exact
-    (wrapping only past int32, which needs K > 33025). Zero points per tensor, per row of A, per column of B."""
-    fn = "matmul_integer"
-    return _matmul_integer(_integer_operand("a", A, a_zero_point, fn), _integer_operand("b", B, b_zero_point, fn))

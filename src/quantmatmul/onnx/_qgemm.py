@@ -1,0 +1,128 @@
+"""onnx/_qgemm.py: com.microsoft QGemm, the operator ONNX Runtime's quantize_static writes for a Gemm (and its optimizer fuses a QDQ Gemm into), as ONNX Runtime's CPU kernel computes it.
+
+``QGemm(A, a_scale, a_zero_point, B, b_scale, b_zero_point, C=None, y_scale=None, y_zero_point=None;
+alpha=1.0, transA=0, transB=0)``: with ``A'`` = A or its transpose ``[M, K]``, ``B'`` = B or its
+transpose ``[K, N]``,
+
+    acc[m, n] = C[m, n] + sum_k (A'[m, k] - a_zero_point) * (B'[k, n] - b_zero_point[n])   (int32, wrapping)
+    scale[n]  = f32(f32(alpha * a_scale) * b_scale[n])              then f32(scale[n] / y_scale) if y given
+    y[m, n]   = f32(f32(acc[m, n]) * scale[n])                                   (float32 output), or
+    y[m, n]   = round_half_even(clamp(f32(f32(acc) * scale[n]), qmin - zp, qmax - zp)) + zp   (8-bit)
+
+(ORT's QGemm kernel: MLAS's integer GEMM accumulating into the broadcast C, then its scale-bias or
+requantize output processor, the scales multiplied in that order in float32). C (int32) is
+unidirectionally broadcast to ``[M, N]``: its scale is ``alpha * a_scale * b_scale`` with zero point 0
+by the operator's definition. a's scale and zero point per tensor; b's per tensor or per column
+(``[N]``); y's per tensor, both given (8-bit output, y_zero_point's type) or neither (float32).
+uint8 or int8 A and B in any combination (ONNX Runtime registers uint8 A with uint8 / int8 B, and
+int8 with int8). The sums are the int8 GEMM kernels' (a constant B packed once by the session).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from .._dtypes import names
+from ._integer import _integer_operand, _IntegerOperand, _matmul_integer
+
+_FN = "QGemm"
+_INT8 = (np.dtype(np.int8), np.dtype(np.uint8))
+_F32 = np.dtype(np.float32)
+
+
+def qgemm_weight(B, b_zero_point, trans_b: bool) -> _IntegerOperand:
+    """B' (B transposed where trans_b) with its zero point, checked and packed once: a constant B."""
+    B = _matrix(B, "B")
+    return _integer_operand("b", np.ascontiguousarray(B.T) if trans_b else B, b_zero_point, _FN, pack=True)
+
+
+def qgemm(
+    A,
+    a_scale,
+    a_zero_point,
+    B,
+    b_scale,
+    b_zero_point,
+    C=None,
+    y_scale=None,
+    y_zero_point=None,
+    *,
+    alpha: float = 1.0,
+    trans_a: bool = False,
+    trans_b: bool = False,
+    weight: _IntegerOperand | None = None,
+) -> np.ndarray:
+    """com.microsoft QGemm as ONNX Runtime computes it (the module's docstring). weight: B' from
+    qgemm_weight (B itself then unused)."""
+    A = _matrix(A, "A")
+    if A.dtype not in _INT8:
+        raise TypeError(f"{_FN}: A must be int8 or uint8, got {A.dtype}")
+    a = _integer_operand("a", np.ascontiguousarray(A.T) if trans_a else A, a_zero_point, _FN)
+    b = weight if weight is not None else qgemm_weight(B, b_zero_point, trans_b)
+    (M, K), (K_b, N) = a.x.shape, b.x.shape
+    if K != K_b:
+        raise ValueError(f"{_FN}: A' is {M}x{K} and B' {K_b}x{N}: inner dimensions differ")
+    if a.zp.ndim != 0:
+        raise ValueError(f"{_FN}: a_zero_point must be per tensor (one element), got shape {np.shape(a_zero_point)}")
+    if b.zp.ndim not in (0, 1):
+        raise ValueError(f"{_FN}: b_zero_point must be per tensor or per column [N], got shape {b.zp.shape}")
+    a_s = _scale(a_scale, "a_scale")
+    b_s = _scale(b_scale, "b_scale", N)
+    if (b_s.size == 1) != (b.zp.size == 1) or (b_s.size > 1 and b_s.shape != b.zp.shape):
+        raise ValueError(f"{_FN}: b_scale {np.shape(b_scale)} and b_zero_point {b.zp.shape} must have one shape")
+    quantized = y_scale is not None or y_zero_point is not None
+    if quantized and (y_scale is None or y_zero_point is None):
+        raise ValueError(f"{_FN}: y_scale and y_zero_point come together (8-bit output) or not at all (float32)")
+
+    acc = _matmul_integer(a, b)  # int32 [M, N], wrapping
+    if C is not None:
+        C = np.asarray(C)
+        if C.dtype != np.int32:
+            raise TypeError(f"{_FN}: C must be int32, got {C.dtype}")
+        if C.ndim > 2 or not _broadcasts(C.shape, (M, N)):
+            raise ValueError(f"{_FN}: C has shape {C.shape}, which does not broadcast to [M, N] = [{M}, {N}]")
+        with np.errstate(over="ignore"):
+            acc = np.add(acc, C, dtype=np.int32)  # int32 addition wraps, as the kernel's
+    with np.errstate(over="ignore", under="ignore"):
+        scale = (np.float32(alpha) * a_s) * b_s  # float32, in the kernel's order
+        if quantized:
+            y_s = _scale(y_scale, "y_scale")
+            scale = scale / y_s
+        values = acc.astype(np.float32) * scale
+    if not quantized:
+        return values
+    zp = np.asarray(y_zero_point)
+    if zp.dtype not in _INT8 or zp.size != 1 or zp.ndim > 1:
+        raise TypeError(f"{_FN}: y_zero_point must be one int8 or uint8 value, got {zp.dtype} {zp.shape}")
+    if not np.all(np.isfinite(scale)):
+        raise ValueError(f"{_FN}: alpha * a_scale * b_scale / y_scale overflows float32")
+    info, z = np.iinfo(zp.dtype), int(zp.reshape(-1)[0])
+    clamped = np.clip(values, np.float32(info.min - z), np.float32(info.max - z))
+    return (np.rint(clamped).astype(np.int32) + z).astype(zp.dtype)
+
+
+def _matrix(x, name: str) -> np.ndarray:
+    x = np.asarray(x)
+    if x.ndim != 2:
+        raise ValueError(f"{_FN}: {name} must be a matrix (2-D), got shape {x.shape}")
+    return x
+
+
+def _scale(s, name: str, n: int | None = None) -> np.ndarray:
+    """A float32 scale: one value, or for b_scale one per column ([N]); finite."""
+    s = np.asarray(s)
+    if s.dtype != _F32:
+        raise TypeError(f"{_FN}: {name} must be float32, got {names([s.dtype])}")
+    if not (s.size == 1 and s.ndim <= 1) and not (n is not None and s.shape == (n,)):
+        expected = "one value" + (f" or one per column ([{n}])" if n is not None else "")
+        raise ValueError(f"{_FN}: {name} must be {expected}, got shape {s.shape}")
+    if not np.all(np.isfinite(s)):
+        raise ValueError(f"{_FN}: {name} must be finite")
+    return s.reshape(-1) if s.size > 1 else s.reshape(())
+
+
+def _broadcasts(shape, target) -> bool:
+    """True if shape broadcasts to target without growing target (ONNX's unidirectional broadcasting)."""
+    if len(shape) > len(target):
+        return False
+    return all(s in (1, t) for s, t in zip(shape[::-1], target[::-1]))
