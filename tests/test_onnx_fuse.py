@@ -227,6 +227,17 @@ def test_shared_and_still_read_dequantize_nodes():
     assert np.array_equal(twice, x_dq + x_dq) and y_q.tobytes() == expected(model, inits, feed).tobytes()
 
 
+def test_dequantized_graph_output_stays():
+    """The weight's DequantizeLinear output is also a graph output: the group fuses, the node stays."""
+    model, inits = qdq_model(extra_outputs=[("w_dq", TensorProto.FLOAT, [K, N])])
+    feed = feed_for(model)
+    session = qo.InferenceSession(model)
+    assert session.fused == ["mm"] and ops_run(session).count("DequantizeLinear") == 2  # W's, y's
+    y, w_dq, y_q = session.run(None, feed)
+    assert np.array_equal(w_dq, (inits["W"].astype(F32) - inits["w_z"]) * inits["w_s"])
+    assert y_q.tobytes() == expected(model, inits, feed).tobytes()
+
+
 def test_groups_that_stay_as_written():
     cases = {
         # the MatMul's output is read by another node too, or is a graph output

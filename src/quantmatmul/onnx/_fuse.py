@@ -105,7 +105,7 @@ def fuse_qdq(model: onnx.ModelProto, *, in_place: bool = False) -> tuple[onnx.Mo
 
     nodes = [replaced.get(id(node), node) for node in view.nodes if id(node) not in dropped]
     # DequantizeLinear nodes of the groups that nothing reads any more
-    read = {name for node in nodes for name in node.input} | view.outer_reads
+    read = {name for node in nodes for name in node.input} | view.outer_reads | view.graph_outputs
     candidates = {id(dq) for g in groups for dq in (g.a, g.b, g.c) if dq is not None}
     nodes = [n for n in nodes if id(n) not in candidates or n.output[0] in read]
 
