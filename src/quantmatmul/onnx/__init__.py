@@ -8,7 +8,7 @@ Three entry points (docs/onnx.md):
 * ``InferenceSession(model, *, numerics="onnxruntime", fuse_qdq=True)``: ``.run(output_names,
   input_feed)`` as in onnxruntime, on ``onnx.reference.ReferenceEvaluator`` with quantmatmul's
   QLinearMatMul, MatMulNBits, QuantizeLinear, DequantizeLinear, DynamicQuantizeLinear and
-  MatMulInteger and com.microsoft QGemm; a QDQ model's DequantizeLinear -> MatMul / Gemm ->
+  MatMulInteger and com.microsoft QGemm, QLinearAdd, QLinearMul, QLinearSoftmax; a QDQ model's DequantizeLinear -> MatMul / Gemm ->
   QuantizeLinear groups run as QLinearMatMul / QGemm, as ONNX Runtime's optimizer runs them.
 * ``compare(model, input_feed=None, *, numerics="exact")``: runs the model once in ONNX Runtime
   and checks every quantized node's output against quantmatmul's: a ``CompareReport``.

@@ -15,6 +15,7 @@ from ..reference import matmul_nbits as nbits_oracle
 from ._common import MS_DOMAIN, check_feed, format_table, graph_inputs, load_model, np_dtype, to_array
 from ._integer import _integer_operand, _matmul_integer, dynamic_quantize_linear
 from ._qgemm import qgemm
+from ._qlinear_ops import qlinear_add, qlinear_mul, qlinear_softmax
 
 __all__ = ["compare", "CompareReport", "COMPARED"]
 
@@ -27,8 +28,11 @@ COMPARED = (
     "DequantizeLinear",
     "DynamicQuantizeLinear",
     "QGemm",
+    "QLinearAdd",
+    "QLinearMul",
+    "QLinearSoftmax",
 )
-_MS_OPS = ("MatMulNBits", "QGemm")  # the com.microsoft ones
+_MS_OPS = ("MatMulNBits", "QGemm", "QLinearAdd", "QLinearMul", "QLinearSoftmax")  # the com.microsoft ones
 _SATURATION_NOTE = (
     "ONNX Runtime's u8·s8 AVX2 kernel saturates int16 pair sums on this CPU (onnxruntime#16105); "
     "quantmatmul gives the spec's int32 sum"
@@ -349,6 +353,19 @@ def _check_qgemm(node, inputs, outputs, numerics):
     return _row(ours.size, differing, max_diff, None, differing == 0 and ours.dtype == theirs.dtype, note)
 
 
+def _check_qlinear_elementwise(node, inputs, outputs, numerics):
+    """QLinearAdd / QLinearMul / QLinearSoftmax: ONNX Runtime's bits (onnx/_qlinear_ops.py)."""
+    if node.op_type == "QLinearSoftmax":
+        attrs = {a.name: onnx.helper.get_attribute_value(a) for a in node.attribute}
+        args = (list(inputs) + [None] * 5)[:5]
+        ours = qlinear_softmax(*args, axis=attrs.get("axis", -1), opset=attrs["opset"])
+    else:
+        args = (list(inputs) + [None] * 8)[:8]
+        ours = (qlinear_add if node.op_type == "QLinearAdd" else qlinear_mul)(*args)
+    differing, max_diff = _int_diff(ours, outputs[0])
+    return _row(ours.size, differing, max_diff, None, differing == 0, "ONNX Runtime differs" if differing else "")
+
+
 def _check_quantize(node, inputs, outputs, numerics):
     attrs = {a.name: onnx.helper.get_attribute_value(a) for a in node.attribute}
     zp = inputs[2] if len(inputs) > 2 else None
@@ -439,4 +456,7 @@ _CHECKS = {
     "DequantizeLinear": _check_dequantize,
     "DynamicQuantizeLinear": _check_dynamic,
     "QGemm": _check_qgemm,
+    "QLinearAdd": _check_qlinear_elementwise,
+    "QLinearMul": _check_qlinear_elementwise,
+    "QLinearSoftmax": _check_qlinear_elementwise,
 }

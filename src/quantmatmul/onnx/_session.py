@@ -1,4 +1,4 @@
-"""onnx/_session.py: InferenceSession: onnx.reference.ReferenceEvaluator with quantmatmul's QLinearMatMul and QGemm (QDQ MatMul / Gemm groups fused into them), MatMulNBits, QuantizeLinear, DequantizeLinear, DynamicQuantizeLinear, MatMulInteger and Erf."""
+"""onnx/_session.py: InferenceSession: onnx.reference.ReferenceEvaluator with quantmatmul's QLinearMatMul and QGemm (QDQ MatMul / Gemm groups fused into them), QLinearAdd / Mul / Softmax, MatMulNBits, QuantizeLinear, DequantizeLinear, DynamicQuantizeLinear, MatMulInteger and Erf."""
 
 from __future__ import annotations
 
@@ -19,6 +19,7 @@ from ._common import MS_DOMAIN, NodeArg, check_feed, graph_inputs, load_model, n
 from ._fuse import fuse_qdq as _fuse_qdq
 from ._integer import _integer_operand, _matmul_integer, dynamic_quantize_linear, matmul_integer
 from ._qgemm import qgemm, qgemm_weight
+from ._qlinear_ops import qlinear_add, qlinear_mul, qlinear_softmax
 
 __all__ = ["InferenceSession", "NodeArg", "OPS", "dynamic_quantize_linear", "matmul_integer"]
 
@@ -32,6 +33,9 @@ OPS = (
     ("", "MatMulInteger"),
     ("", "Erf"),
     (MS_DOMAIN, "QGemm"),
+    (MS_DOMAIN, "QLinearAdd"),
+    (MS_DOMAIN, "QLinearMul"),
+    (MS_DOMAIN, "QLinearSoftmax"),
 )
 
 
@@ -51,7 +55,8 @@ class InferenceSession:
     MatMulInteger computes the spec's int32 sum; DynamicQuantizeLinear computes scale and zero point as
     ONNX Runtime does (docs/onnx.md).
 
-    com.microsoft QGemm (``quantize_static``'s QOperator Gemm) computes ONNX Runtime's bits. With
+    com.microsoft QGemm, QLinearAdd, QLinearMul and QLinearSoftmax (``quantize_static``'s QOperator Gemm,
+    Add, Mul, Softmax) compute ONNX Runtime's bits. With
     ``fuse_qdq`` (the default), a QDQ model's ``DequantizeLinear -> MatMul -> QuantizeLinear`` groups run
     as one QLinearMatMul each and its QDQ Gemm groups as one QGemm, as ONNX Runtime's graph optimizer runs
     them (the rules: docs/onnx.md, "QDQ fusion"; ``fused``: the fused MatMul / Gemm nodes' names);
@@ -364,6 +369,41 @@ class _QGemm(_Op):
         )
 
 
+class _QLinearAdd(_Op):
+    """com.microsoft QLinearAdd as ONNX Runtime computes it (onnx/_qlinear_ops.py)."""
+
+    op_domain = MS_DOMAIN
+
+    def _compute(self, A, A_scale, A_zero_point, B, B_scale, B_zero_point, C_scale, C_zero_point=None, **_):
+        return (qlinear_add(A, A_scale, A_zero_point, B, B_scale, B_zero_point, C_scale, C_zero_point),)
+
+
+class _QLinearMul(_Op):
+    """com.microsoft QLinearMul as ONNX Runtime computes it (onnx/_qlinear_ops.py)."""
+
+    op_domain = MS_DOMAIN
+
+    def _compute(self, A, A_scale, A_zero_point, B, B_scale, B_zero_point, C_scale, C_zero_point=None, **_):
+        return (qlinear_mul(A, A_scale, A_zero_point, B, B_scale, B_zero_point, C_scale, C_zero_point),)
+
+
+class _QLinearSoftmax(_Op):
+    """com.microsoft QLinearSoftmax as ONNX Runtime computes it (onnx/_qlinear_ops.py); ``opset`` (the
+    replaced Softmax's) is required, ``axis`` defaults to -1 as in ORT."""
+
+    op_domain = MS_DOMAIN
+
+    def __init__(self, onnx_node, run_params, schema=None):
+        super().__init__(onnx_node, run_params, schema)
+        attrs = {a.name: onnx.helper.get_attribute_value(a) for a in onnx_node.attribute}
+        if "opset" not in attrs:
+            raise _NodeError(onnx_node, ValueError("QLinearSoftmax needs the attribute opset"))
+        self._axis, self._opset = attrs.get("axis", -1), attrs["opset"]
+
+    def _compute(self, X, X_scale, x_zero_point, y_scale, y_zero_point, **_):
+        return (qlinear_softmax(X, X_scale, x_zero_point, y_scale, y_zero_point, axis=self._axis, opset=self._opset),)
+
+
 def _op_classes(constants: dict, numerics: str) -> list:
     bases = {
         "QLinearMatMul": _QLinearMatMul,
@@ -374,5 +414,8 @@ def _op_classes(constants: dict, numerics: str) -> list:
         "MatMulInteger": _MatMulInteger,
         "Erf": _Erf,
         "QGemm": _QGemm,
+        "QLinearAdd": _QLinearAdd,
+        "QLinearMul": _QLinearMul,
+        "QLinearSoftmax": _QLinearSoftmax,
     }
     return [type(name, (base,), {"constants": constants, "numerics": numerics}) for name, base in bases.items()]
