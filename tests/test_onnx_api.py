@@ -906,3 +906,25 @@ def test_bfloat16_weights_follow_onnxruntime_quantizer():
     assert ours.SerializeToString() == ref.SerializeToString()
     feed = {"x": np.random.default_rng(0).normal(size=(2, 200)).astype(ml_dtypes.bfloat16)}
     assert qo.InferenceSession(ours).run(None, feed)[0].dtype == ml_dtypes.bfloat16
+
+
+@pytest.mark.parametrize("op", ["Softmax", "LogSoftmax", "Hardmax"])
+@pytest.mark.parametrize("opset", [11, 13])
+@pytest.mark.parametrize("axis", [None, 0, 2, -1])
+def test_session_softmax_family_before_opset_13_flattens(op, opset, axis):
+    """Before opset 13 these coerce the input to 2-D at axis (default 1) and normalize each row; onnx.reference
+    applies the one-axis reading of opset 13 to every version, so the session runs its own."""
+    x = np.random.default_rng(3).normal(size=(2, 3, 4)).astype(F32) * 2
+    attrs = {} if axis is None else {"axis": axis}
+    node = helper.make_node(op, ["x"], ["y"], **attrs)
+    model = make_model([node], [("x", TensorProto.FLOAT, [2, 3, 4])], [("y", TensorProto.FLOAT, [2, 3, 4])], {}, opset)
+    (ours,) = qo.InferenceSession(model).run(None, {"x": x})
+    (theirs,) = run_ort(model, {"x": x})
+    k = (1 if opset < 13 else -1) if axis is None else axis
+    if opset < 13:  # the rows of the 2-D coercion
+        rows = x.reshape(int(np.prod(x.shape[: k % 3])), -1)
+        e = np.exp(rows - rows.max(axis=1, keepdims=True))
+        want = {"Softmax": e / e.sum(axis=1, keepdims=True), "LogSoftmax": np.log(e / e.sum(axis=1, keepdims=True))}
+        want["Hardmax"] = (rows == rows.max(axis=1, keepdims=True)).astype(F32)
+        assert np.allclose(ours, want[op].reshape(x.shape), rtol=1e-5, atol=1e-6)
+    assert ours.shape == x.shape and np.allclose(ours, theirs, rtol=1e-5, atol=1e-6)

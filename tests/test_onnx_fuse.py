@@ -377,3 +377,96 @@ def test_int32_dequantize_before_opset_19_runs(opset):
     (out,) = qo.InferenceSession(model).run(None, {"x": x})
     assert out.tobytes() == (bias.astype(F32) * F32(0.125) + x).tobytes()
     assert out.tobytes() == peers.session(model).run(None, {"x": x})[0].tobytes()
+
+
+# ---------------------------------------------------------------------------------------------------
+# Element-wise groups: DequantizeLinear -> Add / Mul / Softmax -> QuantizeLinear
+
+
+def elementwise_model(op, dtype=U8, *, opset=17, relu=False, y_zero_point=None, axis=None, shape=(4, 6, 10)):
+    """x, z (float) -> QuantizeLinear -> DequantizeLinear -> op (Add / Mul of both, Softmax of x) [-> Relu]
+    -> QuantizeLinear -> y_q, and y_q's DequantizeLinear as y."""
+    softmax = op == "Softmax"
+    zps = {"x": 7, "z": 200, "y": 90} if dtype == U8 else {"x": -5, "z": 60, "y": -20}
+    if y_zero_point is not None:
+        zps["y"] = y_zero_point
+    scales = {"x": 0.031, "z": 0.047, "y": 1 / 256 if softmax else (0.06 if op == "Add" else 0.08)}
+    inits = {f"{k}_s": np.array(v, F32) for k, v in scales.items()}
+    inits |= {f"{k}_z": np.array(v, dtype) for k, v in zps.items()}
+    names = ["x"] if softmax else ["x", "z"]
+    nodes = []
+    for n in names:
+        nodes += [
+            helper.make_node("QuantizeLinear", [n, f"{n}_s", f"{n}_z"], [f"{n}_q"]),
+            helper.make_node("DequantizeLinear", [f"{n}_q", f"{n}_s", f"{n}_z"], [f"{n}_dq"]),
+        ]
+    attrs = {} if axis is None else {"axis": axis}
+    nodes.append(helper.make_node(op, [f"{n}_dq" for n in names], ["h"], name="op", **attrs))
+    if relu:
+        nodes.append(helper.make_node("Relu", ["h"], ["r"]))
+    nodes += [
+        helper.make_node("QuantizeLinear", ["r" if relu else "h", "y_s", "y_z"], ["y_q"]),
+        helper.make_node("DequantizeLinear", ["y_q", "y_s", "y_z"], ["y"]),
+    ]
+    elem = ELEM[np.dtype(dtype)]
+    graph = helper.make_graph(
+        nodes,
+        "elementwise",
+        [helper.make_tensor_value_info(n, TensorProto.FLOAT, list(shape)) for n in names],
+        [
+            helper.make_tensor_value_info("y", TensorProto.FLOAT, list(shape)),
+            helper.make_tensor_value_info("y_q", elem, list(shape)),
+        ],
+        [numpy_helper.from_array(v, k) for k, v in inits.items()],
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)], ir_version=8)
+    onnx.checker.check_model(model)
+    rng = np.random.default_rng(len(op) + opset)
+    feed = {n: (rng.normal(size=shape) * 3).astype(F32) for n in names}
+    return model, feed
+
+
+@pytest.mark.parametrize("op", ["Add", "Mul", "Softmax"])
+def test_uint8_elementwise_groups_fuse_as_onnxruntime(op):
+    model, feed = elementwise_model(op)
+    session = qo.InferenceSession(model)
+    assert session.fused == ["op"]
+    assert f"QLinear{op}" in ops_run(session) and op not in ops_run(session)
+    ours = session.run(None, feed)
+    theirs = peers.session(model).run(None, feed)
+    for a, b in zip(ours, theirs):
+        assert a.tobytes() == b.tobytes()
+    written = qo.InferenceSession(model, fuse_qdq=False).run(["y_q"], feed)[0]
+    assert np.abs(written.astype(int) - ours[1].astype(int)).max() <= 1
+    if op == "Add":  # ORT's QLinearAdd rounds otherwise than the float graph: the test sees the fusion
+        assert (written != ours[1]).any()
+
+
+def test_elementwise_groups_that_stay_as_written():
+    cases = {
+        "int8": elementwise_model("Add", S8),
+        "int8 softmax": elementwise_model("Softmax", S8),
+        "needed relu": elementwise_model("Add", relu=True, y_zero_point=10),
+    }
+    for label, (model, feed) in cases.items():
+        session = qo.InferenceSession(model)
+        assert session.fused == [], label
+        (a,) = session.run(["y_q"], feed)
+        assert a.tobytes() == qo.InferenceSession(model, fuse_qdq=False).run(["y_q"], feed)[0].tobytes(), label
+
+
+def test_redundant_relu_and_softmax_axis_defaults():
+    model, feed = elementwise_model("Add", relu=True, y_zero_point=0)
+    session = qo.InferenceSession(model)
+    assert session.fused == ["op"] and "Relu" not in ops_run(session)
+    assert session.run(["y_q"], feed)[0].tobytes() == peers.session(model).run(["y_q"], feed)[0].tobytes()
+    # Softmax-11 softmaxes the flattened [4, 60] at its default axis 1; from 13 along the last axis alone
+    for opset in (11, 13):
+        model, feed = elementwise_model("Softmax", opset=opset)
+        session = qo.InferenceSession(model)
+        fused = [n for n in session._evaluator.rt_nodes_ if n.op_type == "QLinearSoftmax"][0]
+        assert (fused._axis, fused._opset) == (1 if opset < 13 else -1, opset)
+        ours = session.run(["y_q"], feed)[0]
+        assert ours.tobytes() == peers.session(model).run(["y_q"], feed)[0].tobytes()
+        written = qo.InferenceSession(model, fuse_qdq=False).run(["y_q"], feed)[0]
+        assert np.abs(ours.astype(int) - written.astype(int)).max() <= 1

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+from math import prod
 
 import ml_dtypes
 import numpy as np
@@ -404,6 +405,29 @@ class _QLinearSoftmax(_Op):
         return (qlinear_softmax(X, X_scale, x_zero_point, y_scale, y_zero_point, axis=self._axis, opset=self._opset),)
 
 
+class _AxisSoftmax(_Op):
+    """Softmax, LogSoftmax and Hardmax before opset 13 (onnx.reference's own code applies the opset-13
+    reading, one axis alone, to every version): the input is coerced to 2-D at ``axis`` (default 1),
+    ``[prod(shape[:axis]), prod(shape[axis:])]``, each row is one softmax, and the result takes the
+    input's shape again. From opset 13, onnx.reference's implementation as it is."""
+
+    def _compute(self, X, **_):
+        reference = _reference_op(self)
+        opset = self.run_params["opsets"][self.onnx_node.domain]
+        X = np.asarray(X)
+        if opset >= 13 or X.ndim == 0:
+            return reference.run(X)
+        attrs = {a.name: onnx.helper.get_attribute_value(a) for a in self.onnx_node.attribute}
+        axis = int(attrs.get("axis", 1))
+        if not -X.ndim <= axis <= X.ndim:
+            raise ValueError(f"{self.onnx_node.op_type}: axis {axis} is out of range for {X.ndim}-D input")
+        axis %= X.ndim + 1 if axis == X.ndim else X.ndim
+        rows = X.reshape(prod(X.shape[:axis]), prod(X.shape[axis:]))
+        reference.axis = 1  # the private reference op: each row of the 2-D coercion
+        (y,) = reference.run(rows)
+        return (np.asarray(y).reshape(X.shape),)
+
+
 def _op_classes(constants: dict, numerics: str) -> list:
     bases = {
         "QLinearMatMul": _QLinearMatMul,
@@ -417,5 +441,8 @@ def _op_classes(constants: dict, numerics: str) -> list:
         "QLinearAdd": _QLinearAdd,
         "QLinearMul": _QLinearMul,
         "QLinearSoftmax": _QLinearSoftmax,
+        "Softmax": _AxisSoftmax,
+        "LogSoftmax": _AxisSoftmax,
+        "Hardmax": _AxisSoftmax,
     }
     return [type(name, (base,), {"constants": constants, "numerics": numerics}) for name, base in bases.items()]
