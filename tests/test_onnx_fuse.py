@@ -470,3 +470,48 @@ def test_redundant_relu_and_softmax_axis_defaults():
         assert ours.tobytes() == peers.session(model).run(["y_q"], feed)[0].tobytes()
         written = qo.InferenceSession(model, fuse_qdq=False).run(["y_q"], feed)[0]
         assert np.abs(ours.astype(int) - written.astype(int)).max() <= 1
+
+
+@pytest.mark.parametrize("dtype", [U8, S8])
+def test_data_movement_between_equal_quantizations_moves_the_codes(dtype):
+    """DequantizeLinear -> Transpose / Reshape -> QuantizeLinear of one scale and zero point: the node runs
+    on the 8-bit codes (ORT's drop-QDQ rule), the same bits as the float round trip; other parameters
+    keep the pair."""
+
+    def model_for(q_scale):
+        inits = {
+            "s": np.array(0.05, F32),
+            "z": np.array(9, dtype),
+            "s2": np.array(q_scale, F32),
+            "shape": np.array([4, 30], np.int64),
+        }
+        nodes = [
+            helper.make_node("QuantizeLinear", ["x", "s", "z"], ["x_q"]),
+            helper.make_node("DequantizeLinear", ["x_q", "s", "z"], ["x_dq"]),
+            helper.make_node("Transpose", ["x_dq"], ["t"], perm=[0, 2, 1], name="transpose"),
+            helper.make_node("QuantizeLinear", ["t", "s2", "z"], ["t_q"]),
+            helper.make_node("DequantizeLinear", ["t_q", "s2", "z"], ["t_dq"]),
+            helper.make_node("Reshape", ["t_dq", "shape"], ["r"], name="reshape"),
+            helper.make_node("QuantizeLinear", ["r", "s2", "z"], ["y_q"]),
+        ]
+        graph = helper.make_graph(
+            nodes,
+            "moves",
+            [helper.make_tensor_value_info("x", TensorProto.FLOAT, [4, 6, 5])],
+            [helper.make_tensor_value_info("y_q", ELEM[np.dtype(dtype)], [4, 30])],
+            [numpy_helper.from_array(v, k) for k, v in inits.items()],
+        )
+        return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
+
+    x = {"x": np.random.default_rng(2).normal(size=(4, 6, 5)).astype(F32) * 4}
+    model = model_for(0.05)
+    session = qo.InferenceSession(model)
+    assert session.fused == ["transpose", "reshape"]
+    assert ops_run(session) == ["QuantizeLinear", "Transpose", "Reshape"]
+    (ours,) = session.run(None, x)
+    assert ours.tobytes() == qo.InferenceSession(model, fuse_qdq=False).run(None, x)[0].tobytes()
+    assert ours.tobytes() == peers.session(model).run(None, x)[0].tobytes()
+    # the Transpose requantizes at another scale: its pair stays; the Reshape's (0.07 both sides) goes
+    session = qo.InferenceSession(model_for(0.07))
+    assert session.fused == ["reshape"]
+    assert ops_run(session).count("DequantizeLinear") == 1 and ops_run(session).count("QuantizeLinear") == 2

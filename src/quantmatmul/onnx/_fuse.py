@@ -83,6 +83,13 @@ def fuse_qdq(model: onnx.ModelProto, *, in_place: bool = False) -> tuple[onnx.Mo
     dropped = set()  # ids of the nodes folded into a group
     for g in groups:
         label = g.node.name or g.node.output[0]
+        if g.node.op_type in _DATA_MOVEMENT:  # the node itself, on the codes
+            moved = onnx.NodeProto()
+            moved.CopyFrom(g.node)
+            moved.input[0], moved.output[0] = g.a.input[0], g.q.output[0]
+            replaced[id(g.q)] = moved
+            dropped.add(id(g.node))
+            continue
         if g.node.op_type in _ELEMENTWISE:
             fused = _elementwise_node(g, view.opset, zero_point, label)
             replaced[id(g.q)] = fused
@@ -130,13 +137,15 @@ def fuse_qdq(model: onnx.ModelProto, *, in_place: bool = False) -> tuple[onnx.Mo
     del graph.node[:]
     graph.node.extend(kept)
     graph.initializer.extend(new_initializers)
-    ms = any(g.node.op_type in ("Gemm", *_ELEMENTWISE) for g in groups)
+    ms = any(g.node.op_type in ("Gemm", *_ELEMENTWISE) for g in groups)  # com.microsoft nodes
     if ms and not any(o.domain == MS_DOMAIN for o in model.opset_import):
         model.opset_import.append(helper.make_opsetid(MS_DOMAIN, 1))
     return model, [g.node.name for g in groups]
 
 
 _ELEMENTWISE = {"Add": "QLinearAdd", "Mul": "QLinearMul", "Softmax": "QLinearSoftmax"}
+# ops that only move data (input 0's): a DQ -> op -> Q pair of one scale and zero point is dropped
+_DATA_MOVEMENT = ("Reshape", "Transpose", "Squeeze", "Unsqueeze", "Flatten", "Gather", "Slice", "Expand")
 
 
 def _elementwise_node(g, opset: int, zero_point, label: str) -> onnx.NodeProto:
@@ -223,9 +232,12 @@ class _GraphView:
         return None
 
     def group(self, node):
-        """The fusable group around a MatMul, Gemm, Add, Mul or Softmax node, or None."""
+        """The fusable group around a MatMul, Gemm, Add, Mul or Softmax node, or a data-movement node's
+        QDQ pair to drop, or None."""
         if node.op_type in ("Add", "Mul", "Softmax") and _is(node, node.op_type):
             return self._elementwise_group(node)
+        if node.op_type in _DATA_MOVEMENT and _is(node, node.op_type):
+            return self._drop_group(node)
         if _is(node, "MatMul") and len(node.input) == 2:
             trans_b, alpha, c = False, 1.0, None
         elif _is(node, "Gemm") and len(node.input) in (2, 3):
@@ -305,6 +317,37 @@ class _GraphView:
                 return None
         b = dqs[1] if arity == 2 else None
         return _Group(node, dqs[0], b, None, relu, q, y_dtype, y_dtype if b is not None else None, y_dtype)
+
+    def _drop_group(self, node):
+        """DequantizeLinear -> Reshape / Transpose / ... -> QuantizeLinear with one scale and zero point: the
+        node can move the 8-bit codes themselves (ORT's drop-QDQ rule). Q(DQ(x)) is x for a normal,
+        positive scale (|x - zp| * scale is off by under 255 * 2^-23 relative, far from a half step)."""
+        dq = self.producer.get(_arg(node, 0))
+        q = self.only_reader(node.output[0]) if len(node.output) == 1 else None
+        if not _is(dq, "DequantizeLinear") or not _is(q, "QuantizeLinear") or _attr(q, "precision", 0):
+            return None
+        if any(
+            self.producer.get(name) is not None and _is(self.producer[name], "DequantizeLinear")
+            for name in node.input[1:]
+        ):
+            return None  # ORT's rule has one dequantized input
+        if any(_attr(n, "block_size", 0) for n in (dq, q)):
+            return None
+        (s1, z1), (s2, z2) = [(self.constant(n, 1), self.constant(n, 2)) for n in (dq, q)]
+        if any(x is None or x is False for x in (s1, s2)) or z1 is False or z2 is False:
+            return None
+        if not (_per_tensor(s1, z1) and _per_tensor(s2, z2)) or s1.dtype != np.float32 or s2.dtype != np.float32:
+            return None
+        dtype = self._operand_dtype(dq)
+        if dtype not in _INT8 or _quantized_dtype(q, z2) != dtype:
+            return None
+        scale = float(s1.reshape(-1)[0])
+        zero = [0 if z is None else int(z.reshape(-1)[0]) for z in (z1, z2)]
+        if scale != float(s2.reshape(-1)[0]) or zero[0] != zero[1]:
+            return None
+        if not (np.finfo(np.float32).tiny <= scale <= np.finfo(np.float32).max / 256):
+            return None
+        return _Group(node, dq, None, None, None, q, dtype, None, dtype)
 
     def _quantized_output(self, node):
         """(the QuantizeLinear that alone reads node's output, directly or through a Relu; that Relu or

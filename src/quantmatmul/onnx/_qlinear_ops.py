@@ -192,8 +192,8 @@ def qlinear_add(A, A_scale, A_zero_point, B, B_scale, B_zero_point, C_scale, C_z
         k = _F32(zpc) - _fma32(rx, _F32(xz), _F32(ry * _F32(yz)))
         if math.prod(shape) > _TABLE_FROM:  # each result is a function of (x, y) alone: all 65536, once
             table = _add_table(A.dtype.str, float(rx), float(ry), float(k))
-            codes = x.view(np.uint8).astype(np.intp) * 256 + y.view(np.uint8)
-            return np.broadcast_to(table[codes], shape).copy()
+            codes = np.left_shift(x.view(np.uint8), 8, dtype=np.uint16) | y.view(np.uint8)  # broadcast
+            return table.take(np.broadcast_to(codes, shape))
         inner = _fma32(y.astype(_F32), ry, k)  # the scalar's span constant, or the per-element inner fma
         v = _fma32(x.astype(_F32), rx, inner)
     return np.broadcast_to(_cvt_saturate(v, A.dtype), shape).copy()
