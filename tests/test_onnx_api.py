@@ -928,3 +928,45 @@ def test_session_softmax_family_before_opset_13_flattens(op, opset, axis):
         want["Hardmax"] = (rows == rows.max(axis=1, keepdims=True)).astype(F32)
         assert np.allclose(ours, want[op].reshape(x.shape), rtol=1e-5, atol=1e-6)
     assert ours.shape == x.shape and np.allclose(ours, theirs, rtol=1e-5, atol=1e-6)
+
+
+def test_session_lets_values_go_after_their_last_reader():
+    """The run loop drops each intermediate after the last node reading it: a value read twice (early and
+    late), a graph output also read later, a value only an If branch reads, all still there when needed."""
+    x = np.arange(6, dtype=F32).reshape(2, 3)
+    then_graph = helper.make_graph(
+        [helper.make_node("Add", ["a", "b"], ["t"])], "then", [], [helper.make_tensor_value_info("t", 1, None)]
+    )
+    else_graph = helper.make_graph(
+        [helper.make_node("Sub", ["a", "b"], ["e"])], "else", [], [helper.make_tensor_value_info("e", 1, None)]
+    )
+    nodes = [
+        helper.make_node("Neg", ["x"], ["a"]),  # read by Mul, by the If's branches and last by Sub
+        helper.make_node("Mul", ["a", "x"], ["b"]),  # a graph output, read later by the branches
+        helper.make_node("ReduceSum", ["b"], ["s"], keepdims=0),
+        helper.make_node("Greater", ["s", "zero"], ["c"]),
+        helper.make_node("If", ["c"], ["branch"], then_branch=then_graph, else_branch=else_graph),
+        helper.make_node("Sub", ["branch", "a"], ["y"]),
+    ]
+    model = make_model(
+        nodes,
+        [("x", TensorProto.FLOAT, [2, 3])],
+        [("y", TensorProto.FLOAT, [2, 3]), ("b", TensorProto.FLOAT, [2, 3])],
+        {"zero": np.array(0, F32)},
+    )
+    session = qo.InferenceSession(model)
+    assert not any("a" in done for done in session._released[:5])  # a: last read by the Sub
+    y, b = session.run(None, {"x": x})
+    a = -x
+    assert np.array_equal(b, a * x) and np.array_equal(y, (a - a * x) - a)  # sum(-x*x) < 0: the else branch
+    assert all(np.array_equal(u, v) for u, v in zip(session.run(None, {"x": x}), run_ort(model, {"x": x})))
+
+
+def test_session_out_of_order_graph_is_a_clear_error():
+    nodes = [helper.make_node("Neg", ["a"], ["y"], name="first"), helper.make_node("Neg", ["x"], ["a"])]
+    graph = helper.make_graph(
+        nodes, "g", [helper.make_tensor_value_info("x", 1, [2])], [helper.make_tensor_value_info("y", 1, [2])]
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    with pytest.raises(ValueError, match="^InferenceSession.run: node 'first' \\(Neg\\) reads 'a', which no node"):
+        qo.InferenceSession(model).run(None, {"x": np.ones(2, F32)})

@@ -91,6 +91,7 @@ class InferenceSession:
             raise error.public(self._FN) from None
         except Exception as error:  # onnx.reference refuses an operator or an attribute
             raise ValueError(f"{self._FN}: onnx.reference cannot run this model: {_first_line(error)}") from None
+        self._released = _release_plan(self._evaluator)
         self._inputs = [node_arg(v) for v in graph_inputs(self._model)]
         self._outputs = [node_arg(v) for v in self._model.graph.output]
         _keep_heap()
@@ -118,7 +119,7 @@ class InferenceSession:
         feed = check_feed(fn, self._model, input_feed)
         try:
             with np.errstate(all="ignore"):
-                return list(self._evaluator.run(output_names, feed))
+                return _run_nodes(self._evaluator, self._released, output_names, feed)
         except _NodeError as error:
             raise error.public(fn) from None
 
@@ -126,6 +127,67 @@ class InferenceSession:
         ins = ", ".join(i.name for i in self._inputs)
         outs = ", ".join(o.name for o in self._outputs)
         return f"InferenceSession(({ins}) -> ({outs}), numerics={self.numerics!r})"
+
+
+# ---------------------------------------------------------------------------------------------------
+# The run loop: onnx.reference's (ReferenceEvaluator.run: each node's run on the values of its
+# inputs, in order), except that each intermediate value is let go after the last node that reads it,
+# where the evaluator keeps every one until the run ends: a batch holds its live values only, and the
+# heap reuses their memory for the next nodes'. all-MiniLM-L6-v2 on Zen 4, 2 threads, in one process
+# with ORT interleaved: the 4-bit model 1.10-1.11x, ORT's QDQ MatMul model 1.13-1.19x, the models with
+# every default op type 0.97-1.08x (8 x 16 and 36 x 19 tokens).
+
+
+def _release_plan(evaluator) -> list[list[str]]:
+    """For each node, the values no later node reads (graph outputs, initializers and feeds are kept).
+    A node that runs a subgraph (If, Loop, Scan) reads outer values inside it: they count as its inputs."""
+    last = {}
+    for i, node in enumerate(evaluator.rt_nodes_):
+        names = list(node.onnx_node.input) if hasattr(node, "onnx_node") else list(node.input)
+        for attribute in getattr(node, "onnx_node", node).attribute:
+            for graph in list(attribute.graphs) + ([attribute.g] if attribute.HasField("g") else []):
+                names += _subgraph_reads(graph)
+        for name in names:
+            last[name] = i
+    kept = set(evaluator.output_names) | set(evaluator.rt_inits_) | set(evaluator.input_names)
+    plan = [[] for _ in evaluator.rt_nodes_]
+    for name, i in last.items():
+        if name and name not in kept:
+            plan[i].append(name)
+    return plan
+
+
+def _subgraph_reads(graph) -> list[str]:
+    names = []
+    for node in graph.node:
+        names += [n for n in node.input if n]
+        for attribute in node.attribute:
+            for sub in list(attribute.graphs) + ([attribute.g] if attribute.HasField("g") else []):
+                names += _subgraph_reads(sub)
+    return names
+
+
+def _run_nodes(evaluator, released, output_names, feed) -> list[np.ndarray]:
+    results = {"": None}  # an absent optional input
+    results.update(evaluator.rt_inits_)
+    results.update(feed)
+    for node, done in zip(evaluator.rt_nodes_, released):
+        try:
+            inputs = [results[name] for name in node.input]
+        except KeyError as error:  # a graph out of topological order, or an input never produced
+            raise ValueError(
+                f"InferenceSession.run: node {node.onnx_node.name!r} ({node.op_type}) reads {error}, which no "
+                "node before it writes"
+            ) from None
+        if node.need_context():  # If / Loop / Scan: the subgraph reads the outer values
+            outputs = node.run(*inputs, context=results, bindings=None)
+        else:
+            outputs = node.run(*inputs)
+        for name, value in zip(node.output, outputs):
+            results[name] = value
+        for name in done:
+            results.pop(name, None)
+    return [results[name] for name in output_names]
 
 
 def _first_line(error: Exception) -> str:
