@@ -2,12 +2,11 @@
 
 from __future__ import annotations
 
-import logging
-
 import numpy as np
 import onnx
 import pytest
 from onnx import TensorProto, helper, numpy_helper
+from ort_quantizer import float_model, quantize_static_model
 
 import quantmatmul.onnx as qo
 from quantmatmul import peers
@@ -146,7 +145,7 @@ def test_qgemm_bias_wraps_like_int32():
 @pytest.mark.parametrize("per_channel", [False, True])
 def test_quantize_static_gemm_models_run_as_onnxruntime(activation, per_channel, tmp_path):
     """Gemm (transB=1 with a bias, then a plain one) through quantize_static's QOperator format: QGemm nodes."""
-    from onnxruntime.quantization import QuantFormat, QuantType, quantize_static
+    from onnxruntime.quantization import QuantFormat, QuantType
 
     rng = np.random.default_rng(3)
     weights = {
@@ -159,40 +158,16 @@ def test_quantize_static_gemm_models_run_as_onnxruntime(activation, per_channel,
         helper.make_node("Relu", ["h"], ["r"], name="relu"),
         helper.make_node("Gemm", ["r", "W2"], ["y"], name="g2"),
     ]
-    graph = helper.make_graph(
-        nodes,
-        "gemms",
-        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", 64])],
-        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", 16])],
-        [numpy_helper.from_array(v, k) for k, v in weights.items()],
+    model = quantize_static_model(
+        float_model(nodes, 64, 16, weights),
+        tmp_path,
+        seed=3,
+        quant_format=QuantFormat.QOperator,
+        per_channel=per_channel,
+        activation_type=getattr(QuantType, activation),
+        weight_type=QuantType.QInt8,
+        reduce_range=SATURATES,
     )
-    src, dst = tmp_path / "f.onnx", tmp_path / "q.onnx"
-    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8), src)
-
-    class Batches:
-        def __init__(self):
-            self.batches = iter([{"x": rng.normal(size=(4, 64)).astype(F32)} for _ in range(4)])
-
-        def get_next(self):
-            return next(self.batches, None)
-
-    root = logging.getLogger()
-    level = root.level
-    root.setLevel(logging.ERROR)
-    try:
-        quantize_static(
-            src,
-            dst,
-            Batches(),
-            quant_format=QuantFormat.QOperator,
-            per_channel=per_channel,
-            activation_type=getattr(QuantType, activation),
-            weight_type=QuantType.QInt8,
-            reduce_range=SATURATES,
-        )
-    finally:
-        root.setLevel(level)
-    model = onnx.load(dst)
     assert [n.op_type for n in model.graph.node].count("QGemm") == 2
     feed = {"x": rng.normal(size=(9, 64)).astype(F32)}
     ours, theirs = run_both(model, feed)

@@ -7,6 +7,7 @@ import functools
 import numpy as np
 import pytest
 from onnx import TensorProto, helper, numpy_helper
+from ort_quantizer import float_model, quantize_static_model
 from peer_deviations import installed, pinned, pinned_versions
 
 from quantmatmul import peers
@@ -497,10 +498,7 @@ def test_quantize_static_default_ops_model_runs_as_onnxruntime(activation, tmp_p
     -> MatMul becomes QLinearMatMul, QLinearAdd, QLinearMul, QLinearSoftmax, QLinearMatMul between one
     QuantizeLinear and one DequantizeLinear: the session's output is ORT's bit for bit, and compare()
     checks each node."""
-    import logging
-
-    import onnx
-    from onnxruntime.quantization import QuantFormat, QuantType, quantize_static
+    from onnxruntime.quantization import QuantFormat, QuantType
 
     import quantmatmul.onnx as qo
 
@@ -518,39 +516,15 @@ def test_quantize_static_default_ops_model_runs_as_onnxruntime(activation, tmp_p
         helper.make_node("Softmax", ["hs"], ["p"], axis=-1),
         helper.make_node("MatMul", ["p", "W2"], ["y"]),
     ]
-    graph = helper.make_graph(
-        nodes,
-        "block",
-        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", 48])],
-        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", 24])],
-        [numpy_helper.from_array(v, k) for k, v in weights.items()],
+    model = quantize_static_model(
+        float_model(nodes, 48, 24, weights),
+        tmp_path,
+        seed=11,
+        quant_format=QuantFormat.QOperator,
+        activation_type=getattr(QuantType, activation),
+        weight_type=QuantType.QInt8,
+        reduce_range=peers.onnxruntime_u8s8_saturates(),
     )
-    src, dst = tmp_path / "f.onnx", tmp_path / "q.onnx"
-    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8), src)
-
-    class Batches:
-        def __init__(self):
-            self.batches = iter([{"x": rng.normal(size=(8, 48)).astype(np.float32)} for _ in range(4)])
-
-        def get_next(self):
-            return next(self.batches, None)
-
-    root = logging.getLogger()
-    level = root.level
-    root.setLevel(logging.ERROR)
-    try:
-        quantize_static(
-            src,
-            dst,
-            Batches(),
-            quant_format=QuantFormat.QOperator,
-            activation_type=getattr(QuantType, activation),
-            weight_type=QuantType.QInt8,
-            reduce_range=peers.onnxruntime_u8s8_saturates(),
-        )
-    finally:
-        root.setLevel(level)
-    model = onnx.load(dst)
     ops = [n.op_type for n in model.graph.node]
     assert {"QLinearAdd", "QLinearMul", "QLinearSoftmax", "QLinearMatMul"} <= set(ops)
     feed = {"x": rng.normal(size=(13, 48)).astype(np.float32)}
