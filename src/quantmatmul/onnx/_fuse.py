@@ -189,9 +189,7 @@ class _GraphView:
         # names read inside subgraphs (If / Loop / Scan bodies) from this scope: never fused away
         self.outer_reads = set()
         for node in self.nodes:
-            for attribute in node.attribute:
-                for sub in list(attribute.graphs) + ([attribute.g] if attribute.HasField("g") else []):
-                    self.outer_reads |= _names_read(sub)
+            self.outer_reads |= subgraph_reads(node)
         self.declared = {}
         for value in list(graph.input) + list(graph.value_info) + list(graph.output):
             if value.type.HasField("tensor_type") and value.type.tensor_type.elem_type:
@@ -421,13 +419,14 @@ def _quantized_dtype(q, zp):
     return np_dtype(output_dtype) if output_dtype else np.dtype(np.uint8)
 
 
-def _names_read(graph: onnx.GraphProto) -> set:
+def subgraph_reads(node: onnx.NodeProto) -> set:
+    """The names the subgraphs of node (If / Loop / Scan bodies, nested) read."""
     names = set()
-    for node in graph.node:
-        names.update(n for n in node.input if n)
-        for attribute in node.attribute:
-            for sub in list(attribute.graphs) + ([attribute.g] if attribute.HasField("g") else []):
-                names |= _names_read(sub)
+    for attribute in node.attribute:
+        for sub in list(attribute.graphs) + ([attribute.g] if attribute.HasField("g") else []):
+            for inner in sub.node:
+                names.update(n for n in inner.input if n)
+                names |= subgraph_reads(inner)
     return names
 
 

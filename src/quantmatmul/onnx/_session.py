@@ -18,6 +18,7 @@ from ..quantize_linear import _QUANT_TYPES as DEQUANTIZE_TYPES
 from ..quantize_linear import dequantize_linear, quantize_linear
 from ._common import MS_DOMAIN, NodeArg, check_feed, graph_inputs, load_model, node_arg, np_dtype, to_array
 from ._fuse import fuse_qdq as _fuse_qdq
+from ._fuse import subgraph_reads
 from ._integer import _integer_operand, _matmul_integer, dynamic_quantize_linear, matmul_integer
 from ._qgemm import qgemm, qgemm_weight
 from ._qlinear_ops import qlinear_add, qlinear_mul, qlinear_softmax
@@ -57,10 +58,11 @@ class InferenceSession:
     ONNX Runtime does (docs/onnx.md).
 
     com.microsoft QGemm, QLinearAdd, QLinearMul and QLinearSoftmax (``quantize_static``'s QOperator Gemm,
-    Add, Mul, Softmax) compute ONNX Runtime's bits. With
-    ``fuse_qdq`` (the default), a QDQ model's ``DequantizeLinear -> MatMul -> QuantizeLinear`` groups run
-    as one QLinearMatMul each and its QDQ Gemm groups as one QGemm, as ONNX Runtime's graph optimizer runs
-    them (the rules: docs/onnx.md, "QDQ fusion"; ``fused``: the fused MatMul / Gemm nodes' names);
+    Add, Mul, Softmax) compute ONNX Runtime's bits. With ``fuse_qdq`` (the default), a QDQ model's
+    ``DequantizeLinear -> MatMul / Gemm -> QuantizeLinear`` groups run as one QLinearMatMul / QGemm, its
+    uint8 Add / Mul / Softmax groups as QLinearAdd / QLinearMul / QLinearSoftmax, and Reshape /
+    Transpose / ... between equal quantizations on the codes, as ONNX Runtime's graph optimizer runs
+    them (the rules: docs/onnx.md, "QDQ fusion"; ``fused``: the rewritten nodes' names);
     ``fuse_qdq=False`` runs the graph as written. The caller's model is never modified.
 
     ``run(output_names, input_feed)`` returns a list of numpy arrays (``output_names`` None: every
@@ -143,11 +145,7 @@ def _release_plan(evaluator) -> list[list[str]]:
     A node that runs a subgraph (If, Loop, Scan) reads outer values inside it: they count as its inputs."""
     last = {}
     for i, node in enumerate(evaluator.rt_nodes_):
-        names = list(node.onnx_node.input) if hasattr(node, "onnx_node") else list(node.input)
-        for attribute in getattr(node, "onnx_node", node).attribute:
-            for graph in list(attribute.graphs) + ([attribute.g] if attribute.HasField("g") else []):
-                names += _subgraph_reads(graph)
-        for name in names:
+        for name in [*node.onnx_node.input, *subgraph_reads(node.onnx_node)]:
             last[name] = i
     kept = set(evaluator.output_names) | set(evaluator.rt_inits_) | set(evaluator.input_names)
     plan = [[] for _ in evaluator.rt_nodes_]
@@ -155,16 +153,6 @@ def _release_plan(evaluator) -> list[list[str]]:
         if name and name not in kept:
             plan[i].append(name)
     return plan
-
-
-def _subgraph_reads(graph) -> list[str]:
-    names = []
-    for node in graph.node:
-        names += [n for n in node.input if n]
-        for attribute in node.attribute:
-            for sub in list(attribute.graphs) + ([attribute.g] if attribute.HasField("g") else []):
-                names += _subgraph_reads(sub)
-    return names
 
 
 def _run_nodes(evaluator, released, output_names, feed) -> list[np.ndarray]:
