@@ -515,3 +515,107 @@ def test_data_movement_between_equal_quantizations_moves_the_codes(dtype):
     session = qo.InferenceSession(model_for(0.07))
     assert session.fused == ["reshape"]
     assert ops_run(session).count("DequantizeLinear") == 1 and ops_run(session).count("QuantizeLinear") == 2
+
+
+# ---------------------------------------------------------------------------------------------------
+# Random QDQ chains against ONNX Runtime's optimizer
+
+
+def random_qdq_chain(seed):
+    """x [M, K] quantized (uint8) and run through 2-5 random steps, each dequantizing the previous codes and
+    quantizing its result at a fresh uint8 scale and zero point: MatMul by an int8 or uint8 weight (per
+    tensor or per column, maybe a redundant Relu), Add / Mul with a second quantized input, Softmax,
+    Transpose or Reshape (same quantization both sides, or not). Every step's codes are graph outputs."""
+    rng = np.random.default_rng(seed)
+    inits, nodes, outputs = {}, [], []
+    rows, cols = int(rng.integers(2, 65)), int(rng.integers(3, 65))
+    shape = [rows, cols]
+    inputs = [helper.make_tensor_value_info("x", TensorProto.FLOAT, shape)]
+
+    def quantize(source, name, scale=None, zero=None):
+        inits[f"{name}_s"] = np.array(scale if scale is not None else rng.uniform(0.01, 0.2), F32)
+        inits[f"{name}_z"] = np.array(zero if zero is not None else rng.integers(0, 256), U8)
+        nodes.append(helper.make_node("QuantizeLinear", [source, f"{name}_s", f"{name}_z"], [name]))
+        return name
+
+    def dequantize(codes):
+        nodes.append(helper.make_node("DequantizeLinear", [codes, f"{codes}_s", f"{codes}_z"], [f"{codes}_dq"]))
+        return f"{codes}_dq"
+
+    codes = quantize("x", "q0", 0.05, 128)
+    for step in range(1, int(rng.integers(3, 7))):
+        kind = rng.choice(["MatMul", "MatMul", "Add", "Mul", "Softmax", "Transpose", "Reshape"])
+        a, out = dequantize(codes), f"h{step}"
+        scale = zero = None
+        if kind == "MatMul":
+            n = int(rng.integers(3, 40))
+            w_type = S8 if rng.random() < 0.6 else U8
+            lo, hi = (-64, 64) if (SATURATES and w_type == S8) else (np.iinfo(w_type).min, np.iinfo(w_type).max + 1)
+            per_column = rng.random() < 0.5
+            inits[f"W{step}"] = rng.integers(lo, hi, (shape[1], n)).astype(w_type)
+            inits[f"W{step}_s"] = rng.uniform(0.002, 0.02, (n,) if per_column else ()).astype(F32)
+            inits[f"W{step}_z"] = (
+                rng.integers(0, 3, (n,) if per_column else ()) + (0 if w_type == S8 else 120)
+            ).astype(w_type)
+            nodes.append(
+                helper.make_node("DequantizeLinear", [f"W{step}", f"W{step}_s", f"W{step}_z"], [f"W{step}_dq"], axis=1)
+            )
+            nodes.append(helper.make_node("MatMul", [a, f"W{step}_dq"], [out]))
+            shape = [shape[0], n]
+            if rng.random() < 0.3:  # a Relu the quantization makes redundant (zero point 0)
+                nodes.append(helper.make_node("Relu", [out], [out + "r"]))
+                out, zero = out + "r", 0
+        elif kind in ("Add", "Mul"):
+            inputs.append(helper.make_tensor_value_info(f"z{step}", TensorProto.FLOAT, shape))
+            other = dequantize(quantize(f"z{step}", f"zq{step}"))
+            nodes.append(helper.make_node(kind, [a, other], [out]))
+        elif kind == "Softmax":
+            nodes.append(helper.make_node("Softmax", [a], [out], axis=-1))
+            scale, zero = 1 / 256, 0
+        else:
+            same = rng.random() < 0.7
+            scale, zero = (inits[f"{codes}_s"].item(), inits[f"{codes}_z"].item()) if same else (None, None)
+            if kind == "Transpose":
+                nodes.append(helper.make_node("Transpose", [a], [out], perm=[1, 0]))
+                shape = shape[::-1]
+            else:
+                inits[f"shape{step}"] = np.array([shape[1], shape[0]], np.int64)
+                nodes.append(helper.make_node("Reshape", [a, f"shape{step}"], [out]))
+                shape = shape[::-1]
+        codes = quantize(out, f"q{step}", scale, zero)
+        outputs.append(helper.make_tensor_value_info(codes, TensorProto.UINT8, shape))
+    graph = helper.make_graph(
+        nodes, "chain", inputs, outputs, [numpy_helper.from_array(v, k) for k, v in inits.items()]
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
+    onnx.checker.check_model(model)
+    feed = {
+        i.name: (rng.normal(size=[d.dim_value for d in i.type.tensor_type.shape.dim]) * 2).astype(F32) for i in inputs
+    }
+    return model, feed
+
+
+def test_random_qdq_chains_are_onnxruntime_bit_for_bit(tmp_path):
+    """40 random uint8 QDQ chains: the session's rewritten graph runs the operators ONNX Runtime's optimized
+    graph runs (as many QLinearMatMul / QLinearAdd / QLinearMul / QLinearSoftmax, QuantizeLinear and
+    DequantizeLinear: the rules meet ORT's), and gives ORT's codes at every step. (The graph as written
+    agrees as well on these small chains: a float sum landing on the other side of a step is rare.)"""
+    import onnxruntime as ort
+
+    counted = ("QLinearMatMul", "QLinearAdd", "QLinearMul", "QLinearSoftmax", "QuantizeLinear", "DequantizeLinear")
+    fused = 0
+    for seed in range(40):
+        model, feed = random_qdq_chain(seed)
+        session = qo.InferenceSession(model)
+        fused += bool(session.fused)
+        options = ort.SessionOptions()
+        options.optimized_model_filepath = str(tmp_path / f"chain{seed}.onnx")
+        options.log_severity_level = 3
+        ort_session = ort.InferenceSession(model.SerializeToString(), options, providers=["CPUExecutionProvider"])
+        ort_ops = [n.op_type for n in onnx.load(options.optimized_model_filepath).graph.node]
+        ours_ops = ops_run(session)
+        assert {op: ours_ops.count(op) for op in counted} == {op: ort_ops.count(op) for op in counted}, seed
+        ours, theirs = session.run(None, feed), ort_session.run(None, feed)
+        for output, a, b in zip(model.graph.output, ours, theirs):
+            assert a.tobytes() == b.tobytes(), (seed, output.name, session.fused)
+    assert fused >= 35
