@@ -27,7 +27,7 @@ _F32 = np.float32
 _F64 = np.float64
 _INT32_MIN = -(2**31)
 _A_SCALAR, _B_SCALAR, _SPANS = 0, 1, 2
-_TABLE_FROM = 1 << 12  # QLinearAdd outputs larger than this look their 8-bit results up in a 256 x 256 table
+_TABLE_FROM = 1 << 12  # QLinearAdd / QLinearMul outputs larger than this look their results up in a 256 x 256 table
 
 
 # --------------------------------------------------------------------------------------------------
@@ -221,9 +221,26 @@ def qlinear_mul(A, A_scale, A_zero_point, B, B_scale, B_zero_point, C_scale, C_z
         return np.empty(shape, A.dtype)
     with np.errstate(all="ignore"):
         r = _F32(_F32(a_s * b_s) / c_s)
+        if math.prod(shape) > _TABLE_FROM:  # each result is a function of (a, b) alone: all 65536, once
+            table = _mul_table(A.dtype.str, float(r), zpa, zpb, zpc)
+            codes = np.left_shift(A.view(np.uint8), 8, dtype=np.uint16) | B.view(np.uint8)  # broadcast
+            return table.take(np.broadcast_to(codes, shape))
         product = (A.astype(np.int32) - zpa) * (B.astype(np.int32) - zpb)  # |product| <= 255 * 255: exact
         v = product.astype(_F32) * r + _F32(zpc)
     return np.broadcast_to(_cvt_saturate(v, A.dtype), shape).copy()
+
+
+@functools.lru_cache(maxsize=1024)
+def _mul_table(dtype: str, r: float, zpa: int, zpb: int, zpc: int) -> np.ndarray:
+    """QLinearMul's result for every (a, b) byte-code pair (a * 256 + b), read-only, built once per node's
+    parameters: the element-wise arithmetic above on all 65536 pairs."""
+    values = np.arange(256, dtype=np.uint8).view(dtype).astype(np.int32)  # by byte code
+    with np.errstate(all="ignore"):
+        product = (values[:, None] - zpa) * (values - zpb)
+        v = product.astype(_F32) * _F32(r) + _F32(zpc)
+    table = _cvt_saturate(v, np.dtype(dtype)).reshape(-1)
+    table.flags.writeable = False
+    return table
 
 
 def _load_logf():
