@@ -106,6 +106,9 @@ DEVIATIONS = {
     ),
     "onnx-e5m2-nan": Deviation("onnx", "QuantizeLinear gives 0x7E/0xFE for NaN in float8e5m2 (onnxruntime 0x7F/0xFF)"),
     "onnx-float8-zero-point": Deviation("onnx", "QuantizeLinear ignores nonzero float8 zero points"),
+    "onnx-softmax-before-13": Deviation(
+        "onnx", "Softmax / LogSoftmax / Hardmax before opset 13 normalize along axis alone, not over the 2-D coercion"
+    ),
 }
 
 
