@@ -137,6 +137,17 @@ def pinned(peer: str) -> bool:
     return installed(peer) == pinned_versions().get(canonicalize_name(peer))
 
 
+def pinned_only(peer: str, what: str):
+    """A pytest mark skipping a test that reproduces the pinned release of peer bit for bit (``what``: the
+    claim) where another release is installed (the device host's, make test-latest's)."""
+    import pytest
+
+    return pytest.mark.skipif(
+        not pinned(peer),
+        reason=f"{what}: {peer} {pinned_versions().get(canonicalize_name(peer))}; {installed(peer)} is installed",
+    )
+
+
 def documented(key: str) -> bool:
     """Whether the installed peer has this deviation (on this CPU), by the table above."""
     dev = DEVIATIONS[key]

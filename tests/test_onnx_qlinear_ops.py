@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 from ort_quantizer import float_model, quantize_static_model
-from peer_deviations import installed, pinned, pinned_versions
+from peer_deviations import pinned_only
 
 from quantmatmul import peers
 from quantmatmul.onnx import _qlinear_ops
@@ -17,11 +17,7 @@ from quantmatmul.onnx._qlinear_ops import _span_mode, qlinear_add, qlinear_mul, 
 # The functions reproduce the kernels of the pinned ONNX Runtime (constraints.txt), down to the wheel's
 # compiler contractions and a softmax quotient that changed during 2026: against another release (the
 # device host's 1.30, make test-latest) the bit-for-bit comparisons are not the claim, and are skipped.
-ORT_PINNED = pytest.mark.skipif(
-    not pinned("onnxruntime"),
-    reason=f"reproduces onnxruntime {pinned_versions().get('onnxruntime')}'s kernels; "
-    f"{installed('onnxruntime')} is installed",
-)
+ORT_PINNED = pinned_only("onnxruntime", "reproduces the kernels of")
 
 F32, U8, S8 = np.float32, np.uint8, np.int8
 ELEM = {np.dtype(U8): TensorProto.UINT8, np.dtype(S8): TensorProto.INT8}
