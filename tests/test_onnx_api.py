@@ -435,7 +435,12 @@ def test_session_on_quantize_static(kind, activation, per_channel, tmp_path):
     report = qo.compare(model, feed, numerics="onnxruntime")
     assert report.ok, str(report)
     quantized = [n.name for n in model.graph.node if n.op_type in qo._compare.COMPARED]
-    assert [r["node"] for r in report.rows] == quantized
+    # QDQ: then a row per group the session fuses, checked on the codes ORT's optimized run feeds it
+    groups = ["mm1", "mm2"] if kind == "qdq" else []
+    assert [r["node"] for r in report.rows] == quantized + groups
+    for row in report.rows[len(quantized) :]:  # int8: ORT on x86 fuses through its int8-to-uint8 pairs
+        assert row["op_type"] == "QDQ MatMul -> QLinearMatMul"
+        assert row["ok"] is (True if activation == "QUInt8" else None)
     text = str(report)
     assert text.splitlines()[0].split()[:3] == ["node", "op_type", "elements"]
     assert all(name in text for name in quantized) and "all agree" in text

@@ -626,3 +626,19 @@ def test_random_qdq_chains_are_onnxruntime_bit_for_bit(tmp_path):
         for output, a, b in zip(model.graph.output, ours, theirs):
             assert a.tobytes() == b.tobytes(), (seed, output.name, session.fused)
     assert fused >= 35
+
+
+def test_compare_checks_each_fused_group_on_onnxruntime_codes():
+    """compare() adds a row per group the session fuses: the fused node on the codes ONNX Runtime's optimized
+    run feeds it, against the codes it writes; a group ORT's optimizer leaves (int8 activations times a
+    uint8 weight: ORT's x86 rules) is listed, not compared."""
+    model, _ = qdq_model()
+    report = qo.compare(model, feed_for(model))
+    (row,) = [r for r in report.rows if r["op_type"].startswith("QDQ")]
+    assert report.ok and row["node"] == "mm" and row["op_type"] == "QDQ MatMul -> QLinearMatMul"
+    assert row["ok"] is True and row["differing"] == 0 and row["elements"] == M * N
+    model, _ = qdq_model(a_type=S8, w_type=U8, y_type=S8)
+    report = qo.compare(model, feed_for(model))
+    (row,) = [r for r in report.rows if r["op_type"].startswith("QDQ")]
+    assert report.ok and row["ok"] is None and "does not make this group one node" in row["note"]
+    assert "does not make this group one node" in str(report)

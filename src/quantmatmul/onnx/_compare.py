@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+import tempfile
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -13,6 +15,7 @@ from ..quantize_linear import _QUANT_TYPES as DEQUANTIZE_TYPES
 from ..quantize_linear import dequantize_linear, quantize_linear
 from ..reference import matmul_nbits as nbits_oracle
 from ._common import MS_DOMAIN, check_feed, format_table, graph_inputs, load_model, np_dtype, to_array
+from ._fuse import fuse_qdq
 from ._integer import _integer_operand, _matmul_integer, dynamic_quantize_linear
 from ._qgemm import qgemm
 from ._qlinear_ops import qlinear_add, qlinear_mul, qlinear_softmax
@@ -123,6 +126,11 @@ def compare(model, input_feed=None, *, numerics="exact", dims=None, progress=Non
       node's accuracy level around the exact product (docs/matmul_nbits.md); DequantizeLinear must be
       bit-identical.
 
+    A QDQ model's groups that InferenceSession fuses (onnx/_fuse.py) get a row each ("QDQ MatMul ->
+    QLinearMatMul", ...): ONNX Runtime runs the model once more with its default optimizations, which fuse
+    such groups too, and the fused node is computed from the codes ORT feeds the group; a group ORT's
+    optimizer does not make one node writing those codes is listed with ``ok`` None.
+
     ``input_feed`` may give some or all inputs; the others are random (float: standard normal; integers:
     in ``[0, 100)``, below the table size where the input indexes a constant Gather, and 1 for inputs
     whose name contains "mask"; seeded, so runs repeat). A dimension given by name is 1 unless ``dims``
@@ -137,6 +145,7 @@ def compare(model, input_feed=None, *, numerics="exact", dims=None, progress=Non
     except ImportError:
         raise ImportError(f"{_FN}: needs onnxruntime (pip install onnxruntime)") from None
     model = load_model(_FN, model, copy=True)
+    fused_model, fused_names = fuse_qdq(model)  # the session's QDQ groups, on a copy of its own
     graph = model.graph
     nodes = [
         n
@@ -186,7 +195,69 @@ def compare(model, input_feed=None, *, numerics="exact", dims=None, progress=Non
             except (TypeError, ValueError) as error:
                 row = _row(outputs[0].size, None, None, None, False, f"quantmatmul refused it: {error}")
         report.rows.append({"node": node.name, "op_type": node.op_type, **row})
+    if fused_names:
+        report.rows += _qdq_group_rows(model, fused_model, feed, numerics, ort)
     return report
+
+
+_GROUP_OF = {
+    "QLinearMatMul": "MatMul",
+    "QGemm": "Gemm",
+    "QLinearAdd": "Add",
+    "QLinearMul": "Mul",
+    "QLinearSoftmax": "Softmax",
+}
+_FUSED_TYPES = tuple(_GROUP_OF)
+
+
+def _qdq_group_rows(model, fused_model, feed, numerics, ort) -> list[dict]:
+    """A row per QDQ group the session fuses (onnx/_fuse.py): its fused node computed by quantmatmul from
+    the codes ONNX Runtime's optimized run (its default: it fuses such groups too) feeds the group, against
+    the codes that run produces. model: the input model with extra outputs; only its original outputs,
+    nodes and initializers are read. Groups ORT runs as written (float) get ok None."""
+    produced = {o: n for n in model.graph.node for o in n.output}
+    groups = [
+        n
+        for n in fused_model.graph.node
+        if n.op_type in _FUSED_TYPES and n.output[0] in produced and produced[n.output[0]].op_type != n.op_type
+    ]
+    if not groups:
+        return []
+    inits = {t.name: t for t in fused_model.graph.initializer}
+    probe = onnx.ModelProto()
+    probe.CopyFrom(model)
+    del probe.graph.output[:]
+    names = []
+    for node in groups:  # codes in and out: graph outputs that do not stop ORT's fusion
+        for name in [*node.input, node.output[0]]:
+            if name and name not in inits and name not in feed and name not in names:
+                names.append(name)
+    probe.graph.output.extend(onnx.ValueInfoProto(name=n) for n in names)
+    with tempfile.TemporaryDirectory() as folder:
+        options = ort.SessionOptions()
+        options.log_severity_level = 3
+        options.optimized_model_filepath = os.path.join(folder, "optimized.onnx")
+        session = ort.InferenceSession(probe.SerializeToString(), options, providers=["CPUExecutionProvider"])
+        optimized = onnx.load(options.optimized_model_filepath)
+    values = dict(zip(names, session.run(names, feed)))
+    values.update(feed)
+    ort_producer = {o: n.op_type for n in optimized.graph.node for o in n.output}
+    rows = []
+    for node in groups:
+        label = f"QDQ {_GROUP_OF[node.op_type]} -> {node.op_type}"
+        if ort_producer.get(node.output[0]) not in _FUSED_TYPES:
+            theirs = values[node.output[0]]
+            note = "ONNX Runtime's optimizer does not make this group one node writing these codes: not compared"
+            rows.append({"node": node.name, "op_type": label, **_row(theirs.size, None, None, None, None, note)})
+            continue
+        inputs = [None if not n else values[n] if n in values else to_array(inits[n]) for n in node.input]
+        with np.errstate(all="ignore"):
+            try:
+                row = _CHECKS[node.op_type](node, inputs, [values[node.output[0]]], numerics)
+            except (TypeError, ValueError) as error:
+                row = _row(values[node.output[0]].size, None, None, None, False, f"quantmatmul refused it: {error}")
+        rows.append({"node": node.name, "op_type": label, **row})
+    return rows
 
 
 def _first_line(error: Exception) -> str:
