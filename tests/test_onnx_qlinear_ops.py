@@ -49,15 +49,24 @@ def check_binary(op, A, A_scale, A_zp, B, B_scale, B_zp, C_scale, C_zp) -> np.nd
     feed = {n: np.asarray(v) for n, v in zip(BINARY_INPUTS, args) if v is not None}
     expected = binary_session(op, A.dtype, C_zp is not None).run(None, feed)[0]
     got = BINARY[op](*args)
+    same_bits(
+        got,
+        expected,
+        f"{op} {A.dtype} A{A.shape} B{B.shape} scales {A_scale!r} {B_scale!r} {C_scale!r} zero points "
+        f"{A_zp} {B_zp} {C_zp}",
+    )
+    return got
+
+
+def same_bits(got, expected, label: str) -> None:
+    """got is ORT's output bit for bit; else a failure naming the first differing element."""
     assert got.dtype == expected.dtype and got.shape == expected.shape, (got.dtype, got.shape, expected.shape)
     if got.tobytes() != expected.tobytes():
         where = tuple(np.argwhere(got != expected)[0])
         pytest.fail(
-            f"{op} {A.dtype} A{A.shape} B{B.shape} scales {A_scale!r} {B_scale!r} {C_scale!r} zero points "
-            f"{A_zp} {B_zp} {C_zp}: {int((got != expected).sum())} of {got.size} differ, at {where}: "
+            f"{label}: {int((got != expected).sum())} of {got.size} differ, at {where}: "
             f"{got[where]} vs ORT {expected[where]}"
         )
-    return got
 
 
 @functools.cache
@@ -85,14 +94,11 @@ def check_softmax(X, x_scale, x_zp, y_scale, y_zp, *, axis, opset, constant_scal
     values = dict(zip(SOFTMAX_INPUTS, (X, x_scale, x_zp, y_scale, y_zp)))
     expected = session.run(None, {n: np.asarray(values[n]) for n in fed})[0]
     got = qlinear_softmax(X, x_scale, x_zp, y_scale, y_zp, opset=opset, **({} if axis is None else {"axis": axis}))
-    assert got.dtype == expected.dtype and got.shape == expected.shape, (got.dtype, got.shape, expected.shape)
-    if got.tobytes() != expected.tobytes():
-        where = tuple(np.argwhere(got != expected)[0])
-        pytest.fail(
-            f"QLinearSoftmax {X.dtype} {X.shape} axis {axis} opset {opset} scales {x_scale!r} {y_scale!r} "
-            f"y_zp {y_zp}: {int((got != expected).sum())} of {got.size} differ, at {where}: "
-            f"{got[where]} vs ORT {expected[where]}"
-        )
+    same_bits(
+        got,
+        expected,
+        f"QLinearSoftmax {X.dtype} {X.shape} axis {axis} opset {opset} scales {x_scale!r} {y_scale!r} y_zp {y_zp}",
+    )
     return got
 
 

@@ -52,12 +52,16 @@ from onnx import helper, numpy_helper
 from ._common import MS_DOMAIN, np_dtype
 
 _INT8 = (np.dtype(np.int8), np.dtype(np.uint8))
-_PASS_THROUGH = ("Transpose", "Reshape", "Squeeze", "Unsqueeze", "Flatten", "Identity")
+_ELEMENTWISE = {"Add": "QLinearAdd", "Mul": "QLinearMul", "Softmax": "QLinearSoftmax"}
+# ops that only move data (input 0's): a DQ -> op -> Q pair of one scale and zero point is dropped
+_DATA_MOVEMENT = ("Reshape", "Transpose", "Squeeze", "Unsqueeze", "Flatten", "Gather", "Slice", "Expand")
+_PASS_THROUGH = (*_DATA_MOVEMENT, "Identity")  # ops whose output has input 0's element type
 
 
 def fuse_qdq(model: onnx.ModelProto, *, in_place: bool = False) -> tuple[onnx.ModelProto, list[str]]:
-    """(model with its fusable QDQ groups as QLinearMatMul / QGemm nodes, the names of the fused MatMul
-    and Gemm nodes); the model itself when nothing fuses. A copy is rewritten unless in_place."""
+    """(model with its fusable QDQ groups as QLinearMatMul / QGemm / QLinearAdd / QLinearMul / QLinearSoftmax
+    nodes and its data-movement nodes between equal quantizations on the codes, the names of the rewritten
+    nodes); the model itself when nothing fuses. A copy is rewritten unless in_place."""
     graph = model.graph
     opset = next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), 1)
     view = _GraphView(graph, opset)
@@ -82,47 +86,8 @@ def fuse_qdq(model: onnx.ModelProto, *, in_place: bool = False) -> tuple[onnx.Mo
     replaced = {}  # id of the node where a group's fused node goes (its QuantizeLinear, or a float Gemm)
     dropped = set()  # ids of the nodes folded into a group
     for g in groups:
-        label = g.node.name or g.node.output[0]
-        if g.node.op_type in _DATA_MOVEMENT:  # the node itself, on the codes
-            moved = onnx.NodeProto()
-            moved.CopyFrom(g.node)
-            moved.input[0], moved.output[0] = g.a.input[0], g.q.output[0]
-            replaced[id(g.q)] = moved
-            dropped.add(id(g.node))
-            continue
-        if g.node.op_type in _ELEMENTWISE:
-            fused = _elementwise_node(g, view.opset, zero_point, label)
-            replaced[id(g.q)] = fused
-            dropped |= {id(n) for n in (g.node, g.relu) if n is not None}
-            continue
-        inputs = [
-            g.a.input[0],
-            g.a.input[1],
-            zero_point(_arg(g.a, 2), g.a_dtype, f"{label}_a"),
-            g.b.input[0],
-            g.b.input[1],
-            zero_point(_arg(g.b, 2), g.b_dtype, f"{label}_b"),
-        ]
-        if g.node.op_type == "Gemm":
-            inputs.append(g.c.input[0] if g.c is not None else "")
-        if g.q is not None:
-            inputs += [g.q.input[1], zero_point(_arg(g.q, 2), g.y_dtype, f"{label}_y")]
-        output = g.q.output[0] if g.q is not None else g.node.output[0]
-        if g.node.op_type == "MatMul":
-            fused = helper.make_node("QLinearMatMul", inputs, [output], name=g.node.name or None)
-        else:
-            attributes = {a: _attr(g.node, a, 0) for a in ("transA", "transB")}
-            fused = helper.make_node(
-                "QGemm",
-                inputs,
-                [output],
-                name=g.node.name or None,
-                domain=MS_DOMAIN,
-                alpha=float(_attr(g.node, "alpha", 1.0)),
-                **attributes,
-            )
         anchor = g.q if g.q is not None else g.node
-        replaced[id(anchor)] = fused
+        replaced[id(anchor)] = _fused_node(g, view.opset, zero_point)
         dropped |= {id(n) for n in (g.node, g.relu) if n is not None and n is not anchor}
 
     nodes = [replaced.get(id(node), node) for node in view.nodes if id(node) not in dropped]
@@ -131,7 +96,7 @@ def fuse_qdq(model: onnx.ModelProto, *, in_place: bool = False) -> tuple[onnx.Mo
     candidates = {id(dq) for g in groups for dq in (g.a, g.b, g.c) if dq is not None}
     nodes = [n for n in nodes if id(n) not in candidates or n.output[0] in read]
 
-    kept = [onnx.NodeProto() for _ in nodes]
+    kept = [onnx.NodeProto() for _ in nodes]  # copies first: in place, clearing graph.node frees the originals
     for target, node in zip(kept, nodes):
         target.CopyFrom(node)
     del graph.node[:]
@@ -143,9 +108,43 @@ def fuse_qdq(model: onnx.ModelProto, *, in_place: bool = False) -> tuple[onnx.Mo
     return model, [g.node.name for g in groups]
 
 
-_ELEMENTWISE = {"Add": "QLinearAdd", "Mul": "QLinearMul", "Softmax": "QLinearSoftmax"}
-# ops that only move data (input 0's): a DQ -> op -> Q pair of one scale and zero point is dropped
-_DATA_MOVEMENT = ("Reshape", "Transpose", "Squeeze", "Unsqueeze", "Flatten", "Gather", "Slice", "Expand")
+def _fused_node(g, opset: int, zero_point) -> onnx.NodeProto:
+    """The node that runs group g: the data-movement node itself on the codes, ORT's element-wise
+    QLinear* operator, QLinearMatMul, or QGemm. zero_point(name, dtype, hint): a zero-point input's name,
+    a new zero initializer where the group's has none."""
+    label = g.node.name or g.node.output[0]
+    if g.node.op_type in _DATA_MOVEMENT:
+        moved = onnx.NodeProto()
+        moved.CopyFrom(g.node)
+        moved.input[0], moved.output[0] = g.a.input[0], g.q.output[0]
+        return moved
+    if g.node.op_type in _ELEMENTWISE:
+        return _elementwise_node(g, opset, zero_point, label)
+    inputs = [
+        g.a.input[0],
+        g.a.input[1],
+        zero_point(_arg(g.a, 2), g.a_dtype, f"{label}_a"),
+        g.b.input[0],
+        g.b.input[1],
+        zero_point(_arg(g.b, 2), g.b_dtype, f"{label}_b"),
+    ]
+    if g.node.op_type == "Gemm":
+        inputs.append(g.c.input[0] if g.c is not None else "")
+    if g.q is not None:
+        inputs += [g.q.input[1], zero_point(_arg(g.q, 2), g.y_dtype, f"{label}_y")]
+    output = g.q.output[0] if g.q is not None else g.node.output[0]
+    if g.node.op_type == "MatMul":
+        return helper.make_node("QLinearMatMul", inputs, [output], name=g.node.name or None)
+    return helper.make_node(
+        "QGemm",
+        inputs,
+        [output],
+        name=g.node.name or None,
+        domain=MS_DOMAIN,
+        alpha=float(_attr(g.node, "alpha", 1.0)),
+        transA=_attr(g.node, "transA", 0),
+        transB=_attr(g.node, "transB", 0),
+    )
 
 
 def _elementwise_node(g, opset: int, zero_point, label: str) -> onnx.NodeProto:

@@ -23,6 +23,7 @@ from __future__ import annotations
 import numpy as np
 
 from .._dtypes import names
+from ..qlinear import _fits
 from ._integer import _integer_operand, _IntegerOperand, _matmul_integer
 
 _FN = "QGemm"
@@ -79,7 +80,7 @@ def qgemm(
         C = np.asarray(C)
         if C.dtype != np.int32:
             raise TypeError(f"{_FN}: C must be int32, got {C.dtype}")
-        if C.ndim > 2 or not _broadcasts(C.shape, (M, N)):
+        if not _fits(C.shape, (M, N)):  # unidirectional broadcasting
             raise ValueError(f"{_FN}: C has shape {C.shape}, which does not broadcast to [M, N] = [{M}, {N}]")
         with np.errstate(over="ignore"):
             acc = np.add(acc, C, dtype=np.int32)  # int32 addition wraps, as the kernel's
@@ -119,10 +120,3 @@ def _scale(s, name: str, n: int | None = None) -> np.ndarray:
     if not np.all(np.isfinite(s)):
         raise ValueError(f"{_FN}: {name} must be finite")
     return s.reshape(-1) if s.size > 1 else s.reshape(())
-
-
-def _broadcasts(shape, target) -> bool:
-    """True if shape broadcasts to target without growing target (ONNX's unidirectional broadcasting)."""
-    if len(shape) > len(target):
-        return False
-    return all(s in (1, t) for s, t in zip(shape[::-1], target[::-1]))

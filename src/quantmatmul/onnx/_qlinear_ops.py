@@ -140,6 +140,12 @@ def _span_mode(shape_a, shape_b) -> int:
 # the operators
 
 
+def _looked_up(table: np.ndarray, x: np.ndarray, y: np.ndarray, shape) -> np.ndarray:
+    """table[x * 256 + y] by byte codes, x and y broadcast to shape."""
+    codes = np.left_shift(x.view(np.uint8), 8, dtype=np.uint16) | y.view(np.uint8)
+    return table.take(np.broadcast_to(codes, shape))
+
+
 @functools.lru_cache(maxsize=1024)
 def _add_table(dtype: str, rx: float, ry: float, k: float) -> np.ndarray:
     """QLinearAdd's result for every (x, y) byte-code pair (x * 256 + y), read-only: a model's node has
@@ -191,9 +197,7 @@ def qlinear_add(A, A_scale, A_zero_point, B, B_scale, B_zero_point, C_scale, C_z
         rx, ry = _F32(xs / c_s), _F32(ys / c_s)
         k = _F32(zpc) - _fma32(rx, _F32(xz), _F32(ry * _F32(yz)))
         if math.prod(shape) > _TABLE_FROM:  # each result is a function of (x, y) alone: all 65536, once
-            table = _add_table(A.dtype.str, float(rx), float(ry), float(k))
-            codes = np.left_shift(x.view(np.uint8), 8, dtype=np.uint16) | y.view(np.uint8)  # broadcast
-            return table.take(np.broadcast_to(codes, shape))
+            return _looked_up(_add_table(A.dtype.str, float(rx), float(ry), float(k)), x, y, shape)
         inner = _fma32(y.astype(_F32), ry, k)  # the scalar's span constant, or the per-element inner fma
         v = _fma32(x.astype(_F32), rx, inner)
     return np.broadcast_to(_cvt_saturate(v, A.dtype), shape).copy()
@@ -222,9 +226,7 @@ def qlinear_mul(A, A_scale, A_zero_point, B, B_scale, B_zero_point, C_scale, C_z
     with np.errstate(all="ignore"):
         r = _F32(_F32(a_s * b_s) / c_s)
         if math.prod(shape) > _TABLE_FROM:  # each result is a function of (a, b) alone: all 65536, once
-            table = _mul_table(A.dtype.str, float(r), zpa, zpb, zpc)
-            codes = np.left_shift(A.view(np.uint8), 8, dtype=np.uint16) | B.view(np.uint8)  # broadcast
-            return table.take(np.broadcast_to(codes, shape))
+            return _looked_up(_mul_table(A.dtype.str, float(r), zpa, zpb, zpc), A, B, shape)
         product = (A.astype(np.int32) - zpa) * (B.astype(np.int32) - zpb)  # |product| <= 255 * 255: exact
         v = product.astype(_F32) * r + _F32(zpc)
     return np.broadcast_to(_cvt_saturate(v, A.dtype), shape).copy()
