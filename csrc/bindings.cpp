@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "buffer.h"
+#include "conv.h"
 #include "cpu_features.h"
 #include "dispatch.h"
 #include "float8.h"
@@ -662,6 +663,68 @@ void bind_onnx_ops(nb::module_& m) {
   m.def("erf_path", [] { return std::string(qmm::erf_path()); });
   m.def("erf_paths", &qmm::erf_paths);
   m.def("keep_heap", &qmm::keep_heap);  // the session's heap settings (glibc)
+
+  // QLinearConv / ConvInteger (onnx/_qconv.py): x channels-last [N, D..., C] contiguous 8-bit codes;
+  // the geometry as qmm::ConvShape has it (shape = N, C, group); outputs contiguous, as conv.h says.
+  const auto conv_shape = [](const std::vector<int64_t>& shape, const std::vector<std::vector<int64_t>>& geometry) {
+    qmm::ConvShape s;
+    s.N = shape[0], s.C = shape[1], s.group = shape[2];
+    s.in = geometry[0], s.out = geometry[1], s.kernel = geometry[2];
+    s.strides = geometry[3], s.dilations = geometry[4], s.pad_begin = geometry[5];
+    return s;
+  };
+  m.def("conv_columns", [conv_shape](const In& x, const std::vector<int64_t>& shape,
+                                     const std::vector<std::vector<int64_t>>& geometry, int pad, Out columns) {
+    const auto s = conv_shape(shape, geometry);
+    nb::gil_scoped_release release;
+    qmm::conv_columns(static_cast<const uint8_t*>(x.data()), s, static_cast<uint8_t>(pad),
+                      static_cast<uint8_t*>(columns.data()));
+  });
+  m.def("conv_depthwise",
+        [conv_shape](const In& x, bool x_signed, const std::vector<int64_t>& shape,
+                     const std::vector<std::vector<int64_t>>& geometry, int32_t x_zp, const In& w, Out acc) {
+          const auto s = conv_shape(shape, geometry);
+          nb::gil_scoped_release release;
+          qmm::conv_depthwise(x.data(), x_signed, s, x_zp, static_cast<const int16_t*>(w.data()),
+                              static_cast<int32_t*>(acc.data()));
+        });
+  // src [batch, rows, cols] -> dst [batch, cols, rows], both contiguous, 1- or 4-byte elements.
+  m.def("transpose_planes", [](const In& src, Out dst) {
+    const auto batch = static_cast<int64_t>(src.shape(0)), rows = static_cast<int64_t>(src.shape(1));
+    const auto cols = static_cast<int64_t>(src.shape(2));
+    const auto bytes = static_cast<int64_t>(src.itemsize());
+    nb::gil_scoped_release release;
+    qmm::transpose_planes(src.data(), bytes, batch, rows, cols, dst.data());
+  });
+  // acc [rows, cols] int32 contiguous, bias int32 [cols] or None, b_scale float32 [cols] contiguous,
+  // y int8 / uint8 [rows, cols] contiguous; numerics 0, 1, 2 as conv.h says.
+  m.def(
+      "requantize_columns",
+      [](const In& acc, std::optional<In> bias, float a_scale, const In& b_scale, float y_scale, int32_t zp, Out y,
+         bool y_signed, int numerics) {
+        const auto rows = static_cast<int64_t>(acc.shape(0)), cols = static_cast<int64_t>(acc.shape(1));
+        const auto* b = bias ? static_cast<const int32_t*>(bias->data()) : nullptr;
+        nb::gil_scoped_release release;
+        qmm::requantize_columns(static_cast<const int32_t*>(acc.data()), b, rows, cols, a_scale,
+                                static_cast<const float*>(b_scale.data()), y_scale, zp, y_signed, y.data(), numerics);
+      },
+      nb::arg("acc"), nb::arg("bias").none(), nb::arg("a_scale"), nb::arg("b_scale"), nb::arg("y_scale"), nb::arg("zp"),
+      nb::arg("y"), nb::arg("y_signed"), nb::arg("numerics"));
+  // QLinearConv's output (onnx/_qconv.py): acc [rows, cols] int32 contiguous, bias int32 [cols] or
+  // None, b_scale float32 [cols] contiguous, y int8 / uint8 [rows, cols] contiguous; numerics 0, 1, 2
+  // as onnx_ops.h says.
+  m.def(
+      "requantize_columns",
+      [](const In& acc, std::optional<In> bias, float a_scale, const In& b_scale, float y_scale, int32_t zp, Out y,
+         bool y_signed, int numerics) {
+        const auto rows = static_cast<int64_t>(acc.shape(0)), cols = static_cast<int64_t>(acc.shape(1));
+        const auto* b = bias ? static_cast<const int32_t*>(bias->data()) : nullptr;
+        nb::gil_scoped_release release;
+        qmm::requantize_columns(static_cast<const int32_t*>(acc.data()), b, rows, cols, a_scale,
+                                static_cast<const float*>(b_scale.data()), y_scale, zp, y_signed, y.data(), numerics);
+      },
+      nb::arg("acc"), nb::arg("bias").none(), nb::arg("a_scale"), nb::arg("b_scale"), nb::arg("y_scale"), nb::arg("zp"),
+      nb::arg("y"), nb::arg("y_signed"), nb::arg("numerics"));
   m.def("dynamic_quantize_linear", [](const In& x, Out y) {
     qmm::DynamicQuantization q;
     {

@@ -23,15 +23,15 @@ def float_model(nodes, x_features: int, y_features: int, weights: dict, opset: i
 
 def quantize_static_model(model: onnx.ModelProto, tmp_path, *, seed: int = 0, **options) -> onnx.ModelProto:
     """model through onnxruntime.quantization.quantize_static (options: quant_format, activation_type, ...),
-    calibrated on 4 random batches of 8 rows of x; its advice on the root logger kept quiet."""
+    calibrated on 4 random batches of x (a named batch dimension: 8); its advice on the root logger kept quiet."""
     from onnxruntime.quantization import quantize_static
 
-    features = model.graph.input[0].type.tensor_type.shape.dim[1].dim_value
+    shape = [d.dim_value or 8 for d in model.graph.input[0].type.tensor_type.shape.dim]  # a named batch: 8
     rng = np.random.default_rng(seed)
 
     class Batches:
         def __init__(self):
-            self.batches = iter([{"x": rng.normal(size=(8, features)).astype(np.float32)} for _ in range(4)])
+            self.batches = iter([{"x": rng.normal(size=shape).astype(np.float32)} for _ in range(4)])
 
         def get_next(self):
             return next(self.batches, None)

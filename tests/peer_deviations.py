@@ -62,6 +62,13 @@ DEVIATIONS = {
         "QLinearMatMul u8·s8 saturates int16 pair sums (onnxruntime#16105)",
         cpu="x86 with AVX2, without VNNI",
     ),
+    "ort-qlinearconv-types": Deviation(
+        "onnxruntime", "QLinearConv has kernels for (x, w, y) u8/u8/u8, u8/s8/u8 and s8/s8/s8 only"
+    ),
+    "ort-conv-same-dilations": Deviation(
+        "onnxruntime", "QLinearConv refuses dilations with auto_pad SAME_UPPER / SAME_LOWER"
+    ),
+    "ort-convinteger-per-channel": Deviation("onnxruntime", "ConvInteger refuses a per-channel w_zero_point"),
     # ONNX Runtime, MatMulNBits
     "ort-nbits-8bit-float-zp": Deviation("onnxruntime", "MatMulNBits refuses 8-bit weights with float zero points"),
     "ort-nbits-g-idx-uint8-zp": Deviation("onnxruntime", "MatMulNBits 4-bit with g_idx ignores uint8 zero points"),
@@ -106,6 +113,9 @@ DEVIATIONS = {
     ),
     "onnx-e5m2-nan": Deviation("onnx", "QuantizeLinear gives 0x7E/0xFE for NaN in float8e5m2 (onnxruntime 0x7F/0xFF)"),
     "onnx-float8-zero-point": Deviation("onnx", "QuantizeLinear ignores nonzero float8 zero points"),
+    "onnx-qlinearconv-per-channel": Deviation(
+        "onnx", "QLinearConv with per-channel w_scale fails (1-D) or scales the wrong axis (3-D) beyond 2-D"
+    ),
     "onnx-softmax-before-13": Deviation(
         "onnx", "Softmax / LogSoftmax / Hardmax before opset 13 normalize along axis alone, not over the 2-D coercion"
     ),

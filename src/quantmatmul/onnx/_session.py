@@ -20,6 +20,7 @@ from ._common import MS_DOMAIN, NodeArg, check_feed, graph_inputs, load_model, n
 from ._fuse import fuse_qdq as _fuse_qdq
 from ._fuse import subgraph_reads
 from ._integer import _integer_operand, _matmul_integer, dynamic_quantize_linear, matmul_integer
+from ._qconv import conv_integer, conv_weight, qlinear_conv
 from ._qgemm import qgemm, qgemm_weight
 from ._qlinear_ops import qlinear_add, qlinear_mul, qlinear_softmax
 
@@ -38,6 +39,8 @@ OPS = (
     (MS_DOMAIN, "QLinearAdd"),
     (MS_DOMAIN, "QLinearMul"),
     (MS_DOMAIN, "QLinearSoftmax"),
+    ("", "QLinearConv"),
+    ("", "ConvInteger"),
 )
 
 
@@ -420,6 +423,65 @@ class _QGemm(_Op):
         )
 
 
+class _ConvOp(_Op):
+    """QLinearConv and ConvInteger (onnx/_qconv.py): a constant w (with its scale and zero point) laid out
+    and packed once."""
+
+    _W, _W_SCALE, _W_ZP = 3, 4, 5  # QLinearConv's input indices (ConvInteger: w 1, zero point 3)
+
+    def __init__(self, onnx_node, run_params, schema=None):
+        super().__init__(onnx_node, run_params, schema)
+        attrs = {a.name: onnx.helper.get_attribute_value(a) for a in onnx_node.attribute}
+        auto_pad = attrs.get("auto_pad", "NOTSET")
+        self._attrs = {
+            "auto_pad": auto_pad.decode() if isinstance(auto_pad, bytes) else auto_pad,
+            "dilations": attrs.get("dilations"),
+            "kernel_shape": attrs.get("kernel_shape"),
+            "pads": attrs.get("pads"),
+            "strides": attrs.get("strides"),
+        }
+        self._group = int(attrs.get("group", 1))
+        w, w_zp = self._constant(self._W), self._constant(self._W_ZP)
+        w_scale = self._constant(self._W_SCALE) if self._W_SCALE is not None else None
+        self._held = None
+        if w is not None and w is not False and w_zp is not False and w_scale is not False:
+            try:
+                self._held = conv_weight(w, w_scale, w_zp, self._group, self._fn)
+            except (TypeError, ValueError) as error:
+                raise _NodeError(onnx_node, error) from error
+
+
+class _QLinearConv(_ConvOp):
+    _fn = "qlinear_conv"
+
+    def _compute(self, x, x_scale, x_zero_point, w, w_scale, w_zero_point, y_scale, y_zero_point, B=None, **_):
+        return (
+            qlinear_conv(
+                x,
+                x_scale,
+                x_zero_point,
+                w,
+                w_scale,
+                w_zero_point,
+                y_scale,
+                y_zero_point,
+                B,
+                group=self._group,
+                numerics=self.numerics,
+                weight=self._held,
+                **self._attrs,
+            ),
+        )
+
+
+class _ConvInteger(_ConvOp):
+    _fn = "conv_integer"
+    _W, _W_SCALE, _W_ZP = 1, None, 3
+
+    def _compute(self, x, w, x_zero_point=None, w_zero_point=None, **_):
+        return (conv_integer(x, w, x_zero_point, w_zero_point, group=self._group, weight=self._held, **self._attrs),)
+
+
 class _QLinearAdd(_Op):
     """com.microsoft QLinearAdd as ONNX Runtime computes it (onnx/_qlinear_ops.py)."""
 
@@ -491,6 +553,8 @@ def _op_classes(constants: dict, numerics: str) -> list:
         "QLinearAdd": _QLinearAdd,
         "QLinearMul": _QLinearMul,
         "QLinearSoftmax": _QLinearSoftmax,
+        "QLinearConv": _QLinearConv,
+        "ConvInteger": _ConvInteger,
         "Softmax": _AxisSoftmax,
         "LogSoftmax": _AxisSoftmax,
         "Hardmax": _AxisSoftmax,

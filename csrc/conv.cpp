@@ -1,0 +1,292 @@
+// conv.cpp: QLinearConv / ConvInteger's im2col over channels-last codes, depthwise sums and per-channel requantization, in tasks over the thread pool.
+#include "conv.h"
+
+#include <algorithm>
+#include <cstring>
+#include <limits>
+
+#if defined(__SSE2__)
+#include <emmintrin.h>
+#endif
+
+#include "requantize.h"
+#include "thread_pool.h"
+
+namespace qmm {
+
+int64_t ConvShape::positions() const {
+  int64_t p = N;
+  for (int64_t o : out) p *= o;
+  return p;
+}
+
+int64_t ConvShape::taps() const {
+  int64_t t = 1;
+  for (int64_t k : kernel) t *= k;
+  return t;
+}
+
+namespace {
+
+// One output position's receptive field, tap by tap: for each tap, the element offset of its pixel
+// in channels-last x (channels excluded), or -1 where the tap falls in the padding. Per axis, each
+// output index's input coordinate per kernel index is tabled once (-1 outside x).
+class Field {
+ public:
+  explicit Field(const ConvShape& s) : s_(s), nd_(s.in.size()), o_(nd_), coords_(nd_), offsets_(s.taps()) {
+    for (size_t i = 0; i < nd_; ++i) {
+      auto& table = coords_[i];
+      table.resize(static_cast<size_t>(s.out[i] * s.kernel[i]));
+      for (int64_t o = 0; o < s.out[i]; ++o) {
+        for (int64_t k = 0; k < s.kernel[i]; ++k) {
+          const int64_t c = o * s.strides[i] + k * s.dilations[i] - s.pad_begin[i];
+          table[o * s.kernel[i] + k] = c >= 0 && c < s.in[i] ? c : -1;
+        }
+      }
+    }
+  }
+
+  // The offsets for output position `row` (n and the output multi-index, row-major): built axis by
+  // axis, each tap's partial offset times the axis' size plus its coordinate.
+  const std::vector<int64_t>& at(int64_t row) {
+    int64_t rest = row;
+    for (size_t i = nd_; i-- > 0;) {
+      o_[i] = rest % s_.out[i];
+      rest /= s_.out[i];
+    }
+    offsets_[0] = rest;  // n
+    int64_t count = 1;
+    for (size_t i = 0; i < nd_; ++i) {
+      const int64_t K = s_.kernel[i];
+      const int64_t* coord = coords_[i].data() + o_[i] * K;
+      for (int64_t j = count; j-- > 0;) {  // in place, from the back: tap j's partial -> taps j * K + k
+        const int64_t partial = offsets_[j];
+        for (int64_t k = K; k-- > 0;) {
+          offsets_[j * K + k] = partial < 0 || coord[k] < 0 ? -1 : partial * s_.in[i] + coord[k];
+        }
+      }
+      count *= K;
+    }
+    return offsets_;
+  }
+
+ private:
+  const ConvShape& s_;
+  size_t nd_;
+  std::vector<int64_t> o_;
+  std::vector<std::vector<int64_t>> coords_;
+  std::vector<int64_t> offsets_;
+};
+
+// Rows per task: about 64 KB of columns (or of sums) each.
+int64_t rows_per_task(int64_t row_bytes) { return std::max<int64_t>(1, 65536 / std::max<int64_t>(1, row_bytes)); }
+
+template <class X>
+void depthwise_rows(const X* x, const ConvShape& s, int32_t x_zp, const int16_t* w, int32_t* acc, int64_t r0,
+                    int64_t r1) {
+  Field field(s);
+  const int64_t C = s.C;
+  for (int64_t r = r0; r < r1; ++r) {
+    int32_t* out = acc + r * C;
+    std::fill(out, out + C, 0);
+    const auto& offsets = field.at(r);
+    for (size_t t = 0; t < offsets.size(); ++t) {
+      if (offsets[t] < 0) continue;  // padding: (x_zp - x_zp) * w
+      const X* in = x + offsets[t] * C;
+      const int16_t* wt = w + static_cast<int64_t>(t) * C;
+      const auto zp = static_cast<int16_t>(x_zp);
+      for (int64_t c = 0; c < C; ++c) {
+        // |x - x_zp| <= 255 and |w| <= 255: int16 operands, an int32 product; the sum wraps as int32
+        // (through uint32). Products of int16 vectorize (pmullw / pmulhw) where int32 ones do not (SSE2).
+        const auto d = static_cast<int16_t>(static_cast<int16_t>(in[c]) - zp);
+        const int32_t product = static_cast<int32_t>(d) * static_cast<int32_t>(wt[c]);
+        out[c] = static_cast<int32_t>(static_cast<uint32_t>(out[c]) + static_cast<uint32_t>(product));
+      }
+    }
+  }
+}
+
+// ONNX Runtime's requantization (requantize.h's requantize_onnxruntime) in a form the compiler
+// vectorizes without SSE4.1: after the clamp |v| <= 510, where adding and subtracting 1.5 * 2^23
+// rounds half to even (the default rounding mode) exactly as nearbyint, and the float -> int
+// conversion of the integer-valued result is exact. A NaN cannot arise (finite multiplier).
+inline int32_t requantize_ort_vector(int32_t acc, float multiplier, int32_t zp, float lo, float hi) {
+  constexpr float kRound = 12582912.0f;  // 1.5 * 2^23
+  float v = static_cast<float>(acc) * multiplier;
+  v = v > lo ? v : lo;
+  v = v < hi ? v : hi;
+  v = (v + kRound) - kRound;
+  return static_cast<int32_t>(v) + zp;
+}
+
+template <int Numerics, class Y>
+void requantize_rows(const int32_t* acc, const int32_t* bias, int64_t r0, int64_t r1, int64_t cols,
+                     const float* multiplier, float a_scale, const float* b_scale, float y_scale, int32_t zp, Y* y) {
+  constexpr int32_t qmin = std::numeric_limits<Y>::min(), qmax = std::numeric_limits<Y>::max();
+  const float lo = static_cast<float>(qmin - zp), hi = static_cast<float>(qmax - zp);
+  for (int64_t r = r0; r < r1; ++r) {
+    const int32_t* row = acc + r * cols;
+    Y* out = y + r * cols;
+    for (int64_t c = 0; c < cols; ++c) {
+      const int32_t v =
+          bias ? static_cast<int32_t>(static_cast<uint32_t>(row[c]) + static_cast<uint32_t>(bias[c])) : row[c];
+      int32_t q;
+      if constexpr (Numerics == 0) {
+        q = requantize_ort_vector(v, multiplier[c], zp, lo, hi);
+      } else if constexpr (Numerics == 1) {
+        q = requantize_onnx_reference(v, static_cast<double>(multiplier[c]), zp, qmin, qmax);
+      } else {
+        q = requantize_exact(v, a_scale, b_scale[c], y_scale, zp, qmin, qmax);
+      }
+      out[c] = static_cast<Y>(q);
+    }
+  }
+}
+
+template <int Numerics>
+void requantize_task(const int32_t* acc, const int32_t* bias, int64_t r0, int64_t r1, int64_t cols,
+                     const float* multiplier, float a_scale, const float* b_scale, float y_scale, int32_t zp,
+                     bool y_signed, void* y) {
+  if (y_signed) {
+    requantize_rows<Numerics>(acc, bias, r0, r1, cols, multiplier, a_scale, b_scale, y_scale, zp,
+                              static_cast<int8_t*>(y));
+  } else {
+    requantize_rows<Numerics>(acc, bias, r0, r1, cols, multiplier, a_scale, b_scale, y_scale, zp,
+                              static_cast<uint8_t*>(y));
+  }
+}
+
+#if defined(__SSE2__)
+// out (16 rows of `out_stride` bytes) = the transpose of in's 16 x 16 bytes (rows `in_stride` apart),
+// in four rounds of interleaving: bytes of row pairs, then 2-, 4- and 8-byte units.
+inline void transpose16x16(const uint8_t* in, int64_t in_stride, uint8_t* out, int64_t out_stride) {
+  __m128i r[16], a[8], b[8], q[4][4];
+  for (int i = 0; i < 16; ++i) r[i] = _mm_loadu_si128(reinterpret_cast<const __m128i*>(in + i * in_stride));
+  for (int k = 0; k < 8; ++k) {  // a: columns 0-7, b: 8-15, each of rows 2k, 2k + 1 (byte pairs)
+    a[k] = _mm_unpacklo_epi8(r[2 * k], r[2 * k + 1]);
+    b[k] = _mm_unpackhi_epi8(r[2 * k], r[2 * k + 1]);
+  }
+  for (int m = 0; m < 4; ++m) {  // q[x][m]: columns 4x .. 4x + 3 of rows 4m .. 4m + 3
+    q[0][m] = _mm_unpacklo_epi16(a[2 * m], a[2 * m + 1]);
+    q[1][m] = _mm_unpackhi_epi16(a[2 * m], a[2 * m + 1]);
+    q[2][m] = _mm_unpacklo_epi16(b[2 * m], b[2 * m + 1]);
+    q[3][m] = _mm_unpackhi_epi16(b[2 * m], b[2 * m + 1]);
+  }
+  for (int x = 0; x < 4; ++x) {
+    const __m128i g0 = _mm_unpacklo_epi32(q[x][0], q[x][1]);  // columns 4x, 4x + 1 of rows 0-7
+    const __m128i g1 = _mm_unpackhi_epi32(q[x][0], q[x][1]);  // columns 4x + 2, 4x + 3 of rows 0-7
+    const __m128i h0 = _mm_unpacklo_epi32(q[x][2], q[x][3]);  // the same of rows 8-15
+    const __m128i h1 = _mm_unpackhi_epi32(q[x][2], q[x][3]);
+    auto* o = out + 4 * x * out_stride;
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(o), _mm_unpacklo_epi64(g0, h0));
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(o + out_stride), _mm_unpackhi_epi64(g0, h0));
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(o + 2 * out_stride), _mm_unpacklo_epi64(g1, h1));
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(o + 3 * out_stride), _mm_unpackhi_epi64(g1, h1));
+  }
+}
+#endif
+
+template <class T>
+void transpose_planes(const T* src, int64_t batch, int64_t rows, int64_t cols, T* dst) {
+  constexpr int64_t kTile = 64;
+  const int64_t row_tiles = (rows + kTile - 1) / kTile, col_tiles = (cols + kTile - 1) / kTile;
+  const int64_t tiles = batch * row_tiles * col_tiles;
+  parallel_for(
+      tiles,
+      [&](int64_t t) {
+        const int64_t b = t / (row_tiles * col_tiles), rt = t / col_tiles % row_tiles, ct = t % col_tiles;
+        const int64_t r0 = rt * kTile, r1 = std::min(rows, r0 + kTile);
+        const int64_t c0 = ct * kTile, c1 = std::min(cols, c0 + kTile);
+        const T* in = src + b * rows * cols;
+        T* out = dst + b * rows * cols;
+#if defined(__SSE2__)
+        if constexpr (sizeof(T) == 1) {  // whole 16 x 16 blocks with SSE2, the edges below
+          const int64_t r16 = r0 + (r1 - r0) / 16 * 16, c16 = c0 + (c1 - c0) / 16 * 16;
+          for (int64_t r = r0; r < r16; r += 16) {
+            for (int64_t c = c0; c < c16; c += 16) transpose16x16(in + r * cols + c, cols, out + c * rows + r, rows);
+          }
+          for (int64_t c = c0; c < c1; ++c) {
+            for (int64_t r = c < c16 ? r16 : r0; r < r1; ++r) out[c * rows + r] = in[r * cols + c];
+          }
+          return;
+        }
+#endif
+        for (int64_t c = c0; c < c1; ++c) {
+          for (int64_t r = r0; r < r1; ++r) out[c * rows + r] = in[r * cols + c];
+        }
+      },
+      4);
+}
+
+}  // namespace
+
+void transpose_planes(const void* src, int64_t element_bytes, int64_t batch, int64_t rows, int64_t cols, void* dst) {
+  if (element_bytes == 1) {
+    transpose_planes(static_cast<const uint8_t*>(src), batch, rows, cols, static_cast<uint8_t*>(dst));
+  } else {
+    transpose_planes(static_cast<const uint32_t*>(src), batch, rows, cols, static_cast<uint32_t*>(dst));
+  }
+}
+
+void conv_columns(const uint8_t* x, const ConvShape& s, uint8_t pad, uint8_t* columns) {
+  const int64_t positions = s.positions(), taps = s.taps(), Cg = s.C / s.group;
+  const int64_t row_bytes = taps * Cg;
+  const int64_t task = rows_per_task(row_bytes * s.group);
+  parallel_ranges(positions, task, 1, [&](int64_t, int64_t r0, int64_t r1) {
+    Field field(s);
+    for (int64_t r = r0; r < r1; ++r) {
+      const auto& offsets = field.at(r);
+      for (int64_t g = 0; g < s.group; ++g) {
+        uint8_t* out = columns + (g * positions + r) * row_bytes;
+        for (int64_t t = 0; t < taps;) {
+          // a run of taps on consecutive pixels (with one group, consecutive bytes of x), or of padding
+          int64_t run = 1;
+          if (offsets[t] < 0) {
+            while (t + run < taps && offsets[t + run] < 0) ++run;
+            std::memset(out, pad, static_cast<size_t>(run * Cg));
+          } else {
+            if (s.group == 1) {
+              while (t + run < taps && offsets[t + run] == offsets[t] + run) ++run;
+            }
+            std::memcpy(out, x + offsets[t] * s.C + g * Cg, static_cast<size_t>(run * Cg));
+          }
+          t += run;
+          out += run * Cg;
+        }
+      }
+    }
+  });
+}
+
+void conv_depthwise(const void* x, bool x_signed, const ConvShape& s, int32_t x_zp, const int16_t* w, int32_t* acc) {
+  const int64_t positions = s.positions();
+  const int64_t task = rows_per_task(s.C * 4 * std::max<int64_t>(1, s.taps() / 4));
+  parallel_ranges(positions, task, 1, [&](int64_t, int64_t r0, int64_t r1) {
+    if (x_signed) {
+      depthwise_rows(static_cast<const int8_t*>(x), s, x_zp, w, acc, r0, r1);
+    } else {
+      depthwise_rows(static_cast<const uint8_t*>(x), s, x_zp, w, acc, r0, r1);
+    }
+  });
+}
+
+void requantize_columns(const int32_t* acc, const int32_t* bias, int64_t rows, int64_t cols, float a_scale,
+                        const float* b_scale, float y_scale, int32_t zp, bool y_signed, void* y, int numerics) {
+  std::vector<float> multiplier(static_cast<size_t>(cols));
+  for (int64_t c = 0; c < cols; ++c) multiplier[c] = (a_scale * b_scale[c]) / y_scale;  // float32, in this order
+  if (rows == 0 || cols == 0) return;
+  // The exact numerics' 128-bit arithmetic takes about 20x the float path's time per element.
+  const int64_t task = rows_per_task(cols * (numerics == 2 ? 80 : 4));
+  const float* m = multiplier.data();
+  parallel_ranges(rows, task, 1, [&](int64_t, int64_t r0, int64_t r1) {
+    if (numerics == 0) {
+      requantize_task<0>(acc, bias, r0, r1, cols, m, a_scale, b_scale, y_scale, zp, y_signed, y);
+    } else if (numerics == 1) {
+      requantize_task<1>(acc, bias, r0, r1, cols, m, a_scale, b_scale, y_scale, zp, y_signed, y);
+    } else {
+      requantize_task<2>(acc, bias, r0, r1, cols, m, a_scale, b_scale, y_scale, zp, y_signed, y);
+    }
+  });
+}
+
+}  // namespace qmm

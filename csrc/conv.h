@@ -1,0 +1,42 @@
+// conv.h: QLinearConv / ConvInteger's own steps around the int8 GEMM: the im2col of channels-last codes, the depthwise sums, the requantization per output channel.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+namespace qmm {
+
+// The geometry of an N-D convolution over channels-last x [N, D1, ..., Dn, C] with `group` groups
+// (C / group channels each): the kernel's extent per axis, strides, dilations, the padding before
+// each axis and the output's spatial shape.
+struct ConvShape {
+  int64_t N = 0, C = 0, group = 1;
+  std::vector<int64_t> in, out, kernel, strides, dilations, pad_begin;
+  int64_t positions() const;  // N * prod(out)
+  int64_t taps() const;  // prod(kernel)
+};
+
+// The im2col of 8-bit codes: columns [group, positions, taps, C / group] (row-major), each row the
+// receptive field of one output position, channels innermost; a tap outside x (padding) is `pad`
+// (x's zero point: a real 0). Over the thread pool.
+void conv_columns(const uint8_t* x, const ConvShape& s, uint8_t pad, uint8_t* columns);
+
+// Depthwise sums (C / group == 1, one output channel per group): acc [positions, C] (int32, wrapping)
+// = sum over taps of (x - x_zp) * w[tap, c], w [taps, C] already minus its zero point (int16). Taps
+// in the padding add nothing ((x_zp - x_zp) * w). x int8 (x_signed) or uint8. Over the thread pool.
+void conv_depthwise(const void* x, bool x_signed, const ConvShape& s, int32_t x_zp, const int16_t* w, int32_t* acc);
+
+// dst [batch, cols, rows] = src [batch, rows, cols] transposed plane by plane, elements of 1 or 4
+// bytes (channels-last <-> channels-first). Over the thread pool.
+void transpose_planes(const void* src, int64_t element_bytes, int64_t batch, int64_t rows, int64_t cols, void* dst);
+
+// The 8-bit output of int32 sums with a bias per column (rows are output positions, columns output
+// channels): acc [rows, cols] (row-major) plus bias[c] (none where null; int32 addition wraps, as the
+// spec's 32-bit accumulation), requantized with the scale a_scale * b_scale[c] / y_scale and zero
+// point zp to int8 (y_signed) or uint8 y [rows, cols], in one of requantize.h's numerics: 0 ONNX
+// Runtime's (the float32 multiplier f32(f32(a_scale * b_scale[c]) / y_scale)), 1 onnx.reference's
+// (that float32 multiplier applied in double), 2 exact. Over the thread pool.
+void requantize_columns(const int32_t* acc, const int32_t* bias, int64_t rows, int64_t cols, float a_scale,
+                        const float* b_scale, float y_scale, int32_t zp, bool y_signed, void* y, int numerics);
+
+}  // namespace qmm

@@ -1,0 +1,305 @@
+"""onnx/_qconv.py: ONNX QLinearConv and ConvInteger as an im2col over the int8 GEMM kernels, QLinearConv in the three numerics of QLinearMatMul (ONNX Runtime's bits by default).
+
+For ``x [N, C, D1, ..., Dn]`` and ``w [M, C / group, k1, ..., kn]`` (n >= 1), each output position's
+receptive field (x padded with ``x_zero_point``: a real 0) is one row of a matrix of codes, each
+group's weight one matrix, so that
+
+    acc[n, m, o] = sum_{c, k} (x_padded[n, c, o * stride + k * dilation] - x_zero_point)
+                              * (w[m, c, k] - w_zero_point[m])            (int32, wrapping)
+
+is an integer GEMM per group on the kernels of MatMulInteger (a constant w packed once), and
+QLinearConv's output is ``acc[n, m, o] + B[m]`` (int32, wrapping) requantized with the scale
+``x_scale * w_scale[m] / y_scale`` and ``y_zero_point``:
+
+* ``"onnxruntime"``: ONNX Runtime's CPU kernel (its GEMM and depthwise paths; MLAS's requantization):
+  the float32 multiplier ``f32(f32(x_scale * w_scale[m]) / y_scale)``, ``f32(acc + B) * multiplier``
+  clamped to ``[qmin - zp, qmax - zp]``, rounded half to even, plus the zero point.
+* ``"onnx-reference"``: onnx.reference's QLinearConv: that float32 multiplier applied in float64,
+  plus the zero point, clipped, rounded half to even.
+* ``"exact"``: ``(acc + B) * x_scale * w_scale[m] / y_scale`` rounded once, half to even.
+
+Types as the spec's: x, w and y each int8 or uint8 (y's type is ``y_zero_point``'s), the scales
+float32, ``x_zero_point`` / ``y_zero_point`` one value, ``w_scale`` / ``w_zero_point`` one value or one
+per output channel (``[M]``), B int32 ``[M]``. The attributes as the spec has them (auto_pad,
+dilations, group, kernel_shape, pads, strides). ConvInteger (opset 10) is the same sum, returned.
+"""
+
+from __future__ import annotations
+
+from math import prod
+from typing import NamedTuple
+
+import numpy as np
+
+from .. import _core
+from ..qlinear import NUMERICS
+from ._integer import _IntegerOperand, _matmul_integer
+
+_INT8 = (np.dtype(np.int8), np.dtype(np.uint8))
+_F32 = np.dtype(np.float32)
+_AUTO_PAD = ("NOTSET", "SAME_UPPER", "SAME_LOWER", "VALID")
+_NUMERICS_ID = {name: i for i, name in enumerate(NUMERICS)}  # requantize_columns' numbers
+
+
+class ConvWeight(NamedTuple):
+    """w checked and laid out: per group ``[prod(k) * C/group, M/group]`` for the GEMM (rows in the columns'
+    order: taps, then channels), packed once, with its zero point ``[group, 1, M/group]`` (int32); or for a
+    depthwise convolution the differences ``w - w_zero_point`` ``[prod(k), M]`` (int16). The scale per
+    output channel ``[M]`` (float32; None for ConvInteger)."""
+
+    w: np.ndarray  # the weight as given [M, C/group, k...]
+    operand: _IntegerOperand | None  # the GEMM's b, or None (depthwise)
+    scale: np.ndarray | None
+    group: int
+    depthwise: np.ndarray | None  # one input and one output channel per group: w - w_zero_point [taps, M] (int16)
+
+
+def conv_weight(w, w_scale, w_zero_point, group: int, fn: str) -> ConvWeight:
+    """w with its scale (None for ConvInteger) and zero point checked, laid out and packed (ConvWeight)."""
+    w = np.asarray(w)
+    if w.dtype not in _INT8:
+        raise TypeError(f"{fn}: w must be int8 or uint8, got {w.dtype}")
+    if w.ndim < 3:
+        raise ValueError(f"{fn}: w must be [M, C/group, k1, ...] with at least one spatial axis, got shape {w.shape}")
+    if not isinstance(group, (int, np.integer)) or group < 1:
+        raise ValueError(f"{fn}: group must be a positive integer, got {group!r}")
+    group = int(group)
+    M = w.shape[0]
+    if M % group:
+        raise ValueError(f"{fn}: w's {M} output channels do not divide into group = {group}")
+    zp = _per_channel(w_zero_point, "w_zero_point", M, fn, dtype=w.dtype)
+    scale = None
+    if w_scale is not None:
+        scale = _per_channel(w_scale, "w_scale", M, fn, dtype=_F32)
+        if zp.size > 1 and scale.size == 1:
+            raise ValueError(f"{fn}: w_zero_point has one value per channel ([{M}]) but w_scale only one")
+        scale = np.ascontiguousarray(np.broadcast_to(scale, (M,)))
+    Mg, Cg = M // group, w.shape[1]
+    zp_m = np.broadcast_to(zp.astype(np.int32), (M,))
+    if Cg == 1 and Mg == 1:  # depthwise: w minus its zero point, [taps, C] (int16)
+        taps = prod(w.shape[2:])
+        depthwise = np.ascontiguousarray((w.reshape(M, taps).astype(np.int16) - zp_m[:, None].astype(np.int16)).T)
+        return ConvWeight(w, None, scale, group, depthwise)
+    # [M, Cg, k...] -> [group, taps * Cg, Mg], the rows in the columns' order (taps, then channels):
+    # column m of group g is output channel g * Mg + m
+    matrices = np.moveaxis(w.reshape(group, Mg, Cg, -1), 2, 3).reshape(group, Mg, -1)
+    matrices = np.ascontiguousarray(matrices.transpose(0, 2, 1))
+    packed = _core.pack_b(matrices, w.dtype == np.int8) if matrices.size else None
+    operand = _IntegerOperand(matrices, np.ascontiguousarray(zp_m.reshape(group, 1, Mg)), packed)
+    return ConvWeight(w, operand, scale, group, None)
+
+
+def qlinear_conv(
+    x,
+    x_scale,
+    x_zero_point,
+    w,
+    w_scale,
+    w_zero_point,
+    y_scale,
+    y_zero_point,
+    B=None,
+    *,
+    auto_pad: str = "NOTSET",
+    dilations=None,
+    group: int = 1,
+    kernel_shape=None,
+    pads=None,
+    strides=None,
+    numerics: str = "onnxruntime",
+    weight: ConvWeight | None = None,
+) -> np.ndarray:
+    """ONNX QLinearConv (opset 10): the module's docstring. ``weight``: w from conv_weight (w, w_scale,
+    w_zero_point and group then unused), for a constant weight packed once."""
+    fn = "qlinear_conv"
+    if numerics not in NUMERICS:
+        raise ValueError(f"{fn}: numerics must be one of {', '.join(map(repr, NUMERICS))}, got {numerics!r}")
+    if weight is None:
+        weight = conv_weight(w, w_scale, w_zero_point, group, fn)
+    x_s = _scalar(x_scale, "x_scale", fn, _F32)
+    y_s = _scalar(y_scale, "y_scale", fn, _F32)
+    y_zp = np.asarray(y_zero_point)
+    if y_zp.dtype not in _INT8:
+        raise TypeError(f"{fn}: y_zero_point must be int8 or uint8 (it selects y's type), got {y_zp.dtype}")
+    y_zp = _scalar(y_zp, "y_zero_point", fn, y_zp.dtype)
+    for name, s in (("x_scale", x_s), ("w_scale", weight.scale), ("y_scale", y_s)):
+        if not np.all(np.isfinite(s)) or np.any(s == 0):
+            raise ValueError(f"{fn}: {name} must be finite and nonzero")
+    M = weight.w.shape[0]
+    bias = None
+    if B is not None:
+        bias = np.asarray(B)
+        if bias.dtype != np.int32:
+            raise TypeError(f"{fn}: B must be int32, got {bias.dtype}")
+        if bias.shape != (M,):
+            raise ValueError(f"{fn}: B must have one value per output channel ([{M}]), got shape {bias.shape}")
+    if numerics != "exact":
+        with np.errstate(over="ignore", under="ignore"):
+            multiplier = (x_s * weight.scale) / y_s
+        if not np.all(np.isfinite(multiplier)):
+            raise ValueError(
+                f"{fn}: x_scale * w_scale / y_scale overflows float32; use numerics='exact' for such scales"
+            )
+    acc, out_shape = _conv_sums(x, x_zero_point, weight, auto_pad, dilations, kernel_shape, pads, strides, fn)
+    y = np.empty(acc.shape, y_zp.dtype)
+    _core.requantize_columns(
+        acc,
+        None if bias is None else np.ascontiguousarray(bias),
+        float(x_s),
+        weight.scale,
+        float(y_s),
+        int(y_zp),
+        y,
+        y.dtype == np.int8,
+        _NUMERICS_ID[numerics],
+    )
+    return _channels_first(y, out_shape)
+
+
+def conv_integer(
+    x,
+    w,
+    x_zero_point=None,
+    w_zero_point=None,
+    *,
+    auto_pad: str = "NOTSET",
+    dilations=None,
+    group: int = 1,
+    kernel_shape=None,
+    pads=None,
+    strides=None,
+    weight: ConvWeight | None = None,
+) -> np.ndarray:
+    """ONNX ConvInteger (opset 10): the int32 sums of the module's docstring (zero points default to 0)."""
+    fn = "conv_integer"
+    if weight is None:
+        weight = conv_weight(w, None, w_zero_point, group, fn)
+    acc, out_shape = _conv_sums(x, x_zero_point, weight, auto_pad, dilations, kernel_shape, pads, strides, fn)
+    return _channels_first(acc, out_shape)
+
+
+# ---------------------------------------------------------------------------------------------------
+
+
+def _conv_sums(x, x_zero_point, weight: ConvWeight, auto_pad, dilations, kernel_shape, pads, strides, fn):
+    """The int32 sums [N * prod(out), M] (rows: positions, columns: output channels) and the output shape."""
+    x = np.asarray(x)
+    if x.dtype not in _INT8:
+        raise TypeError(f"{fn}: x must be int8 or uint8, got {x.dtype}")
+    w = weight.w
+    if x.ndim != w.ndim:
+        raise ValueError(
+            f"{fn}: x {x.shape} and w {w.shape} must have the same rank ([N, C, D1, ...], [M, C/group, k1, ...])"
+        )
+    x_zp = 0 if x_zero_point is None else int(_scalar(x_zero_point, "x_zero_point", fn, x.dtype))
+    group, (N, C), spatial = weight.group, x.shape[:2], x.shape[2:]
+    if C != w.shape[1] * group:
+        raise ValueError(f"{fn}: x has {C} channels, w expects {w.shape[1]} per group x {group} groups")
+    kernel = tuple(w.shape[2:])
+    if kernel_shape is not None and tuple(int(k) for k in kernel_shape) != kernel:
+        raise ValueError(f"{fn}: kernel_shape {list(kernel_shape)} differs from w's spatial shape {list(kernel)}")
+    nd = len(spatial)
+    strides = _ints(strides, nd, "strides", fn, 1)
+    dilations = _ints(dilations, nd, "dilations", fn, 1)
+    extent = [(k - 1) * d + 1 for k, d in zip(kernel, dilations)]
+    begin, end = _padding(auto_pad, pads, spatial, extent, strides, fn)
+    padded = [s + b + e for s, b, e in zip(spatial, begin, end)]
+    out = [(p - e) // s + 1 if p >= e else 0 for p, e, s in zip(padded, extent, strides)]
+    if any(o < 1 for o in out):
+        raise ValueError(
+            f"{fn}: the kernel (extent {extent} with dilations) does not fit x's padded spatial shape {padded}"
+        )
+    M = w.shape[0]
+    rows = N * prod(out)
+    if rows == 0 or M == 0:
+        return np.zeros((rows, M), np.int32), (N, M, *out)
+    channels_last = _transposed(x.reshape(N, C, -1)).reshape(N, *spatial, C)
+    shape = [N, C, group]
+    geometry = [list(spatial), out, list(kernel), strides, dilations, begin]
+    if weight.depthwise is not None:  # one input and one output channel per group
+        acc = np.empty((rows, M), np.int32)
+        _core.conv_depthwise(channels_last, x.dtype == np.int8, shape, geometry, x_zp, weight.depthwise, acc)
+        return acc, (N, M, *out)
+    columns = np.empty((group, rows, prod(kernel) * (C // group)), x.dtype)
+    _core.conv_columns(
+        channels_last.view(np.uint8),
+        shape,
+        geometry,
+        int(np.asarray(x_zp, x.dtype).view(np.uint8)),
+        columns.view(np.uint8),
+    )
+    acc = _matmul_integer(
+        _IntegerOperand(columns, np.asarray(x_zp, np.int32)), weight.operand
+    )  # [group, rows, M/group]
+    if group == 1:
+        return acc.reshape(rows, M), (N, M, *out)
+    return np.ascontiguousarray(acc.transpose(1, 0, 2)).reshape(rows, M), (N, M, *out)
+
+
+def _channels_first(values: np.ndarray, out_shape) -> np.ndarray:
+    """[N * prod(out), M] -> [N, M, out...]."""
+    N, M, *out = out_shape
+    return _transposed(values.reshape(N, prod(out), M)).reshape(out_shape)
+
+
+def _transposed(x: np.ndarray) -> np.ndarray:
+    """[B, R, C] -> [B, C, R], contiguous (a blocked copy in C++ for 1- and 4-byte elements)."""
+    y = np.empty((x.shape[0], x.shape[2], x.shape[1]), x.dtype)
+    if y.size:
+        _core.transpose_planes(np.ascontiguousarray(x), y)
+    return y
+
+
+def _padding(auto_pad, pads, spatial, extent, strides, fn):
+    """(begin, end) padding per spatial axis: pads as given (NOTSET), none (VALID), or SAME_UPPER /
+    SAME_LOWER's: the output ceil(D / stride), the padding it needs split with the odd one at the end
+    (UPPER) or the beginning (LOWER)."""
+    auto_pad = auto_pad.decode() if isinstance(auto_pad, bytes) else auto_pad
+    nd = len(spatial)
+    if auto_pad not in _AUTO_PAD:
+        raise ValueError(f"{fn}: auto_pad must be one of {', '.join(_AUTO_PAD)}, got {auto_pad!r}")
+    if auto_pad == "NOTSET":
+        pads = [0] * (2 * nd) if pads is None else [int(p) for p in pads]
+        if len(pads) != 2 * nd or any(p < 0 for p in pads):
+            raise ValueError(f"{fn}: pads must be {2 * nd} non-negative integers (begins, then ends), got {pads}")
+        return pads[:nd], pads[nd:]
+    if pads is not None and any(int(p) for p in pads):
+        raise ValueError(f"{fn}: pads cannot be given with auto_pad {auto_pad}")
+    if auto_pad == "VALID":
+        return [0] * nd, [0] * nd
+    total = [max(0, (-(-d // s) - 1) * s + e - d) for d, e, s in zip(spatial, extent, strides)]
+    small = [t // 2 for t in total]
+    large = [t - t // 2 for t in total]
+    return (small, large) if auto_pad == "SAME_UPPER" else (large, small)
+
+
+def _ints(values, nd, name, fn, default):
+    if values is None:
+        return [default] * nd
+    values = [int(v) for v in values]
+    if len(values) != nd or any(v < 1 for v in values):
+        raise ValueError(f"{fn}: {name} must be {nd} positive integers, got {values}")
+    return values
+
+
+def _scalar(value, name, fn, dtype) -> np.generic:
+    v = np.asarray(value)
+    if v.dtype != dtype:
+        raise TypeError(f"{fn}: {name} must be {np.dtype(dtype).name}, got {v.dtype}")
+    if v.size != 1 or v.ndim > 1:
+        raise ValueError(f"{fn}: {name} must be one value (per tensor), got shape {v.shape}")
+    return v.reshape(-1)[0]
+
+
+def _per_channel(value, name, M, fn, *, dtype) -> np.ndarray:
+    """One value or one per output channel ([M]), as a 0-d or 1-d array; None for a zero point is 0."""
+    if value is None:
+        return np.zeros((), dtype)
+    v = np.asarray(value)
+    if v.dtype != dtype:
+        raise TypeError(f"{fn}: {name} must be {np.dtype(dtype).name} (w's type for a zero point), got {v.dtype}")
+    if v.size == 1 and v.ndim <= 1:
+        return v.reshape(())
+    if v.shape != (M,):
+        raise ValueError(f"{fn}: {name} must be one value or one per output channel ([{M}]), got shape {v.shape}")
+    return v
