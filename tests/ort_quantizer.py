@@ -46,3 +46,36 @@ def quantize_static_model(model: onnx.ModelProto, tmp_path, *, seed: int = 0, **
     finally:
         root.setLevel(level)
     return onnx.load(dst)
+
+
+def small_cnn(seed: int = 0, *, size: int = 16) -> onnx.ModelProto:
+    """A ResNet-like float CNN on x [batch, 3, size, size]: a padded 3x3 Conv, Relu, MaxPool, a 3x3 Conv with
+    Relu and a residual Add, a depthwise 3x3 Conv, Relu, GlobalAveragePool, Flatten and a Gemm to 10 logits."""
+    rng = np.random.default_rng(seed)
+
+    def w(*shape):
+        return (rng.normal(size=shape) * 0.3).astype(np.float32)
+
+    weights = {"w1": w(8, 3, 3, 3), "b1": w(8), "w2": w(8, 8, 3, 3), "b2": w(8), "w3": w(8, 1, 3, 3), "b3": w(8)}
+    weights |= {"fc": w(8, 10), "fcb": w(10)}
+    nodes = [
+        helper.make_node("Conv", ["x", "w1", "b1"], ["c1"], pads=[1, 1, 1, 1], name="conv1"),
+        helper.make_node("Relu", ["c1"], ["r1"]),
+        helper.make_node("MaxPool", ["r1"], ["p1"], kernel_shape=[2, 2], strides=[2, 2]),
+        helper.make_node("Conv", ["p1", "w2", "b2"], ["c2"], pads=[1, 1, 1, 1], name="conv2"),
+        helper.make_node("Relu", ["c2"], ["r2"]),
+        helper.make_node("Add", ["r2", "p1"], ["a2"]),
+        helper.make_node("Conv", ["a2", "w3", "b3"], ["c3"], pads=[1, 1, 1, 1], group=8, name="conv3"),
+        helper.make_node("Relu", ["c3"], ["r3"]),
+        helper.make_node("GlobalAveragePool", ["r3"], ["g"]),
+        helper.make_node("Flatten", ["g"], ["f"]),
+        helper.make_node("Gemm", ["f", "fc", "fcb"], ["y"]),
+    ]
+    graph = helper.make_graph(
+        nodes,
+        "cnn",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", 3, size, size])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", 10])],
+        [numpy_helper.from_array(v, k) for k, v in weights.items()],
+    )
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import os
 import tempfile
 from dataclasses import dataclass, field
@@ -17,6 +18,7 @@ from ..reference import matmul_nbits as nbits_oracle
 from ._common import MS_DOMAIN, check_feed, format_table, graph_inputs, load_model, np_dtype, to_array
 from ._fuse import fuse_qdq
 from ._integer import _integer_operand, _matmul_integer, dynamic_quantize_linear
+from ._qconv import conv_integer, qlinear_conv
 from ._qgemm import qgemm
 from ._qlinear_ops import qlinear_add, qlinear_mul, qlinear_softmax
 
@@ -34,6 +36,8 @@ COMPARED = (
     "QLinearAdd",
     "QLinearMul",
     "QLinearSoftmax",
+    "QLinearConv",
+    "ConvInteger",
 )
 _MS_OPS = ("MatMulNBits", "QGemm", "QLinearAdd", "QLinearMul", "QLinearSoftmax")  # the com.microsoft ones
 _SATURATION_NOTE = (
@@ -206,6 +210,7 @@ _GROUP_OF = {
     "QLinearAdd": "Add",
     "QLinearMul": "Mul",
     "QLinearSoftmax": "Softmax",
+    "QLinearConv": "Conv",
 }
 _FUSED_TYPES = tuple(_GROUP_OF)
 
@@ -241,11 +246,18 @@ def _qdq_group_rows(model, fused_model, feed, numerics, ort) -> list[dict]:
         optimized = onnx.load(options.optimized_model_filepath)
     values = dict(zip(names, session.run(names, feed)))
     values.update(feed)
-    ort_producer = {o: n.op_type for n in optimized.graph.node for o in n.output}
+    ort_producer = {o: n for n in optimized.graph.node for o in n.output}
+
+    def fused_by_ort(name: str) -> bool:
+        producer = ort_producer.get(name)
+        if producer is not None and producer.op_type == "Transpose":  # a QLinearConv ORT runs channels-last
+            producer = ort_producer.get(producer.input[0])
+        return producer is not None and producer.op_type in _FUSED_TYPES
+
     rows = []
     for node in groups:
         label = f"QDQ {_GROUP_OF[node.op_type]} -> {node.op_type}"
-        if ort_producer.get(node.output[0]) not in _FUSED_TYPES:
+        if not fused_by_ort(node.output[0]):
             theirs = values[node.output[0]]
             note = "ONNX Runtime's optimizer does not make this group one node writing these codes: not compared"
             rows.append({"node": node.name, "op_type": label, **_row(theirs.size, None, None, None, None, note)})
@@ -375,22 +387,54 @@ def _saturates() -> bool:
 
 
 def _check_qlinear(node, inputs, outputs, numerics):
-    ours = qlinear_matmul(*inputs[:8], numerics=numerics)
-    as_ort = ours if numerics == "onnxruntime" else qlinear_matmul(*inputs[:8], numerics="onnxruntime")
-    theirs = outputs[0]
+    run = functools.partial(qlinear_matmul, *inputs[:8])
+    return _qlinear_row(run, inputs[0], inputs[3], outputs[0], numerics)
+
+
+def _qlinear_row(run, a, b, theirs, numerics):
+    """QLinearMatMul / QLinearConv: ONNX Runtime's output must be quantmatmul's "onnxruntime" numerics bit for
+    bit and within one step of the requested numerics. run(numerics=...) computes the node."""
+    ours = run(numerics=numerics)
+    as_ort = ours if numerics == "onnxruntime" else run(numerics="onnxruntime")
     differing, max_diff = _int_diff(ours, theirs)
     ort_differing, _ = _int_diff(as_ort, theirs)
     note = ""
     if ort_differing:
         note = (
             _SATURATION_NOTE
-            if _u8s8(inputs[0], inputs[3]) and _saturates()
+            if _u8s8(a, b) and _saturates()
             else "ONNX Runtime differs from quantmatmul's 'onnxruntime' numerics"
         )
     elif differing:
         note = "last-step rounding: ONNX Runtime's float32 multiplier (docs/quantization.md)"
     ok = ort_differing == 0 and max_diff <= (0 if numerics == "onnxruntime" else 1)
     return _row(theirs.size, differing, max_diff, None, ok, note)
+
+
+def _conv_attributes(node) -> dict:
+    attrs = {a.name: onnx.helper.get_attribute_value(a) for a in node.attribute}
+    keep = ("auto_pad", "dilations", "group", "kernel_shape", "pads", "strides")
+    attrs = {k: v for k, v in attrs.items() if k in keep}
+    if isinstance(attrs.get("auto_pad"), bytes):
+        attrs["auto_pad"] = attrs["auto_pad"].decode()
+    return attrs
+
+
+def _check_qlinear_conv(node, inputs, outputs, numerics):
+    args = (list(inputs) + [None] * 9)[:9]
+    run = functools.partial(qlinear_conv, *args, **_conv_attributes(node))
+    return _qlinear_row(run, args[0], args[3], outputs[0], numerics)
+
+
+def _check_conv_integer(node, inputs, outputs, numerics):
+    x, w = inputs[0], inputs[1]
+    args = (list(inputs) + [None] * 4)[:4]
+    ours = conv_integer(*args, **_conv_attributes(node))
+    differing, max_diff = _int_diff(ours, outputs[0])
+    note = ""
+    if differing:
+        note = _SATURATION_NOTE if _u8s8(x, w) and _saturates() else "ONNX Runtime differs from the exact int32 sum"
+    return _row(ours.size, differing, max_diff, None, differing == 0, note)
 
 
 def _check_matmul_integer(node, inputs, outputs, numerics):
@@ -530,4 +574,6 @@ _CHECKS = {
     "QLinearAdd": _check_qlinear_elementwise,
     "QLinearMul": _check_qlinear_elementwise,
     "QLinearSoftmax": _check_qlinear_elementwise,
+    "QLinearConv": _check_qlinear_conv,
+    "ConvInteger": _check_conv_integer,
 }

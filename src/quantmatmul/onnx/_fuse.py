@@ -56,6 +56,7 @@ _ELEMENTWISE = {"Add": "QLinearAdd", "Mul": "QLinearMul", "Softmax": "QLinearSof
 # ops that only move data (input 0's): a DQ -> op -> Q pair of one scale and zero point is dropped
 _DATA_MOVEMENT = ("Reshape", "Transpose", "Squeeze", "Unsqueeze", "Flatten", "Gather", "Slice", "Expand")
 _PASS_THROUGH = (*_DATA_MOVEMENT, "Identity")  # ops whose output has input 0's element type
+_CONV_ATTRIBUTES = ("auto_pad", "dilations", "group", "kernel_shape", "pads", "strides")
 
 
 def fuse_qdq(model: onnx.ModelProto, *, in_place: bool = False) -> tuple[onnx.ModelProto, list[str]]:
@@ -120,6 +121,8 @@ def _fused_node(g, opset: int, zero_point) -> onnx.NodeProto:
         return moved
     if g.node.op_type in _ELEMENTWISE:
         return _elementwise_node(g, opset, zero_point, label)
+    if g.node.op_type == "Conv":
+        return _conv_node(g, zero_point, label)
     inputs = [
         g.a.input[0],
         g.a.input[1],
@@ -145,6 +148,25 @@ def _fused_node(g, opset: int, zero_point) -> onnx.NodeProto:
         transA=_attr(g.node, "transA", 0),
         transB=_attr(g.node, "transB", 0),
     )
+
+
+def _conv_node(g, zero_point, label: str) -> onnx.NodeProto:
+    """The QLinearConv of a Conv group: the Conv's attributes, its bias's int32 codes (ORT's QDQ action)."""
+    inputs = [
+        g.a.input[0],
+        g.a.input[1],
+        zero_point(_arg(g.a, 2), g.a_dtype, f"{label}_x"),
+        g.b.input[0],
+        g.b.input[1],
+        zero_point(_arg(g.b, 2), g.b_dtype, f"{label}_w"),
+        g.q.input[1],
+        zero_point(_arg(g.q, 2), g.y_dtype, f"{label}_y"),
+    ]
+    if g.c is not None:
+        inputs.append(g.c.input[0])
+    node = helper.make_node("QLinearConv", inputs, [g.q.output[0]], name=g.node.name or None)
+    node.attribute.extend(a for a in g.node.attribute if a.name in _CONV_ATTRIBUTES)
+    return node
 
 
 def _elementwise_node(g, opset: int, zero_point, label: str) -> onnx.NodeProto:
@@ -235,6 +257,8 @@ class _GraphView:
             return self._elementwise_group(node)
         if node.op_type in _DATA_MOVEMENT and _is(node, node.op_type):
             return self._drop_group(node)
+        if _is(node, "Conv"):
+            return self._conv_group(node)
         if _is(node, "MatMul") and len(node.input) == 2:
             trans_b, alpha, c = False, 1.0, None
         elif _is(node, "Gemm") and len(node.input) in (2, 3):
@@ -279,6 +303,60 @@ class _GraphView:
             if not (y_s.reshape(-1)[0] > 0 and (0 if y_z is None else int(y_z.reshape(-1)[0])) == qmin):
                 return None
         return _Group(node, a, b, c, relu, q, a_dtype, b_dtype, y_dtype)
+
+    def _conv_group(self, node):
+        """DequantizeLinear x 2 (x, w) [and an int32 bias's] -> Conv [-> redundant Relu] -> QuantizeLinear, any
+        int8 / uint8 types: one QLinearConv (ORT's ConvNodeGroupSelector and its action; the types as the
+        MatMul group takes them)."""
+        if len(node.input) not in (2, 3) or not node.output:
+            return None
+        x, w = (self.producer.get(name) for name in node.input[:2])
+        c = self.producer.get(_arg(node, 2)) if _arg(node, 2) else None
+        if not (_is(x, "DequantizeLinear") and _is(w, "DequantizeLinear")) or (
+            _arg(node, 2) and not _is(c, "DequantizeLinear")
+        ):
+            return None  # a float bias: ORT's selector wants every input dequantized
+        q, relu = self._quantized_output(node)
+        if (
+            q is None
+            or _attr(q, "precision", 0)
+            or any(_attr(n, "block_size", 0) for n in (x, w, c, q) if n is not None)
+        ):
+            return None
+        x_dtype, w_dtype = self._operand_dtype(x), self._operand_dtype(w)
+        y_zp = self.constant(q, 2)
+        y_dtype = _quantized_dtype(q, y_zp)
+        if x_dtype not in _INT8 or w_dtype not in _INT8 or y_dtype not in _INT8:
+            return None
+        params = [(self.constant(n, 1), self.constant(n, 2)) for n in (x, w)] + [(self.constant(q, 1), y_zp)]
+        if any(s is None or s is False or z is False for s, z in params):
+            return None
+        (x_s, x_z), (w_s, w_z), (y_s, y_z) = params
+        if any(s.dtype != np.float32 or not np.all(np.isfinite(s)) or np.any(s == 0) for s in (x_s, w_s, y_s)):
+            return None
+        if not (_per_tensor(x_s, x_z) and _per_tensor(y_s, y_z)) or not self._conv_weight_params(w, w_s, w_z):
+            return None
+        with np.errstate(over="ignore", under="ignore"):
+            scale = x_s.reshape(-1) * w_s.reshape(-1)
+            if not np.all(np.isfinite(scale)) or not np.all(np.isfinite(scale / y_s.reshape(-1))):
+                return None
+        if c is not None and not self._bias(c, scale, w_s.size):
+            return None
+        if relu is not None and not (
+            y_s.reshape(-1)[0] > 0 and (0 if y_z is None else int(y_z.reshape(-1)[0])) == np.iinfo(y_dtype).min
+        ):
+            return None
+        return _Group(node, x, w, c, relu, q, x_dtype, w_dtype, y_dtype)
+
+    def _conv_weight_params(self, dq, scale, zp) -> bool:
+        """w per tensor, or per output channel: a [M] scale along axis 0 of the weight initializer [M, ...]."""
+        if _per_tensor(scale, zp):
+            return True
+        w = self.inits.get(dq.input[0])
+        if w is None or len(w.dims) < 3 or _attr(dq, "axis", 1) not in (0, -len(w.dims)):
+            return False
+        shape = (w.dims[0],)
+        return scale.shape == shape and (zp is None or zp.shape == shape)
 
     def _elementwise_group(self, node):
         """Add / Mul of two DequantizeLinear outputs, or Softmax of one, quantized by one QuantizeLinear, all

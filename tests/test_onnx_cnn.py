@@ -1,0 +1,269 @@
+"""test_onnx_cnn.py: convolutional models in the session: a QDQ model's DequantizeLinear -> Conv -> QuantizeLinear groups as QLinearConv (which fuse, the bits they give), ONNX Runtime's quantize_static CNNs (QDQ and QOperator) against ONNX Runtime, compare()'s rows."""
+
+from __future__ import annotations
+
+import itertools
+import os
+import tempfile
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+import pytest
+from onnx import TensorProto, helper, numpy_helper
+from ort_quantizer import quantize_static_model, small_cnn
+from peer_deviations import _ort_u8s8_kernel_saturates, pinned_only
+
+import quantmatmul
+import quantmatmul.onnx as qo
+from quantmatmul.onnx._fuse import fuse_qdq
+from quantmatmul.onnx._qconv import qlinear_conv
+
+U8, S8 = np.uint8, np.int8
+ELEM = {np.dtype(U8): TensorProto.UINT8, np.dtype(S8): TensorProto.INT8}
+# the residual Add runs as QLinearAdd and the pooling as QLinearGlobalAveragePool: the pinned ORT's kernels
+ORT_PINNED = pinned_only("onnxruntime", "compared with the kernels of")
+SATURATES = _ort_u8s8_kernel_saturates()  # ORT's u8·s8 AVX2 kernels without VNNI (onnxruntime#16105)
+
+
+def conv_qdq_model(
+    *,
+    types=(U8, S8, U8),
+    per_channel=False,
+    bias="int32",
+    bias_scale=None,
+    relu=False,
+    y_zero_point=None,
+    w_axis=0,
+    conv_output=False,
+    seed=0,
+    **attrs,
+):
+    """x (float [1, 4, 7, 6]) -> Q -> DQ -> Conv (w: DQ of int8/uint8 codes [6, 2, 3, 3], group 2, pads 1; bias:
+    DQ of int32 codes, a float initializer or none) [-> Relu] -> Q -> y_q -> DQ -> y."""
+    rng = np.random.default_rng(seed)
+    xt, wt, yt = (np.dtype(t) for t in types)
+    M = 6
+    x_s, y_s = np.float32(0.05), np.float32(0.4)
+    w_s = rng.uniform(0.01, 0.03, M).astype(np.float32) if per_channel else np.float32(0.02)
+    w_codes = rng.integers(-100, 100, (M, 2, 3, 3)) + (128 if wt == U8 else 0)
+    inits = {
+        "x_s": x_s,
+        "x_z": np.asarray(3 if xt == U8 else -2, xt),
+        "w": w_codes.astype(wt),
+        "w_s": w_s,
+        "w_z": np.zeros(np.shape(w_s), wt) + (128 if wt == U8 else 0),
+        "y_s": y_s,
+        "y_z": np.asarray(y_zero_point if y_zero_point is not None else (90 if yt == U8 else -7), yt),
+    }
+    nodes = [
+        helper.make_node("QuantizeLinear", ["x", "x_s", "x_z"], ["x_q"]),
+        helper.make_node("DequantizeLinear", ["x_q", "x_s", "x_z"], ["x_dq"]),
+        helper.make_node("DequantizeLinear", ["w", "w_s", "w_z"], ["w_dq"], axis=w_axis),
+    ]
+    conv_inputs = ["x_dq", "w_dq"]
+    if bias == "int32":
+        inits["b"] = rng.integers(-2000, 2000, M).astype(np.int32)
+        inits["b_s"] = np.asarray(bias_scale if bias_scale is not None else x_s * w_s, np.float32)
+        nodes.append(helper.make_node("DequantizeLinear", ["b", "b_s"], ["b_dq"], axis=0))
+        conv_inputs.append("b_dq")
+    elif bias == "float":
+        inits["b"] = rng.normal(size=M).astype(np.float32)
+        conv_inputs.append("b")
+    attrs = {"group": 2, "pads": [1, 1, 1, 1], **attrs}
+    nodes.append(helper.make_node("Conv", conv_inputs, ["c"], name="conv", **attrs))
+    out = "c"
+    if relu:
+        nodes.append(helper.make_node("Relu", ["c"], ["r"]))
+        out = "r"
+    nodes += [
+        helper.make_node("QuantizeLinear", [out, "y_s", "y_z"], ["y_q"]),
+        helper.make_node("DequantizeLinear", ["y_q", "y_s", "y_z"], ["y"]),
+    ]
+    outputs = [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)]
+    if conv_output:
+        outputs.append(helper.make_tensor_value_info("c", TensorProto.FLOAT, None))
+    graph = helper.make_graph(
+        nodes,
+        "conv",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 4, 7, 6])],
+        outputs,
+        [numpy_helper.from_array(np.asarray(v), k) for k, v in inits.items()],
+    )
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 21)], ir_version=10), inits
+
+
+def feed(seed=1, shape=(1, 4, 7, 6)):
+    return {"x": np.random.default_rng(seed).normal(size=shape).astype(np.float32) * 3}
+
+
+def fused_types(model):
+    return [n.op_type for n in fuse_qdq(model)[0].graph.node]
+
+
+@pytest.mark.parametrize(
+    "types", list(itertools.product([U8, S8], repeat=3)), ids=lambda t: "".join(np.dtype(v).name[0] for v in t)
+)
+def test_conv_group_is_qlinear_conv_of_the_codes(types):
+    """Every int8 / uint8 combination fuses (exact integer sums, as the MatMul group); the fused output is
+    qlinear_conv of the codes, and as written lands at most a step away."""
+    model, inits = conv_qdq_model(types=types, per_channel=True)
+    session = qo.InferenceSession(model)
+    assert session.fused == ["conv"]
+    assert fused_types(model) == ["QuantizeLinear", "QLinearConv", "DequantizeLinear"]
+    x = feed()
+    y = session.run(None, x)[0]
+    x_q = quantmatmul.quantize_linear(x["x"], inits["x_s"], inits["x_z"])
+    y_q = qlinear_conv(
+        x_q,
+        inits["x_s"],
+        inits["x_z"],
+        inits["w"],
+        inits["w_s"],
+        inits["w_z"],
+        inits["y_s"],
+        inits["y_z"],
+        inits["b"],
+        group=2,
+        pads=[1, 1, 1, 1],
+    )
+    np.testing.assert_array_equal(y, quantmatmul.dequantize_linear(y_q, inits["y_s"], inits["y_z"]))
+    written = qo.InferenceSession(model, fuse_qdq=False).run(None, x)[0]
+    assert np.abs(written - y).max() <= inits["y_s"] * 1.0001
+
+
+@pytest.mark.parametrize("types", [(U8, S8, U8), (U8, U8, U8)], ids=["u8s8", "u8u8"])
+@pytest.mark.parametrize("per_channel", [False, True])
+def test_fused_conv_is_onnxruntime_bit_for_bit(types, per_channel):
+    """ORT's optimizer fuses the same group (uint8 activations) into its QLinearConv."""
+    if SATURATES and types[1] == S8:
+        pytest.skip("ORT's u8·s8 kernels saturate int16 pair sums on this CPU (onnxruntime#16105)")
+    model, _ = conv_qdq_model(types=types, per_channel=per_channel)
+    for seed in range(3):
+        ours = qo.InferenceSession(model).run(None, feed(seed))[0]
+        theirs = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"]).run(
+            None, feed(seed)
+        )[0]
+        np.testing.assert_array_equal(ours, theirs)
+
+
+def test_redundant_relu_fuses_and_a_clipping_one_does_not():
+    model, _ = conv_qdq_model(relu=True, y_zero_point=0)
+    assert fused_types(model).count("QLinearConv") == 1 and "Relu" not in fused_types(model)
+    model, _ = conv_qdq_model(relu=True, y_zero_point=5)  # the Relu clips above the type's minimum
+    assert "QLinearConv" not in fused_types(model)
+    model, _ = conv_qdq_model(types=(S8, S8, S8), relu=True, y_zero_point=-128)
+    assert "Relu" not in fused_types(model)
+
+
+@pytest.mark.parametrize(
+    "change",
+    [
+        {"bias": "float"},  # a float bias: ORT's selector wants every input dequantized
+        {"bias_scale": 0.5},  # an int32 bias at another scale than x_scale * w_scale
+        {"per_channel": True, "w_axis": 1},  # per channel along the wrong axis
+        {"conv_output": True},  # the Conv's float output is a graph output
+    ],
+    ids=["float-bias", "bias-scale", "weight-axis", "graph-output"],
+)
+def test_groups_that_stay_as_written(change):
+    model, _ = conv_qdq_model(**change)
+    assert "QLinearConv" not in fused_types(model)
+    if change.get("w_axis") != 1:  # (a scale along axis 1 does not fit the weight: not a valid model)
+        qo.InferenceSession(model).run(None, feed())
+
+
+def test_attributes_go_with_the_fused_node():
+    model, inits = conv_qdq_model(strides=[2, 1], dilations=[1, 2], pads=[2, 1, 0, 2], bias="none")
+    (node,) = [n for n in fuse_qdq(model)[0].graph.node if n.op_type == "QLinearConv"]
+    attrs = {a.name: helper.get_attribute_value(a) for a in node.attribute}
+    assert attrs == {"group": 2, "pads": [2, 1, 0, 2], "strides": [2, 1], "dilations": [1, 2]}
+    if not SATURATES:
+        ours = qo.InferenceSession(model).run(None, feed())[0]
+        theirs = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, feed())[
+            0
+        ]
+        np.testing.assert_array_equal(ours, theirs)
+
+
+# --------------------------------------------------------------------------------------------------
+# ONNX Runtime's quantize_static on a small CNN
+
+
+@pytest.fixture(scope="module")
+def cnn_models(tmp_path_factory):
+    from onnxruntime.quantization import QuantFormat, QuantType
+
+    models = {}
+    for fmt, act, per_channel in itertools.product(["QDQ", "QOperator"], ["u8", "s8"], [True, False]):
+        folder = tmp_path_factory.mktemp(f"{fmt}{act}{per_channel}")
+        models[fmt, act, per_channel] = quantize_static_model(
+            small_cnn(),
+            folder,
+            quant_format=getattr(QuantFormat, fmt),
+            activation_type=QuantType.QUInt8 if act == "u8" else QuantType.QInt8,
+            weight_type=QuantType.QUInt8 if (act == "u8" and not per_channel) else QuantType.QInt8,
+            per_channel=per_channel,
+        )
+    return models
+
+
+def cnn_feed(seed):
+    return {"x": np.random.default_rng(seed).normal(size=(2, 3, 16, 16)).astype(np.float32)}
+
+
+def ort_optimized_types(model):
+    with tempfile.TemporaryDirectory() as folder:
+        options = ort.SessionOptions()
+        options.log_severity_level = 3
+        options.optimized_model_filepath = os.path.join(folder, "optimized.onnx")
+        ort.InferenceSession(model.SerializeToString(), options, providers=["CPUExecutionProvider"])
+        return [n.op_type for n in onnx.load(options.optimized_model_filepath).graph.node]
+
+
+@ORT_PINNED
+@pytest.mark.parametrize("per_channel", [True, False], ids=["per-channel", "per-tensor"])
+@pytest.mark.parametrize("fmt", ["QDQ"])
+def test_uint8_cnn_is_onnxruntime_bit_for_bit(cnn_models, fmt, per_channel):
+    """uint8 activations: ORT fuses every group the session fuses (its NHWC QLinearConv, QLinearAdd,
+    QLinearGlobalAveragePool, QGemm); the logits are ORT's bit for bit."""
+    model = cnn_models[fmt, "u8", per_channel]
+    if SATURATES and per_channel:
+        pytest.skip("ORT's u8·s8 kernels saturate int16 pair sums on this CPU (onnxruntime#16105)")
+    session = qo.InferenceSession(model)
+    if fmt == "QDQ":
+        assert fused_types(model).count("QLinearConv") == 3 == ort_optimized_types(model).count("QLinearConv")
+    reference = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    for seed in range(3):
+        np.testing.assert_array_equal(session.run(None, cnn_feed(seed))[0], reference.run(None, cnn_feed(seed))[0])
+
+
+@pytest.mark.parametrize("fmt", ["QDQ"])
+def test_int8_cnn_within_a_step_of_onnxruntime(cnn_models, fmt):
+    """int8 activations: ORT's x86 optimizer fuses a group only where its S8-to-U8 transformer makes the
+    activations uint8 (the middle Conv, whose input two nodes read, stays float there); the session fuses
+    every Conv (exact sums), so the logits agree to a step of their scale."""
+    model = cnn_models[fmt, "s8", True]
+    if fmt == "QDQ":
+        assert fused_types(model).count("QLinearConv") == 3
+        assert ort_optimized_types(model).count("QLinearConv") == 2
+    y_scale = next(numpy_helper.to_array(t) for t in model.graph.initializer if t.name == "y_scale")
+    session = qo.InferenceSession(model)
+    reference = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    for seed in range(3):
+        ours, theirs = session.run(None, cnn_feed(seed))[0], reference.run(None, cnn_feed(seed))[0]
+        assert np.abs(ours - theirs).max() <= y_scale * 1.0001
+
+
+@ORT_PINNED
+def test_compare_checks_the_conv_groups_and_nodes(cnn_models):
+    if SATURATES:
+        pytest.skip("ORT's u8·s8 kernels saturate int16 pair sums on this CPU (onnxruntime#16105)")
+    report = qo.compare(cnn_models["QDQ", "u8", True], cnn_feed(0), numerics="onnxruntime")
+    rows = [r for r in report.rows if r["op_type"] == "QDQ Conv -> QLinearConv"]
+    assert len(rows) == 3 and all(r["ok"] and r["differing"] == 0 for r in rows), str(report)
+    assert report.ok
+    report = qo.compare(cnn_models["QOperator", "u8", True], cnn_feed(0), numerics="exact")
+    rows = [r for r in report.rows if r["op_type"] == "QLinearConv"]
+    assert len(rows) == 3 and all(r["ok"] for r in rows), str(report)
+    assert report.ok
