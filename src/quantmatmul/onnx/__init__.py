@@ -8,10 +8,14 @@ Three entry points (docs/onnx.md):
 * ``InferenceSession(model, *, numerics="onnxruntime", fuse_qdq=True)``: ``.run(output_names,
   input_feed)`` as in onnxruntime, on ``onnx.reference.ReferenceEvaluator`` with quantmatmul's
   QLinearMatMul, MatMulNBits, QuantizeLinear, DequantizeLinear, DynamicQuantizeLinear and
-  MatMulInteger and com.microsoft QGemm, QLinearAdd, QLinearMul, QLinearSoftmax; a QDQ model's DequantizeLinear -> MatMul / Gemm ->
-  QuantizeLinear groups run as QLinearMatMul / QGemm, as ONNX Runtime's optimizer runs them.
+  MatMulInteger, QLinearConv, ConvInteger and com.microsoft QGemm, QLinearAdd, QLinearMul, QLinearSoftmax; a QDQ
+  model's DequantizeLinear -> MatMul / Gemm / Conv -> QuantizeLinear groups run as QLinearMatMul / QGemm /
+  QLinearConv, as ONNX Runtime's optimizer runs them.
 * ``compare(model, input_feed=None, *, numerics="exact")``: runs the model once in ONNX Runtime
   and checks every quantized node's output against quantmatmul's: a ``CompareReport``.
+
+The single operators ONNX Runtime's quantizers write around them are functions here too:
+``qlinear_conv`` and ``conv_integer`` (ONNX QLinearConv / ConvInteger; docs/onnx.md).
 
 Needs the ``onnx`` package (``pip install onnx``); ``compare`` also needs ``onnxruntime``.
 """
@@ -27,7 +31,8 @@ except ImportError as error:  # pragma: no cover - exercised only where onnx is 
     ) from error
 
 from ._compare import CompareReport, compare
+from ._qconv import conv_integer, qlinear_conv
 from ._quantize import quantize
 from ._session import InferenceSession, NodeArg
 
-__all__ = ["quantize", "InferenceSession", "NodeArg", "compare", "CompareReport"]
+__all__ = ["quantize", "InferenceSession", "NodeArg", "compare", "CompareReport", "qlinear_conv", "conv_integer"]

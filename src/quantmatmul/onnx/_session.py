@@ -1,4 +1,4 @@
-"""onnx/_session.py: InferenceSession: onnx.reference.ReferenceEvaluator with quantmatmul's QLinearMatMul and QGemm (QDQ MatMul / Gemm groups fused into them), QLinearAdd / Mul / Softmax, MatMulNBits, QuantizeLinear, DequantizeLinear, DynamicQuantizeLinear, MatMulInteger and Erf."""
+"""onnx/_session.py: InferenceSession: onnx.reference.ReferenceEvaluator with quantmatmul's QLinearMatMul, QGemm and QLinearConv (QDQ MatMul / Gemm / Conv groups fused into them), QLinearAdd / Mul / Softmax, MatMulNBits, QuantizeLinear, DequantizeLinear, DynamicQuantizeLinear, MatMulInteger, ConvInteger and Erf."""
 
 from __future__ import annotations
 
@@ -50,19 +50,21 @@ class InferenceSession:
     ``InferenceSession(model, *, numerics="onnxruntime", fuse_qdq=True)``: model is an ``onnx.ModelProto``
     or a path.
     Every node runs in ``onnx.reference.ReferenceEvaluator``, except QLinearMatMul, com.microsoft
-    MatMulNBits, QuantizeLinear, DequantizeLinear, DynamicQuantizeLinear and MatMulInteger, which run in
-    quantmatmul (what ONNX Runtime's quantizers emit: ``quantize_static`` in QOperator and QDQ formats,
+    MatMulNBits, QuantizeLinear, DequantizeLinear, DynamicQuantizeLinear, MatMulInteger, QLinearConv and
+    ConvInteger, which run in quantmatmul (what ONNX Runtime's quantizers emit: ``quantize_static`` in QOperator and QDQ formats,
     ``quantize_dynamic``, ``MatMulNBitsQuantizer`` and :func:`quantmatmul.onnx.quantize`), and Erf (onnx.reference's
     bits, in C++: an erf-GELU model's Erf nodes were most of its time). A constant
     weight (B and its parameters initializers) is held as a :class:`quantmatmul.QLinearMatMul` /
     :class:`quantmatmul.MatMulNBits`, packed once. ``numerics`` ("onnxruntime", "onnx-reference" or
     "exact") is passed to every QLinearMatMul; MatMulNBits runs at its node's ``accuracy_level``;
-    MatMulInteger computes the spec's int32 sum; DynamicQuantizeLinear computes scale and zero point as
+    MatMulInteger and ConvInteger compute the spec's int32 sums; QLinearConv runs in ``numerics`` too (a
+    constant weight laid out and packed once); DynamicQuantizeLinear computes scale and zero point as
     ONNX Runtime does (docs/onnx.md).
 
     com.microsoft QGemm, QLinearAdd, QLinearMul and QLinearSoftmax (``quantize_static``'s QOperator Gemm,
     Add, Mul, Softmax) compute ONNX Runtime's bits. With ``fuse_qdq`` (the default), a QDQ model's
-    ``DequantizeLinear -> MatMul / Gemm -> QuantizeLinear`` groups run as one QLinearMatMul / QGemm, its
+    ``DequantizeLinear -> MatMul / Gemm / Conv -> QuantizeLinear`` groups run as one QLinearMatMul / QGemm /
+    QLinearConv, its
     uint8 Add / Mul / Softmax groups as QLinearAdd / QLinearMul / QLinearSoftmax, and Reshape /
     Transpose / ... between equal quantizations on the codes, as ONNX Runtime's graph optimizer runs
     them (the rules: docs/onnx.md, "QDQ fusion"; ``fused``: the rewritten nodes' names);
