@@ -69,6 +69,9 @@ DEVIATIONS = {
         "onnxruntime", "QLinearConv refuses dilations with auto_pad SAME_UPPER / SAME_LOWER"
     ),
     "ort-convinteger-per-channel": Deviation("onnxruntime", "ConvInteger refuses a per-channel w_zero_point"),
+    "ort-pool-same-dilations": Deviation(
+        "onnxruntime", "MaxPool with auto_pad SAME and dilations pads for the undilated kernel"
+    ),
     # ONNX Runtime, MatMulNBits
     "ort-nbits-8bit-float-zp": Deviation("onnxruntime", "MatMulNBits refuses 8-bit weights with float zero points"),
     "ort-nbits-g-idx-uint8-zp": Deviation("onnxruntime", "MatMulNBits 4-bit with g_idx ignores uint8 zero points"),
@@ -115,6 +118,9 @@ DEVIATIONS = {
     "onnx-float8-zero-point": Deviation("onnx", "QuantizeLinear ignores nonzero float8 zero points"),
     "onnx-qlinearconv-per-channel": Deviation(
         "onnx", "QLinearConv with per-channel w_scale fails (1-D) or scales the wrong axis (3-D) beyond 2-D"
+    ),
+    "onnx-maxpool-pads": Deviation(
+        "onnx", "MaxPool reads pads as (begin, end) per axis and pads SAME_LOWER as SAME_UPPER (some paths)"
     ),
     "onnx-softmax-before-13": Deviation(
         "onnx", "Softmax / LogSoftmax / Hardmax before opset 13 normalize along axis alone, not over the 2-D coercion"

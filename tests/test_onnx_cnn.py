@@ -12,7 +12,7 @@ import onnxruntime as ort
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 from ort_quantizer import quantize_static_model, small_cnn
-from peer_deviations import _ort_u8s8_kernel_saturates, pinned_only
+from peer_deviations import _ort_u8s8_kernel_saturates, deviation, pinned_only
 
 import quantmatmul
 import quantmatmul.onnx as qo
@@ -267,3 +267,122 @@ def test_compare_checks_the_conv_groups_and_nodes(cnn_models):
     rows = [r for r in report.rows if r["op_type"] == "QLinearConv"]
     assert len(rows) == 3 and all(r["ok"] for r in rows), str(report)
     assert report.ok
+
+
+# --------------------------------------------------------------------------------------------------
+# MaxPool (onnx/_pool.py)
+
+_POOL_TYPES = [np.float32, np.float64, np.uint8, np.int8]
+_ONNX_TYPES = {np.dtype(np.float32): TensorProto.FLOAT, np.dtype(np.float64): TensorProto.DOUBLE, **ELEM}
+
+
+def _max_pool_model(x, **attrs):
+    node = helper.make_node("MaxPool", ["x"], ["y"], **attrs)
+    graph = helper.make_graph(
+        [node],
+        "g",
+        [helper.make_tensor_value_info("x", _ONNX_TYPES[x.dtype], x.shape)],
+        [helper.make_tensor_value_info("y", _ONNX_TYPES[x.dtype], None)],
+    )
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 21)], ir_version=10)
+
+
+def _random_pool(rng, trial, *, dilated):
+    nd = int(rng.integers(1, 4))
+    dtype = np.dtype(_POOL_TYPES[trial % 4])
+    kernel = [int(rng.integers(1, 4)) for _ in range(nd)]
+    dilations = [int(rng.integers(1, 3)) if dilated else 1 for _ in range(nd)]
+    spatial = [int(rng.integers((k - 1) * d + 1, (k - 1) * d + 6)) for k, d in zip(kernel, dilations)]
+    auto_pad = ["NOTSET", "NOTSET", "VALID", "SAME_UPPER", "SAME_LOWER"][trial % 5]
+    attrs = {"kernel_shape": kernel, "strides": [int(rng.integers(1, 3)) for _ in range(nd)], "auto_pad": auto_pad}
+    attrs["dilations"] = dilations
+    if auto_pad == "NOTSET":
+        attrs["pads"] = [int(rng.integers(0, k)) for k in kernel] + [int(rng.integers(0, k)) for k in kernel]
+    if dtype.kind == "f":
+        x = (rng.normal(size=(2, 3, *spatial)) * 50).astype(dtype)
+    else:
+        x = rng.integers(np.iinfo(dtype).min, np.iinfo(dtype).max + 1, (2, 3, *spatial)).astype(dtype)
+    return x, attrs
+
+
+def test_max_pool_is_onnxruntimes():
+    """Values and shapes as ONNX Runtime's MaxPool (the spec's pads, every auto_pad), 1-3-D, floats and
+    8-bit codes, in the session."""
+    rng = np.random.default_rng(4)
+    for trial in range(120):
+        x, attrs = _random_pool(rng, trial, dilated=trial % 5 < 3)  # SAME with dilations: below
+        model = _max_pool_model(x, **attrs)
+        theirs = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"]).run(
+            None, {"x": x}
+        )[0]
+        ours = qo.InferenceSession(model).run(None, {"x": x})[0]
+        assert ours.dtype == theirs.dtype and ours.shape == theirs.shape
+        np.testing.assert_array_equal(ours, theirs)
+
+
+def test_max_pool_same_with_dilations_is_the_specs():
+    """auto_pad SAME pads the dilated kernel (the spec, as Conv); ONNX Runtime's MaxPool pads for the
+    undilated one there (its output shape differs from the spec's and its own shape inference's)."""
+    from quantmatmul.onnx._pool import max_pool
+
+    x = np.arange(2 * 11, dtype=np.float32).reshape(1, 2, 11)
+    attrs = {"kernel_shape": [3], "strides": [2], "dilations": [2], "auto_pad": "SAME_UPPER"}
+    ours = max_pool(x, **attrs)
+    assert ours.shape == (1, 2, 6)  # ceil(11 / 2)
+    # the spec's padding: (6 - 1) * 2 + 5 - 11 = 4, two on each side
+    np.testing.assert_array_equal(ours, max_pool(x, kernel_shape=[3], strides=[2], dilations=[2], pads=[2, 2]))
+    model = _max_pool_model(x, **attrs)
+    theirs = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, {"x": x})[0]
+    deviation("ort-pool-same-dilations", theirs.shape != ours.shape or not np.array_equal(theirs, ours))
+
+
+def test_onnx_reference_max_pool_pads_deviation():
+    """onnx.reference's MaxPool (strides and dilations 1, or SAME_LOWER) reads pads as (begin, end) per axis
+    and pads SAME_LOWER as SAME_UPPER; the session follows the spec (and ONNX Runtime)."""
+    from onnx.reference import ReferenceEvaluator
+
+    from quantmatmul.onnx._pool import max_pool
+
+    x = np.arange(25, dtype=np.float32).reshape(1, 1, 5, 5)
+    node = helper.make_node("MaxPool", ["x"], ["y"], kernel_shape=[3, 3], pads=[0, 1, 0, 1])
+    theirs = ReferenceEvaluator(node).run(None, {"x": x})[0]
+    ours = max_pool(x, kernel_shape=[3, 3], pads=[0, 1, 0, 1])
+    np.testing.assert_array_equal(ours, [[[[11, 12, 13, 14, 14], [16, 17, 18, 19, 19], [21, 22, 23, 24, 24]]]])
+    x1 = np.arange(6, dtype=np.float32).reshape(1, 1, 6)
+    node = helper.make_node("MaxPool", ["x"], ["y"], kernel_shape=[3], strides=[2], auto_pad="SAME_LOWER")
+    theirs_lower = ReferenceEvaluator(node).run(None, {"x": x1})[0]
+    ours_lower = max_pool(x1, kernel_shape=[3], strides=[2], auto_pad="SAME_LOWER")
+    np.testing.assert_array_equal(ours_lower, [[[1, 3, 5]]])  # padding 1: at the beginning
+    deviation(
+        "onnx-maxpool-pads",
+        theirs.shape != ours.shape or not np.array_equal(theirs, ours) or not np.array_equal(theirs_lower, ours_lower),
+    )
+
+
+def test_max_pool_keeps_onnx_reference_for_indices_ceil_mode_and_nan():
+    x = np.random.default_rng(0).normal(size=(1, 2, 5, 5)).astype(np.float32)
+    x[0, 0, 1, 1] = np.nan
+    for attrs, outputs in (({"kernel_shape": [2, 2]}, ["y"]), ({"kernel_shape": [2, 2], "ceil_mode": 1}, ["y"])):
+        node = helper.make_node("MaxPool", ["x"], outputs, **attrs)
+        graph = helper.make_graph(
+            [node],
+            "g",
+            [helper.make_tensor_value_info("x", TensorProto.FLOAT, x.shape)],
+            [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)],
+        )
+        model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 21)], ir_version=10)
+        from onnx.reference import ReferenceEvaluator
+
+        expected = ReferenceEvaluator(model).run(None, {"x": x})[0]
+        np.testing.assert_array_equal(qo.InferenceSession(model).run(None, {"x": x})[0], expected)
+
+
+def test_max_pool_bad_input():
+    from quantmatmul.onnx._pool import max_pool
+
+    with pytest.raises(ValueError, match="^MaxPool: kernel_shape is required"):
+        max_pool(np.zeros((1, 1, 4, 4), np.float32))
+    with pytest.raises(ValueError, match="^MaxPool: strides must be 2 positive integers"):
+        max_pool(np.zeros((1, 1, 4, 4), np.float32), kernel_shape=[2, 2], strides=[0, 1])
+    with pytest.raises(ValueError, match=r"^MaxPool: the kernel \(extent \[5, 5\]\) does not fit"):
+        max_pool(np.zeros((1, 1, 4, 4), np.float32), kernel_shape=[5, 5])

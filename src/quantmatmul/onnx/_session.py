@@ -20,6 +20,7 @@ from ._common import MS_DOMAIN, NodeArg, check_feed, graph_inputs, load_model, n
 from ._fuse import fuse_qdq as _fuse_qdq
 from ._fuse import subgraph_reads
 from ._integer import _integer_operand, _matmul_integer, dynamic_quantize_linear, matmul_integer
+from ._pool import max_pool
 from ._qconv import conv_integer, conv_weight, qlinear_conv
 from ._qgemm import qgemm, qgemm_weight
 from ._qlinear_ops import qlinear_add, qlinear_mul, qlinear_softmax
@@ -542,6 +543,29 @@ class _AxisSoftmax(_Op):
         return (np.asarray(y).reshape(X.shape),)
 
 
+class _MaxPool(_Op):
+    """MaxPool's values in numpy (onnx/_pool.py: onnx.reference loops over every output in Python); with an
+    Indices output, ceil_mode, or a float input holding NaN, onnx.reference's own."""
+
+    def _compute(self, X, **_):
+        attrs = {a.name: onnx.helper.get_attribute_value(a) for a in self.onnx_node.attribute}
+        X = np.asarray(X)
+        indices = len(self.onnx_node.output) > 1 and self.onnx_node.output[1]
+        if indices or attrs.get("ceil_mode", 0) or (X.dtype.kind == "f" and np.isnan(X).any()) or X.ndim < 3:
+            return _reference_op(self).run(X)
+        auto_pad = attrs.get("auto_pad", "NOTSET")
+        return (
+            max_pool(
+                X,
+                auto_pad=auto_pad.decode() if isinstance(auto_pad, bytes) else auto_pad,
+                dilations=attrs.get("dilations"),
+                kernel_shape=attrs.get("kernel_shape"),
+                pads=attrs.get("pads"),
+                strides=attrs.get("strides"),
+            ),
+        )
+
+
 def _op_classes(constants: dict, numerics: str) -> list:
     bases = {
         "QLinearMatMul": _QLinearMatMul,
@@ -557,6 +581,7 @@ def _op_classes(constants: dict, numerics: str) -> list:
         "QLinearSoftmax": _QLinearSoftmax,
         "QLinearConv": _QLinearConv,
         "ConvInteger": _ConvInteger,
+        "MaxPool": _MaxPool,
         "Softmax": _AxisSoftmax,
         "LogSoftmax": _AxisSoftmax,
         "Hardmax": _AxisSoftmax,

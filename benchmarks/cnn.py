@@ -1,0 +1,148 @@
+"""cnn.py: a ResNet-18-shaped CNN quantized by ONNX Runtime's quantize_static (QDQ and QOperator, uint8 / int8 activations) run in quantmatmul.onnx.InferenceSession against ONNX Runtime: time per image and the logits' agreement.
+
+Usage: python benchmarks/cnn.py THREADS ROUNDS [SIZE]
+       e.g. python benchmarks/cnn.py 2 7 224
+
+The float model is ResNet-18's topology (a 7x7 stride-2 stem, max pooling, four stages of two basic
+blocks with 64-512 channels and 1x1 stride-2 shortcuts, global average pooling, a 1000-way Gemm; no
+batch normalization: it folds into the convolutions) with random weights (He initialization),
+calibrated on four random images. Both runtimes run the same model file on the same image,
+interleaved, ORT with its spinning off and the same thread count; medians of ROUNDS.
+"""
+
+from __future__ import annotations
+
+import logging
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+import onnx
+from onnx import TensorProto, helper, numpy_helper
+
+
+def resnet18(size: int, seed: int = 0) -> onnx.ModelProto:
+    rng = np.random.default_rng(seed)
+    inits, nodes = [], []
+
+    def conv(x, cin, cout, k, stride, name, relu=True):
+        w = (rng.normal(size=(cout, cin, k, k)) * np.sqrt(2.0 / (cin * k * k))).astype(np.float32)
+        b = (rng.normal(size=cout) * 0.05).astype(np.float32)
+        inits.extend([numpy_helper.from_array(w, f"{name}_w"), numpy_helper.from_array(b, f"{name}_b")])
+        pad = k // 2
+        nodes.append(
+            helper.make_node(
+                "Conv", [x, f"{name}_w", f"{name}_b"], [f"{name}_c"], name=name, pads=[pad] * 4, strides=[stride] * 2
+            )
+        )
+        if not relu:
+            return f"{name}_c"
+        nodes.append(helper.make_node("Relu", [f"{name}_c"], [f"{name}_r"]))
+        return f"{name}_r"
+
+    x = conv("x", 3, 64, 7, 2, "stem")
+    nodes.append(helper.make_node("MaxPool", [x], ["pool"], kernel_shape=[3, 3], strides=[2, 2], pads=[1, 1, 1, 1]))
+    x, cin = "pool", 64
+    for stage, cout in enumerate((64, 128, 256, 512)):
+        for block in range(2):
+            stride = 2 if stage > 0 and block == 0 else 1
+            name = f"s{stage}b{block}"
+            h = conv(x, cin, cout, 3, stride, f"{name}_1")
+            h = conv(h, cout, cout, 3, 1, f"{name}_2", relu=False)
+            shortcut = conv(x, cin, cout, 1, stride, f"{name}_down", relu=False) if stride != 1 or cin != cout else x
+            nodes.append(helper.make_node("Add", [h, shortcut], [f"{name}_sum"]))
+            nodes.append(helper.make_node("Relu", [f"{name}_sum"], [f"{name}_out"]))
+            x, cin = f"{name}_out", cout
+    fc = (rng.normal(size=(512, 1000)) * np.sqrt(1.0 / 512)).astype(np.float32)
+    inits += [numpy_helper.from_array(fc, "fc_w"), numpy_helper.from_array(np.zeros(1000, np.float32), "fc_b")]
+    nodes += [
+        helper.make_node("GlobalAveragePool", [x], ["gap"]),
+        helper.make_node("Flatten", ["gap"], ["flat"]),
+        helper.make_node("Gemm", ["flat", "fc_w", "fc_b"], ["logits"]),
+    ]
+    graph = helper.make_graph(
+        nodes,
+        "resnet18",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 3, size, size])],
+        [helper.make_tensor_value_info("logits", TensorProto.FLOAT, [1, 1000])],
+        inits,
+    )
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
+
+
+def quantized(model: onnx.ModelProto, folder: Path, fmt: str, activations: str) -> onnx.ModelProto:
+    from onnxruntime.quantization import QuantFormat, QuantType, quantize_static
+
+    shape = [d.dim_value for d in model.graph.input[0].type.tensor_type.shape.dim]
+    rng = np.random.default_rng(1)
+
+    class Images:
+        def __init__(self):
+            self.batches = iter([{"x": rng.normal(size=shape).astype(np.float32)} for _ in range(4)])
+
+        def get_next(self):
+            return next(self.batches, None)
+
+    src, dst = folder / "float.onnx", folder / f"{fmt}_{activations}.onnx"
+    onnx.save(model, src)
+    logging.getLogger().setLevel(logging.ERROR)
+    quantize_static(
+        src,
+        dst,
+        Images(),
+        quant_format=getattr(QuantFormat, fmt),
+        activation_type=QuantType.QUInt8 if activations == "uint8" else QuantType.QInt8,
+        weight_type=QuantType.QInt8,
+        per_channel=True,
+    )
+    return onnx.load(dst)
+
+
+def main(threads: int, rounds: int, size: int = 224) -> None:
+    import onnxruntime as ort
+
+    import quantmatmul
+    import quantmatmul.onnx as qo
+
+    quantmatmul.set_num_threads(threads)
+    options = ort.SessionOptions()
+    options.intra_op_num_threads = threads
+    options.add_session_config_entry("session.intra_op.allow_spinning", "0")
+    options.log_severity_level = 3
+    image = {"x": np.random.default_rng(2).normal(size=(1, 3, size, size)).astype(np.float32)}
+    print(
+        f"{quantmatmul.cpu_info()['features']['brand']}, {threads} threads, ONNX Runtime {ort.__version__}, {size}x{size}"
+    )
+    with tempfile.TemporaryDirectory() as folder:
+        model = resnet18(size)
+        for fmt in ("QDQ", "QOperator"):
+            for activations in ("uint8", "int8"):
+                q = quantized(model, Path(folder), fmt, activations)
+                ours = qo.InferenceSession(q)
+                theirs = ort.InferenceSession(q.SerializeToString(), options, providers=["CPUExecutionProvider"])
+                times = {"quantmatmul": [], "onnxruntime": []}
+                for _ in range(rounds):
+                    for name, run in (("quantmatmul", ours.run), ("onnxruntime", theirs.run)):
+                        start = time.perf_counter()
+                        y = run(None, image)[0]
+                        times[name].append(time.perf_counter() - start)
+                        if name == "quantmatmul":
+                            y_ours = y
+                        else:
+                            y_theirs = y
+                scale = float(np.abs(y_theirs).max())
+                diff = float(np.abs(y_ours - y_theirs).max())
+                same = int(np.count_nonzero(y_ours == y_theirs))
+                med = {k: statistics.median(v) * 1e3 for k, v in times.items()}
+                print(
+                    f"{fmt:9s} {activations:5s}: quantmatmul {med['quantmatmul']:7.1f} ms, ONNX Runtime "
+                    f"{med['onnxruntime']:6.1f} ms ({med['onnxruntime'] / med['quantmatmul']:.2f}x); logits "
+                    f"identical {same}/{y_ours.size}, max |diff| {diff:.3g} (max |logit| {scale:.3g})"
+                )
+
+
+if __name__ == "__main__":
+    main(int(sys.argv[1]), int(sys.argv[2]), *(int(a) for a in sys.argv[3:4]))
