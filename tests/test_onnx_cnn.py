@@ -223,7 +223,7 @@ def ort_optimized_types(model):
 
 @ORT_PINNED
 @pytest.mark.parametrize("per_channel", [True, False], ids=["per-channel", "per-tensor"])
-@pytest.mark.parametrize("fmt", ["QDQ"])
+@pytest.mark.parametrize("fmt", ["QDQ", "QOperator"])
 def test_uint8_cnn_is_onnxruntime_bit_for_bit(cnn_models, fmt, per_channel):
     """uint8 activations: ORT fuses every group the session fuses (its NHWC QLinearConv, QLinearAdd,
     QLinearGlobalAveragePool, QGemm); the logits are ORT's bit for bit."""
@@ -238,7 +238,7 @@ def test_uint8_cnn_is_onnxruntime_bit_for_bit(cnn_models, fmt, per_channel):
         np.testing.assert_array_equal(session.run(None, cnn_feed(seed))[0], reference.run(None, cnn_feed(seed))[0])
 
 
-@pytest.mark.parametrize("fmt", ["QDQ"])
+@pytest.mark.parametrize("fmt", ["QDQ", "QOperator"])
 def test_int8_cnn_within_a_step_of_onnxruntime(cnn_models, fmt):
     """int8 activations: ORT's x86 optimizer fuses a group only where its S8-to-U8 transformer makes the
     activations uint8 (the middle Conv, whose input two nodes read, stays float there); the session fuses
@@ -386,3 +386,129 @@ def test_max_pool_bad_input():
         max_pool(np.zeros((1, 1, 4, 4), np.float32), kernel_shape=[2, 2], strides=[0, 1])
     with pytest.raises(ValueError, match=r"^MaxPool: the kernel \(extent \[5, 5\]\) does not fit"):
         max_pool(np.zeros((1, 1, 4, 4), np.float32), kernel_shape=[5, 5])
+
+
+# --------------------------------------------------------------------------------------------------
+# Random uint8 QDQ CNN chains against ONNX Runtime's optimizer
+
+
+def random_cnn_chain(seed):
+    """x [2, C, H, W] quantized (uint8) and run through 2-5 random steps, each dequantizing the previous codes
+    and quantizing its result at a fresh uint8 scale and zero point (or, for MaxPool, the same one: its pair
+    is dropped): Conv (int8 or uint8 weights per tensor or per channel, an int32 bias, strides, pads),
+    MaxPool, AveragePool (pads, ceil_mode, count_include_pad), Sigmoid, LeakyRelu, Add with a second
+    quantized input, GlobalAveragePool last. Every step's codes are graph outputs."""
+    rng = np.random.default_rng(seed)
+    inits, nodes, outputs = {}, [], []
+    shape = [2, int(rng.integers(1, 9)), int(rng.integers(5, 12)), int(rng.integers(5, 12))]
+    inputs = [helper.make_tensor_value_info("x", TensorProto.FLOAT, shape)]
+
+    def quantize(source, name, scale=None, zero=None):
+        inits[f"{name}_s"] = np.array(scale if scale is not None else rng.uniform(0.01, 0.2), np.float32)
+        inits[f"{name}_z"] = np.array(zero if zero is not None else rng.integers(0, 256), U8)
+        nodes.append(helper.make_node("QuantizeLinear", [source, f"{name}_s", f"{name}_z"], [name]))
+        return name
+
+    def dequantize(codes):
+        nodes.append(helper.make_node("DequantizeLinear", [codes, f"{codes}_s", f"{codes}_z"], [f"{codes}_dq"]))
+        return f"{codes}_dq"
+
+    def pooled(size, k, s, pad, ceil):
+        span = size + pad - k
+        return (-(-span // s) if ceil else span // s) + 1
+
+    codes = quantize("x", "q0", 0.05, 128)
+    steps = int(rng.integers(2, 6))
+    for step in range(1, steps + 1):
+        kinds = ["Conv", "Conv", "MaxPool", "AveragePool", "Sigmoid", "LeakyRelu", "Add"]
+        kind = "GlobalAveragePool" if step == steps and rng.random() < 0.4 else rng.choice(kinds)
+        if kind in ("MaxPool", "AveragePool") and min(shape[2:]) < 3:
+            kind = "Sigmoid"
+        a, out = dequantize(codes), f"h{step}"
+        scale = zero = None
+        if kind == "Conv":
+            m, k, s = int(rng.integers(1, 9)), int(rng.choice([1, 3])), int(rng.integers(1, 3))
+            w_type = S8 if rng.random() < 0.6 else U8
+            lo, hi = (-64, 64) if (SATURATES and w_type == S8) else (np.iinfo(w_type).min, np.iinfo(w_type).max + 1)
+            per_channel = rng.random() < 0.5
+            inits[f"W{step}"] = rng.integers(lo, hi, (m, shape[1], k, k)).astype(w_type)
+            w_s = rng.uniform(0.002, 0.02, (m,) if per_channel else ()).astype(np.float32)
+            inits[f"W{step}_s"] = w_s
+            inits[f"W{step}_z"] = (np.zeros(w_s.shape, int) + (0 if w_type == S8 else 128)).astype(w_type)
+            inits[f"B{step}"] = rng.integers(-3000, 3000, m).astype(np.int32)
+            inits[f"B{step}_s"] = (inits[f"{codes}_s"] * w_s).astype(np.float32)
+            nodes.append(
+                helper.make_node("DequantizeLinear", [f"W{step}", f"W{step}_s", f"W{step}_z"], [f"W{step}_dq"], axis=0)
+            )
+            nodes.append(helper.make_node("DequantizeLinear", [f"B{step}", f"B{step}_s"], [f"B{step}_dq"], axis=0))
+            pad = k // 2
+            nodes.append(
+                helper.make_node("Conv", [a, f"W{step}_dq", f"B{step}_dq"], [out], pads=[pad] * 4, strides=[s, s])
+            )
+            shape = [2, m, *((d + 2 * pad - k) // s + 1 for d in shape[2:])]
+        elif kind in ("MaxPool", "AveragePool"):
+            k, s = int(rng.integers(2, 4)), int(rng.integers(1, 3))
+            pads = [int(rng.integers(0, k)) for _ in range(4)]
+            attrs = {"kernel_shape": [k, k], "strides": [s, s], "pads": pads}
+            ceil = 0
+            if kind == "AveragePool":
+                ceil = int(rng.integers(0, 2))
+                attrs |= {"count_include_pad": int(rng.integers(0, 2)), "ceil_mode": ceil}
+                attrs["pads"] = pads = [0, 0, 0, 0] if ceil else pads  # (ceil_mode with pads: ORT's own rule)
+            else:
+                scale, zero = inits[f"{codes}_s"].item(), inits[f"{codes}_z"].item()
+            nodes.append(helper.make_node(kind, [a], [out], **attrs))
+            shape = [2, shape[1], *(pooled(d, k, s, pads[i] + pads[i + 2], ceil) for i, d in enumerate(shape[2:]))]
+        elif kind in ("Sigmoid", "LeakyRelu"):
+            attrs = {"alpha": float(rng.uniform(0.01, 0.3))} if kind == "LeakyRelu" else {}
+            nodes.append(helper.make_node(kind, [a], [out], **attrs))
+        elif kind == "Add":
+            inputs.append(helper.make_tensor_value_info(f"z{step}", TensorProto.FLOAT, shape))
+            other = dequantize(quantize(f"z{step}", f"zq{step}"))
+            nodes.append(helper.make_node("Add", [a, other], [out]))
+        else:
+            nodes.append(helper.make_node("GlobalAveragePool", [a], [out]))
+            shape = [2, shape[1], 1, 1]
+        codes = quantize(out, f"q{step}", scale, zero)
+        outputs.append(helper.make_tensor_value_info(codes, TensorProto.UINT8, shape))
+    graph = helper.make_graph(nodes, "cnn", inputs, outputs, [numpy_helper.from_array(v, k) for k, v in inits.items()])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
+    onnx.checker.check_model(model)
+    feed = {
+        i.name: (rng.normal(size=[d.dim_value for d in i.type.tensor_type.shape.dim]) * 2).astype(np.float32)
+        for i in inputs
+    }
+    return model, feed
+
+
+@ORT_PINNED
+def test_random_qdq_cnn_chains_are_onnxruntime_bit_for_bit(tmp_path):
+    """40 random uint8 QDQ CNN chains: the session's rewritten graph runs as many QLinear* / QuantizeLinear /
+    DequantizeLinear nodes as ONNX Runtime's optimized graph (the rules meet ORT's), and gives ORT's codes at
+    every step."""
+    counted = (
+        "QLinearConv",
+        "QLinearAveragePool",
+        "QLinearGlobalAveragePool",
+        "QLinearSigmoid",
+        "QLinearLeakyRelu",
+        "QLinearAdd",
+        "QuantizeLinear",
+        "DequantizeLinear",
+    )
+    for seed in range(40):
+        model, x = random_cnn_chain(seed)
+        session = qo.InferenceSession(model)
+        options = ort.SessionOptions()
+        options.optimized_model_filepath = str(tmp_path / f"chain{seed}.onnx")
+        options.log_severity_level = 3
+        reference = ort.InferenceSession(model.SerializeToString(), options, providers=["CPUExecutionProvider"])
+        ort_ops = [n.op_type for n in onnx.load(options.optimized_model_filepath).graph.node]
+        ours_ops = [n.onnx_node.op_type for n in session._evaluator.rt_nodes_]
+        assert {op: ours_ops.count(op) for op in counted} == {op: ort_ops.count(op) for op in counted}, (
+            seed,
+            ours_ops,
+            ort_ops,
+        )
+        for output, a, b in zip(model.graph.output, session.run(None, x), reference.run(None, x)):
+            assert a.tobytes() == b.tobytes(), (seed, output.name, session.fused)

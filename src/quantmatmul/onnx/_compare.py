@@ -21,6 +21,8 @@ from ._integer import _integer_operand, _matmul_integer, dynamic_quantize_linear
 from ._qconv import conv_integer, qlinear_conv
 from ._qgemm import qgemm
 from ._qlinear_ops import qlinear_add, qlinear_mul, qlinear_softmax
+from ._qlinear_pool import qlinear_average_pool, qlinear_global_average_pool
+from ._qlinear_unary import qlinear_concat, qlinear_leaky_relu, qlinear_sigmoid
 
 __all__ = ["compare", "CompareReport", "COMPARED"]
 
@@ -38,8 +40,24 @@ COMPARED = (
     "QLinearSoftmax",
     "QLinearConv",
     "ConvInteger",
+    "QLinearGlobalAveragePool",
+    "QLinearAveragePool",
+    "QLinearSigmoid",
+    "QLinearLeakyRelu",
+    "QLinearConcat",
 )
-_MS_OPS = ("MatMulNBits", "QGemm", "QLinearAdd", "QLinearMul", "QLinearSoftmax")  # the com.microsoft ones
+_MS_OPS = (  # the com.microsoft ones
+    "MatMulNBits",
+    "QGemm",
+    "QLinearAdd",
+    "QLinearMul",
+    "QLinearSoftmax",
+    "QLinearGlobalAveragePool",
+    "QLinearAveragePool",
+    "QLinearSigmoid",
+    "QLinearLeakyRelu",
+    "QLinearConcat",
+)
 _SATURATION_NOTE = (
     "ONNX Runtime's u8·s8 AVX2 kernel saturates int16 pair sums on this CPU (onnxruntime#16105); "
     "quantmatmul gives the spec's int32 sum"
@@ -211,6 +229,10 @@ _GROUP_OF = {
     "QLinearMul": "Mul",
     "QLinearSoftmax": "Softmax",
     "QLinearConv": "Conv",
+    "QLinearGlobalAveragePool": "GlobalAveragePool",
+    "QLinearAveragePool": "AveragePool",
+    "QLinearSigmoid": "Sigmoid",
+    "QLinearLeakyRelu": "LeakyRelu",
 }
 _FUSED_TYPES = tuple(_GROUP_OF)
 
@@ -468,15 +490,29 @@ def _check_qgemm(node, inputs, outputs, numerics):
     return _row(ours.size, differing, max_diff, None, differing == 0 and ours.dtype == theirs.dtype, note)
 
 
+_POOL_KEYWORDS = ("auto_pad", "ceil_mode", "channels_last", "count_include_pad", "kernel_shape", "pads", "strides")
+_ORT_OPERATORS = {  # ORT's own com.microsoft operators: (function, its keyword attributes, inputs it takes)
+    "QLinearAdd": (qlinear_add, (), 8),
+    "QLinearMul": (qlinear_mul, (), 8),
+    "QLinearSoftmax": (qlinear_softmax, ("axis", "opset"), 5),
+    "QLinearGlobalAveragePool": (qlinear_global_average_pool, ("channels_last",), 5),
+    "QLinearAveragePool": (qlinear_average_pool, _POOL_KEYWORDS, 5),
+    "QLinearSigmoid": (qlinear_sigmoid, (), 5),
+    "QLinearLeakyRelu": (qlinear_leaky_relu, ("alpha",), 5),
+    "QLinearConcat": (qlinear_concat, ("axis",), None),
+}
+
+
 def _check_qlinear_elementwise(node, inputs, outputs, numerics):
-    """QLinearAdd / QLinearMul / QLinearSoftmax: ONNX Runtime's bits (onnx/_qlinear_ops.py)."""
+    """ORT's element-wise, pooling and concatenating QLinear* operators: its bits (onnx/_qlinear_ops.py,
+    _qlinear_pool.py, _qlinear_unary.py)."""
+    function, keywords, count = _ORT_OPERATORS[node.op_type]
+    attrs = {a.name: onnx.helper.get_attribute_value(a) for a in node.attribute}
+    attrs = {k: v.decode() if isinstance(v, bytes) else v for k, v in attrs.items() if k in keywords}
     if node.op_type == "QLinearSoftmax":
-        attrs = {a.name: onnx.helper.get_attribute_value(a) for a in node.attribute}
-        args = (list(inputs) + [None] * 5)[:5]
-        ours = qlinear_softmax(*args, axis=attrs.get("axis", -1), opset=attrs["opset"])
-    else:
-        args = (list(inputs) + [None] * 8)[:8]
-        ours = (qlinear_add if node.op_type == "QLinearAdd" else qlinear_mul)(*args)
+        attrs.setdefault("axis", -1)
+    args = list(inputs) if count is None else (list(inputs) + [None] * count)[:count]
+    ours = function(*args, **attrs)
     differing, max_diff = _int_diff(ours, outputs[0])
     return _row(ours.size, differing, max_diff, None, differing == 0, "ONNX Runtime differs" if differing else "")
 
@@ -571,9 +607,7 @@ _CHECKS = {
     "DequantizeLinear": _check_dequantize,
     "DynamicQuantizeLinear": _check_dynamic,
     "QGemm": _check_qgemm,
-    "QLinearAdd": _check_qlinear_elementwise,
-    "QLinearMul": _check_qlinear_elementwise,
-    "QLinearSoftmax": _check_qlinear_elementwise,
     "QLinearConv": _check_qlinear_conv,
     "ConvInteger": _check_conv_integer,
+    **dict.fromkeys(_ORT_OPERATORS, _check_qlinear_elementwise),
 }

@@ -1,4 +1,4 @@
-"""onnx/_fuse.py: the QDQ fusion InferenceSession applies, as ONNX Runtime's graph optimizer does: DequantizeLinear -> MatMul / Gemm / Add / Mul / Softmax -> QuantizeLinear groups become QLinearMatMul / QGemm / QLinearAdd / QLinearMul / QLinearSoftmax nodes.
+"""onnx/_fuse.py: the QDQ fusion InferenceSession applies, as ONNX Runtime's graph optimizer does: DequantizeLinear -> MatMul / Gemm / Conv / Add / Mul / Softmax / pooling / Sigmoid / LeakyRelu -> QuantizeLinear groups become QLinearMatMul / QGemm / QLinearConv / ORT's QLinear* nodes.
 
 A QDQ model (``quantize_static(..., quant_format=QuantFormat.QDQ)``, ONNX Runtime's default format)
 writes each quantized MatMul as float operators between quantize / dequantize pairs:
@@ -28,14 +28,26 @@ weight), with C absent or the DequantizeLinear of int32 codes with zero point 0 
 ``alpha * a_scale * b_scale`` (within 2^-20; the scale QGemm adds C at) and beta 1; without a
 QuantizeLinear reading its output, a float32 QGemm (ONNX Runtime fuses that form too).
 
-An Add or Mul of two DequantizeLinear outputs, or a Softmax of one, quantized by one QuantizeLinear
-(directly or through a redundant Relu), all uint8 with per-tensor initializer parameters, becomes
-com.microsoft QLinearAdd / QLinearMul / QLinearSoftmax (ORT's binary and unary QDQ rules; the
-Softmax's axis, its opset's default where absent, and the opset go with it). int8 element-wise
+A Conv group becomes a QLinearConv likewise (ORT's ConvNodeGroupSelector): x and w dequantized (w per
+tensor or per output channel, an [M] scale on axis 0 of the weight initializer), an optional bias the
+DequantizeLinear of int32 codes with zero point 0 at the scale ``x_scale * w_scale`` (within 2^-20),
+one QuantizeLinear reading the output; the Conv's attributes go with it; any int8 / uint8 types.
+
+An Add or Mul of two DequantizeLinear outputs, or a Softmax, GlobalAveragePool, AveragePool (no
+dilations), Sigmoid or LeakyRelu of one, quantized by one QuantizeLinear (directly or through a
+redundant Relu), all uint8 with per-tensor initializer parameters, becomes com.microsoft QLinearAdd /
+QLinearMul / QLinearSoftmax / QLinearGlobalAveragePool / QLinearAveragePool / QLinearSigmoid /
+QLinearLeakyRelu (ORT's binary and unary QDQ rules; the Softmax's axis, its opset's default where
+absent, and the opset, the pool's attributes and LeakyRelu's alpha go with it). int8 element-wise
 groups stay as written: ONNX Runtime on x86 does not fuse int8 QDQ groups as such (QDQIsInt8Allowed
 is false there); it first turns some int8 pairs into uint8 (its QDQ S8-to-U8 transformer) and
 leaves most int8 Add / Mul as float operators, which is not reproduced (a QDQ all-MiniLM-L6-v2 with
 int8 activations agrees with ORT to 9e-8 this way, and is 0.1 off with them fused).
+
+A Reshape, Transpose, Squeeze, Unsqueeze, Flatten, Gather, Slice, Expand or MaxPool between a
+DequantizeLinear and a QuantizeLinear of one per-tensor scale and zero point runs on the codes, the
+pair dropped (ORT's drop-QDQ rule; MaxPool picks the same element on codes as on values for a
+positive scale).
 
 Anything else stays as written. A DequantizeLinear whose output nothing reads any more is dropped.
 The caller's model is not modified (a copy is rewritten, unless the caller owns the model).
@@ -52,16 +64,27 @@ from onnx import helper, numpy_helper
 from ._common import MS_DOMAIN, np_dtype
 
 _INT8 = (np.dtype(np.int8), np.dtype(np.uint8))
-_ELEMENTWISE = {"Add": "QLinearAdd", "Mul": "QLinearMul", "Softmax": "QLinearSoftmax"}
-# ops that only move data (input 0's): a DQ -> op -> Q pair of one scale and zero point is dropped
-_DATA_MOVEMENT = ("Reshape", "Transpose", "Squeeze", "Unsqueeze", "Flatten", "Gather", "Slice", "Expand")
+_ELEMENTWISE = {
+    "Add": "QLinearAdd",
+    "Mul": "QLinearMul",
+    "Softmax": "QLinearSoftmax",
+    "GlobalAveragePool": "QLinearGlobalAveragePool",
+    "AveragePool": "QLinearAveragePool",
+    "Sigmoid": "QLinearSigmoid",
+    "LeakyRelu": "QLinearLeakyRelu",
+}
+_BINARY = ("Add", "Mul")
+_AVERAGE_POOL_ATTRIBUTES = ("auto_pad", "ceil_mode", "count_include_pad", "kernel_shape", "pads", "strides")
+# ops that only move data (input 0's), and MaxPool, which only picks among it (DequantizeLinear of a positive
+# scale keeps the order): a DQ -> op -> Q pair of one scale and zero point is dropped, the op runs on the codes
+_DATA_MOVEMENT = ("Reshape", "Transpose", "Squeeze", "Unsqueeze", "Flatten", "Gather", "Slice", "Expand", "MaxPool")
 _PASS_THROUGH = (*_DATA_MOVEMENT, "Identity")  # ops whose output has input 0's element type
 _CONV_ATTRIBUTES = ("auto_pad", "dilations", "group", "kernel_shape", "pads", "strides")
 
 
 def fuse_qdq(model: onnx.ModelProto, *, in_place: bool = False) -> tuple[onnx.ModelProto, list[str]]:
-    """(model with its fusable QDQ groups as QLinearMatMul / QGemm / QLinearAdd / QLinearMul / QLinearSoftmax
-    nodes and its data-movement nodes between equal quantizations on the codes, the names of the rewritten
+    """(model with its fusable QDQ groups as QLinearMatMul / QGemm / QLinearConv / ORT's QLinear* nodes and its
+    data-movement nodes (and MaxPool) between equal quantizations on the codes, the names of the rewritten
     nodes); the model itself when nothing fuses. A copy is rewritten unless in_place."""
     graph = model.graph
     opset = next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), 1)
@@ -170,7 +193,7 @@ def _conv_node(g, zero_point, label: str) -> onnx.NodeProto:
 
 
 def _elementwise_node(g, opset: int, zero_point, label: str) -> onnx.NodeProto:
-    """The QLinearAdd / QLinearMul / QLinearSoftmax node of an element-wise group (ORT's QDQ actions)."""
+    """The QLinear* node of an element-wise or pooling group (ORT's QDQ actions)."""
     inputs = []
     for dq, hint in ((g.a, "a"), (g.b, "b")):
         if dq is not None:
@@ -179,8 +202,15 @@ def _elementwise_node(g, opset: int, zero_point, label: str) -> onnx.NodeProto:
     attributes = {}
     if g.node.op_type == "Softmax":  # the Softmax's axis (its opset's default: 1 before 13, then -1)
         attributes = {"axis": int(_attr(g.node, "axis", 1 if opset < 13 else -1)), "opset": int(opset)}
+    elif g.node.op_type == "GlobalAveragePool":
+        attributes = {"channels_last": 0}
+    elif g.node.op_type == "LeakyRelu":
+        attributes = {"alpha": float(_attr(g.node, "alpha", 0.01))}
     op_type = _ELEMENTWISE[g.node.op_type]
-    return helper.make_node(op_type, inputs, [g.q.output[0]], name=g.node.name or None, domain=MS_DOMAIN, **attributes)
+    node = helper.make_node(op_type, inputs, [g.q.output[0]], name=g.node.name or None, domain=MS_DOMAIN, **attributes)
+    if g.node.op_type == "AveragePool":
+        node.attribute.extend(a for a in g.node.attribute if a.name in _AVERAGE_POOL_ATTRIBUTES)
+    return node
 
 
 class _Group:
@@ -251,9 +281,9 @@ class _GraphView:
         return None
 
     def group(self, node):
-        """The fusable group around a MatMul, Gemm, Add, Mul or Softmax node, or a data-movement node's
-        QDQ pair to drop, or None."""
-        if node.op_type in ("Add", "Mul", "Softmax") and _is(node, node.op_type):
+        """The fusable group around a MatMul, Gemm, Conv or element-wise / pooling node, or a data-movement
+        node's (or MaxPool's) QDQ pair to drop, or None."""
+        if node.op_type in _ELEMENTWISE and _is(node, node.op_type):
             return self._elementwise_group(node)
         if node.op_type in _DATA_MOVEMENT and _is(node, node.op_type):
             return self._drop_group(node)
@@ -359,12 +389,14 @@ class _GraphView:
         return scale.shape == shape and (zp is None or zp.shape == shape)
 
     def _elementwise_group(self, node):
-        """Add / Mul of two DequantizeLinear outputs, or Softmax of one, quantized by one QuantizeLinear, all
-        of one 8-bit type with per-tensor initializer parameters: ORT's QLinearAdd / QLinearMul /
-        QLinearSoftmax (its binary and unary QDQ selectors)."""
-        arity = 1 if node.op_type == "Softmax" else 2
+        """Add / Mul of two DequantizeLinear outputs, or Softmax / GlobalAveragePool / AveragePool / Sigmoid /
+        LeakyRelu of one, quantized by one QuantizeLinear, all uint8 with per-tensor initializer parameters:
+        ORT's QLinear* operator (its binary and unary QDQ selectors)."""
+        arity = 2 if node.op_type in _BINARY else 1
         if len(node.input) != arity or not node.output:
             return None
+        if node.op_type == "AveragePool" and any(d != 1 for d in _attr(node, "dilations", [])):
+            return None  # QLinearAveragePool has no dilations
         dqs = [self.producer.get(name) for name in node.input]
         if not all(_is(dq, "DequantizeLinear") for dq in dqs):
             return None

@@ -24,6 +24,8 @@ from ._pool import max_pool
 from ._qconv import conv_integer, conv_weight, qlinear_conv
 from ._qgemm import qgemm, qgemm_weight
 from ._qlinear_ops import qlinear_add, qlinear_mul, qlinear_softmax
+from ._qlinear_pool import qlinear_average_pool, qlinear_global_average_pool
+from ._qlinear_unary import qlinear_concat, qlinear_leaky_relu, qlinear_sigmoid
 
 __all__ = ["InferenceSession", "NodeArg", "OPS", "dynamic_quantize_linear", "matmul_integer"]
 
@@ -42,6 +44,11 @@ OPS = (
     (MS_DOMAIN, "QLinearSoftmax"),
     ("", "QLinearConv"),
     ("", "ConvInteger"),
+    (MS_DOMAIN, "QLinearGlobalAveragePool"),
+    (MS_DOMAIN, "QLinearAveragePool"),
+    (MS_DOMAIN, "QLinearSigmoid"),
+    (MS_DOMAIN, "QLinearLeakyRelu"),
+    (MS_DOMAIN, "QLinearConcat"),
 )
 
 
@@ -520,6 +527,62 @@ class _QLinearSoftmax(_Op):
         return (qlinear_softmax(X, X_scale, x_zero_point, y_scale, y_zero_point, axis=self._axis, opset=self._opset),)
 
 
+class _MsAttributes(_Op):
+    """A com.microsoft operator of ORT's CPU kernels computed by one of quantmatmul's functions, its
+    attributes passed as keywords (those ``_KEYWORDS`` names; bytes decoded)."""
+
+    op_domain = MS_DOMAIN
+    _KEYWORDS: tuple = ()
+
+    def __init__(self, onnx_node, run_params, schema=None):
+        super().__init__(onnx_node, run_params, schema)
+        attrs = {a.name: onnx.helper.get_attribute_value(a) for a in onnx_node.attribute}
+        self._attrs = {k: v.decode() if isinstance(v, bytes) else v for k, v in attrs.items() if k in self._KEYWORDS}
+
+
+class _QLinearGlobalAveragePool(_MsAttributes):
+    """com.microsoft QLinearGlobalAveragePool as ONNX Runtime computes it (onnx/_qlinear_pool.py)."""
+
+    _KEYWORDS = ("channels_last",)
+
+    def _compute(self, X, x_scale, x_zero_point, y_scale, y_zero_point, **_):
+        return (qlinear_global_average_pool(X, x_scale, x_zero_point, y_scale, y_zero_point, **self._attrs),)
+
+
+class _QLinearAveragePool(_MsAttributes):
+    """com.microsoft QLinearAveragePool as ONNX Runtime computes it (onnx/_qlinear_pool.py)."""
+
+    _KEYWORDS = ("auto_pad", "ceil_mode", "channels_last", "count_include_pad", "kernel_shape", "pads", "strides")
+
+    def _compute(self, X, x_scale, x_zero_point=None, y_scale=None, y_zero_point=None, **_):
+        return (qlinear_average_pool(X, x_scale, x_zero_point, y_scale, y_zero_point, **self._attrs),)
+
+
+class _QLinearSigmoid(_MsAttributes):
+    """com.microsoft QLinearSigmoid as ONNX Runtime computes it (onnx/_qlinear_unary.py)."""
+
+    def _compute(self, X, X_scale, X_zero_point=None, Y_scale=None, Y_zero_point=None, **_):
+        return (qlinear_sigmoid(X, X_scale, X_zero_point, Y_scale, Y_zero_point),)
+
+
+class _QLinearLeakyRelu(_MsAttributes):
+    """com.microsoft QLinearLeakyRelu as ONNX Runtime computes it (onnx/_qlinear_unary.py)."""
+
+    _KEYWORDS = ("alpha",)
+
+    def _compute(self, X, X_scale, X_zero_point=None, Y_scale=None, Y_zero_point=None, **_):
+        return (qlinear_leaky_relu(X, X_scale, X_zero_point, Y_scale, Y_zero_point, **self._attrs),)
+
+
+class _QLinearConcat(_MsAttributes):
+    """com.microsoft QLinearConcat as ONNX Runtime computes it (onnx/_qlinear_unary.py)."""
+
+    _KEYWORDS = ("axis",)
+
+    def _compute(self, Y_scale, Y_zero_point, *inputs, **_):
+        return (qlinear_concat(Y_scale, Y_zero_point, *inputs, **self._attrs),)
+
+
 class _AxisSoftmax(_Op):
     """Softmax, LogSoftmax and Hardmax before opset 13 (onnx.reference's own code applies the opset-13
     reading, one axis alone, to every version): the input is coerced to 2-D at ``axis`` (default 1),
@@ -582,6 +645,11 @@ def _op_classes(constants: dict, numerics: str) -> list:
         "QLinearConv": _QLinearConv,
         "ConvInteger": _ConvInteger,
         "MaxPool": _MaxPool,
+        "QLinearGlobalAveragePool": _QLinearGlobalAveragePool,
+        "QLinearAveragePool": _QLinearAveragePool,
+        "QLinearSigmoid": _QLinearSigmoid,
+        "QLinearLeakyRelu": _QLinearLeakyRelu,
+        "QLinearConcat": _QLinearConcat,
         "Softmax": _AxisSoftmax,
         "LogSoftmax": _AxisSoftmax,
         "Hardmax": _AxisSoftmax,
