@@ -397,7 +397,8 @@ def random_cnn_chain(seed):
     and quantizing its result at a fresh uint8 scale and zero point (or, for MaxPool, the same one: its pair
     is dropped): Conv (int8 or uint8 weights per tensor or per channel, an int32 bias, strides, pads),
     MaxPool, AveragePool (pads, ceil_mode, count_include_pad), Sigmoid, LeakyRelu, Add with a second
-    quantized input, GlobalAveragePool last. Every step's codes are graph outputs."""
+    quantized input, Concat of channels with one (the first input maybe twice), GlobalAveragePool last.
+    Every step's codes are graph outputs."""
     rng = np.random.default_rng(seed)
     inits, nodes, outputs = {}, [], []
     shape = [2, int(rng.integers(1, 9)), int(rng.integers(5, 12)), int(rng.integers(5, 12))]
@@ -420,7 +421,7 @@ def random_cnn_chain(seed):
     codes = quantize("x", "q0", 0.05, 128)
     steps = int(rng.integers(2, 6))
     for step in range(1, steps + 1):
-        kinds = ["Conv", "Conv", "MaxPool", "AveragePool", "Sigmoid", "LeakyRelu", "Add"]
+        kinds = ["Conv", "Conv", "MaxPool", "AveragePool", "Sigmoid", "LeakyRelu", "Add", "Concat"]
         kind = "GlobalAveragePool" if step == steps and rng.random() < 0.4 else rng.choice(kinds)
         if kind in ("MaxPool", "AveragePool") and min(shape[2:]) < 3:
             kind = "Sigmoid"
@@ -466,6 +467,13 @@ def random_cnn_chain(seed):
             inputs.append(helper.make_tensor_value_info(f"z{step}", TensorProto.FLOAT, shape))
             other = dequantize(quantize(f"z{step}", f"zq{step}"))
             nodes.append(helper.make_node("Add", [a, other], [out]))
+        elif kind == "Concat":  # of channels, with a second quantized input (the first maybe twice)
+            extra = [2, int(rng.integers(1, 5)), *shape[2:]]
+            inputs.append(helper.make_tensor_value_info(f"z{step}", TensorProto.FLOAT, extra))
+            other = dequantize(quantize(f"z{step}", f"zq{step}"))
+            parts = [a, other] + ([a] if rng.random() < 0.5 else [])
+            nodes.append(helper.make_node("Concat", parts, [out], axis=1))
+            shape = [2, shape[1] * parts.count(a) + extra[1], *shape[2:]]
         else:
             nodes.append(helper.make_node("GlobalAveragePool", [a], [out]))
             shape = [2, shape[1], 1, 1]
@@ -493,6 +501,7 @@ def test_random_qdq_cnn_chains_are_onnxruntime_bit_for_bit(tmp_path):
         "QLinearSigmoid",
         "QLinearLeakyRelu",
         "QLinearAdd",
+        "QLinearConcat",
         "QuantizeLinear",
         "DequantizeLinear",
     )

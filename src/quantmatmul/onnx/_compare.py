@@ -233,6 +233,7 @@ _GROUP_OF = {
     "QLinearAveragePool": "AveragePool",
     "QLinearSigmoid": "Sigmoid",
     "QLinearLeakyRelu": "LeakyRelu",
+    "QLinearConcat": "Concat",
 }
 _FUSED_TYPES = tuple(_GROUP_OF)
 

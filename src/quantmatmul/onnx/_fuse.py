@@ -38,7 +38,8 @@ dilations), Sigmoid or LeakyRelu of one, quantized by one QuantizeLinear (direct
 redundant Relu), all uint8 with per-tensor initializer parameters, becomes com.microsoft QLinearAdd /
 QLinearMul / QLinearSoftmax / QLinearGlobalAveragePool / QLinearAveragePool / QLinearSigmoid /
 QLinearLeakyRelu (ORT's binary and unary QDQ rules; the Softmax's axis, its opset's default where
-absent, and the opset, the pool's attributes and LeakyRelu's alpha go with it). int8 element-wise
+absent, and the opset, the pool's attributes and LeakyRelu's alpha go with it); a Concat of
+DequantizeLinear outputs likewise becomes QLinearConcat (ORT's variadic rule). int8 element-wise
 groups stay as written: ONNX Runtime on x86 does not fuse int8 QDQ groups as such (QDQIsInt8Allowed
 is false there); it first turns some int8 pairs into uint8 (its QDQ S8-to-U8 transformer) and
 leaves most int8 Add / Mul as float operators, which is not reproduced (a QDQ all-MiniLM-L6-v2 with
@@ -117,7 +118,7 @@ def fuse_qdq(model: onnx.ModelProto, *, in_place: bool = False) -> tuple[onnx.Mo
     nodes = [replaced.get(id(node), node) for node in view.nodes if id(node) not in dropped]
     # DequantizeLinear nodes of the groups that nothing reads any more
     read = {name for node in nodes for name in node.input} | view.outer_reads | view.graph_outputs
-    candidates = {id(dq) for g in groups for dq in (g.a, g.b, g.c) if dq is not None}
+    candidates = {id(dq) for g in groups for dq in g.inputs}
     nodes = [n for n in nodes if id(n) not in candidates or n.output[0] in read]
 
     kept = [onnx.NodeProto() for _ in nodes]  # copies first: in place, clearing graph.node frees the originals
@@ -126,7 +127,7 @@ def fuse_qdq(model: onnx.ModelProto, *, in_place: bool = False) -> tuple[onnx.Mo
     del graph.node[:]
     graph.node.extend(kept)
     graph.initializer.extend(new_initializers)
-    ms = any(g.node.op_type in ("Gemm", *_ELEMENTWISE) for g in groups)  # com.microsoft nodes
+    ms = any(g.node.op_type in ("Gemm", "Concat", *_ELEMENTWISE) for g in groups)  # com.microsoft nodes
     if ms and not any(o.domain == MS_DOMAIN for o in model.opset_import):
         model.opset_import.append(helper.make_opsetid(MS_DOMAIN, 1))
     return model, [g.node.name for g in groups]
@@ -146,6 +147,14 @@ def _fused_node(g, opset: int, zero_point) -> onnx.NodeProto:
         return _elementwise_node(g, opset, zero_point, label)
     if g.node.op_type == "Conv":
         return _conv_node(g, zero_point, label)
+    if g.node.op_type == "Concat":
+        inputs = [g.q.input[1], zero_point(_arg(g.q, 2), g.y_dtype, f"{label}_y")]
+        for i, dq in enumerate(g.inputs):
+            inputs += [dq.input[0], dq.input[1], zero_point(_arg(dq, 2), g.y_dtype, f"{label}_{i}")]
+        axis = int(_attr(g.node, "axis", 0))
+        return helper.make_node(
+            "QLinearConcat", inputs, [g.q.output[0]], name=g.node.name or None, domain=MS_DOMAIN, axis=axis
+        )
     inputs = [
         g.a.input[0],
         g.a.input[1],
@@ -214,13 +223,14 @@ def _elementwise_node(g, opset: int, zero_point, label: str) -> onnx.NodeProto:
 
 
 class _Group:
-    """A fusable group: the MatMul / Gemm node, the DequantizeLinear nodes of a, b (and a Gemm's
-    bias c, or None), a redundant Relu or None, the QuantizeLinear of y (None: a float Gemm output)
-    and the types of a, b and y."""
+    """A fusable group: the MatMul / Gemm / ... node, the DequantizeLinear nodes of a, b (and a Gemm's or
+    Conv's bias c, or None; a Concat's further inputs: more), a redundant Relu or None, the QuantizeLinear
+    of y (None: a float Gemm output) and the types of a, b and y."""
 
-    def __init__(self, node, a, b, c, relu, q, a_dtype, b_dtype, y_dtype):
+    def __init__(self, node, a, b, c, relu, q, a_dtype, b_dtype, y_dtype, more=()):
         self.node, self.a, self.b, self.c, self.relu, self.q = node, a, b, c, relu, q
         self.a_dtype, self.b_dtype, self.y_dtype = a_dtype, b_dtype, y_dtype
+        self.inputs = [n for n in (a, b, c, *more) if n is not None]  # every DequantizeLinear it reads
 
 
 class _GraphView:
@@ -289,6 +299,8 @@ class _GraphView:
             return self._drop_group(node)
         if _is(node, "Conv"):
             return self._conv_group(node)
+        if _is(node, "Concat"):
+            return self._concat_group(node)
         if _is(node, "MatMul") and len(node.input) == 2:
             trans_b, alpha, c = False, 1.0, None
         elif _is(node, "Gemm") and len(node.input) in (2, 3):
@@ -424,6 +436,30 @@ class _GraphView:
                 return None
         b = dqs[1] if arity == 2 else None
         return _Group(node, dqs[0], b, None, relu, q, y_dtype, y_dtype if b is not None else None, y_dtype)
+
+    def _concat_group(self, node):
+        """A Concat of DequantizeLinear outputs quantized by one QuantizeLinear, all uint8 with per-tensor
+        initializer parameters: ORT's QLinearConcat (its variadic QDQ selector)."""
+        dqs = [self.producer.get(name) for name in node.input]
+        if not dqs or not node.output or not all(_is(dq, "DequantizeLinear") for dq in dqs):
+            return None
+        q = self.only_reader(node.output[0])
+        if (
+            not _is(q, "QuantizeLinear")
+            or _attr(q, "precision", 0)
+            or any(_attr(n, "block_size", 0) for n in (*dqs, q))
+        ):
+            return None
+        y_zp = self.constant(q, 2)
+        if _quantized_dtype(q, y_zp) != np.uint8 or any(self._operand_dtype(dq) != np.uint8 for dq in dqs):
+            return None  # int8: as the element-wise groups
+        params = [(self.constant(n, 1), self.constant(n, 2)) for n in (*dqs, q)]
+        if any(s is None or s is False or z is False for s, z in params) or not all(_per_tensor(*p) for p in params):
+            return None
+        if any(s.dtype != np.float32 or not np.all(np.isfinite(s)) or np.any(s == 0) for s, _ in params):
+            return None
+        u8 = np.dtype(np.uint8)
+        return _Group(node, dqs[0], None, None, None, q, u8, None, u8, more=dqs[1:])
 
     def _drop_group(self, node):
         """DequantizeLinear -> Reshape / Transpose / ... -> QuantizeLinear with one scale and zero point: the
