@@ -224,6 +224,7 @@ def compare(model, input_feed=None, *, numerics="exact", dims=None, progress=Non
 
 _GROUP_OF = {
     "QLinearMatMul": "MatMul",
+    "MatMulNBits": "MatMul",
     "QGemm": "Gemm",
     "QLinearAdd": "Add",
     "QLinearMul": "Mul",

@@ -45,6 +45,10 @@ is false there); it first turns some int8 pairs into uint8 (its QDQ S8-to-U8 tra
 leaves most int8 Add / Mul as float operators, which is not reproduced (a QDQ all-MiniLM-L6-v2 with
 int8 activations agrees with ORT to 9e-8 this way, and is 0.1 off with them fused).
 
+A float activation times a DequantizeLinear of a constant 4- or 8-bit weight, blocked along K (or per
+tensor / per column), becomes one MatMulNBits at accuracy level 4, as ORT's DQ -> MatMulNBits fusion
+(_nbits_group says when).
+
 A Reshape, Transpose, Squeeze, Unsqueeze, Flatten, Gather, Slice, Expand or MaxPool between a
 DequantizeLinear and a QuantizeLinear of one per-tensor scale and zero point runs on the codes, the
 pair dropped (ORT's drop-QDQ rule; MaxPool picks the same element on codes as on values for a
@@ -62,6 +66,7 @@ import numpy as np
 import onnx
 from onnx import helper, numpy_helper
 
+from ..nbits_layout import pack_nbits
 from ._common import MS_DOMAIN, np_dtype
 
 _INT8 = (np.dtype(np.int8), np.dtype(np.uint8))
@@ -81,6 +86,12 @@ _AVERAGE_POOL_ATTRIBUTES = ("auto_pad", "ceil_mode", "count_include_pad", "kerne
 _DATA_MOVEMENT = ("Reshape", "Transpose", "Squeeze", "Unsqueeze", "Flatten", "Gather", "Slice", "Expand", "MaxPool")
 _PASS_THROUGH = (*_DATA_MOVEMENT, "Identity")  # ops whose output has input 0's element type
 _CONV_ATTRIBUTES = ("auto_pad", "dilations", "group", "kernel_shape", "pads", "strides")
+_NBITS_TYPES = {
+    onnx.TensorProto.INT4: 4,
+    onnx.TensorProto.UINT4: 4,
+    onnx.TensorProto.INT8: 8,
+    onnx.TensorProto.UINT8: 8,
+}
 
 
 def fuse_qdq(model: onnx.ModelProto, *, in_place: bool = False) -> tuple[onnx.ModelProto, list[str]]:
@@ -101,18 +112,19 @@ def fuse_qdq(model: onnx.ModelProto, *, in_place: bool = False) -> tuple[onnx.Mo
     names = view.names
     new_initializers = []
 
-    def zero_point(given: str, dtype: np.dtype, hint: str) -> str:
-        if given:
-            return given
-        name = _unique(f"{hint}_zero_point_fused", names)
-        new_initializers.append(numpy_helper.from_array(np.zeros((), dtype), name))
+    def constant(array: np.ndarray, hint: str) -> str:
+        name = _unique(hint, names)
+        new_initializers.append(numpy_helper.from_array(array, name))
         return name
+
+    def zero_point(given: str, dtype: np.dtype, hint: str) -> str:
+        return given or constant(np.zeros((), dtype), f"{hint}_zero_point_fused")
 
     replaced = {}  # id of the node where a group's fused node goes (its QuantizeLinear, or a float Gemm)
     dropped = set()  # ids of the nodes folded into a group
     for g in groups:
         anchor = g.q if g.q is not None else g.node
-        replaced[id(anchor)] = _fused_node(g, view.opset, zero_point)
+        replaced[id(anchor)] = _fused_node(g, view.opset, zero_point, constant)
         dropped |= {id(n) for n in (g.node, g.relu) if n is not None and n is not anchor}
 
     nodes = [replaced.get(id(node), node) for node in view.nodes if id(node) not in dropped]
@@ -127,17 +139,20 @@ def fuse_qdq(model: onnx.ModelProto, *, in_place: bool = False) -> tuple[onnx.Mo
     del graph.node[:]
     graph.node.extend(kept)
     graph.initializer.extend(new_initializers)
-    ms = any(g.node.op_type in ("Gemm", "Concat", *_ELEMENTWISE) for g in groups)  # com.microsoft nodes
+    ms = any(g.node.op_type in ("Gemm", "Concat", *_ELEMENTWISE) or g.nbits is not None for g in groups)
     if ms and not any(o.domain == MS_DOMAIN for o in model.opset_import):
         model.opset_import.append(helper.make_opsetid(MS_DOMAIN, 1))
     return model, [g.node.name for g in groups]
 
 
-def _fused_node(g, opset: int, zero_point) -> onnx.NodeProto:
+def _fused_node(g, opset: int, zero_point, constant) -> onnx.NodeProto:
     """The node that runs group g: the data-movement node itself on the codes, ORT's element-wise
-    QLinear* operator, QLinearMatMul, or QGemm. zero_point(name, dtype, hint): a zero-point input's name,
-    a new zero initializer where the group's has none."""
+    QLinear* operator, QLinearMatMul, QGemm, QLinearConv or MatMulNBits. zero_point(name, dtype, hint): a
+    zero-point input's name, a new zero initializer where the group's has none; constant(array, hint): a
+    new initializer's name."""
     label = g.node.name or g.node.output[0]
+    if g.nbits is not None:
+        return _nbits_node(g, constant, label)
     if g.node.op_type in _DATA_MOVEMENT:
         moved = onnx.NodeProto()
         moved.CopyFrom(g.node)
@@ -201,6 +216,18 @@ def _conv_node(g, zero_point, label: str) -> onnx.NodeProto:
     return node
 
 
+def _nbits_node(g, constant, label: str) -> onnx.NodeProto:
+    """The MatMulNBits of a blocked (or per-tensor / per-channel) weight-only group (ORT's DQ -> MatMul
+    action): B, scales and zero points in MatMulNBits' layout as new initializers."""
+    arrays, attrs = g.nbits
+    inputs = [g.node.input[0]] + [constant(arrays[k], f"{label}_{k}") for k in ("B", "scales")]
+    if arrays.get("zero_points") is not None:
+        inputs.append(constant(arrays["zero_points"], f"{label}_zero_points"))
+    return helper.make_node(
+        "MatMulNBits", inputs, [g.node.output[0]], name=g.node.name or None, domain=MS_DOMAIN, **attrs
+    )
+
+
 def _elementwise_node(g, opset: int, zero_point, label: str) -> onnx.NodeProto:
     """The QLinear* node of an element-wise or pooling group (ORT's QDQ actions)."""
     inputs = []
@@ -231,6 +258,7 @@ class _Group:
         self.node, self.a, self.b, self.c, self.relu, self.q = node, a, b, c, relu, q
         self.a_dtype, self.b_dtype, self.y_dtype = a_dtype, b_dtype, y_dtype
         self.inputs = [n for n in (a, b, c, *more) if n is not None]  # every DequantizeLinear it reads
+        self.nbits = None  # a weight-only group: MatMulNBits' inputs and attributes (_nbits_group)
 
 
 class _GraphView:
@@ -301,6 +329,9 @@ class _GraphView:
             return self._conv_group(node)
         if _is(node, "Concat"):
             return self._concat_group(node)
+        if (_is(node, "MatMul") or _is(node, "Gemm")) and _is(self.producer.get(_arg(node, 1)), "DequantizeLinear"):
+            if not _is(self.producer.get(_arg(node, 0)), "DequantizeLinear"):
+                return self._nbits_group(node)  # a float activation times a dequantized weight
         if _is(node, "MatMul") and len(node.input) == 2:
             trans_b, alpha, c = False, 1.0, None
         elif _is(node, "Gemm") and len(node.input) in (2, 3):
@@ -436,6 +467,69 @@ class _GraphView:
                 return None
         b = dqs[1] if arity == 2 else None
         return _Group(node, dqs[0], b, None, relu, q, y_dtype, y_dtype if b is not None else None, y_dtype)
+
+    def _nbits_group(self, node):
+        """A float activation times a DequantizeLinear of a constant 4- or 8-bit weight [K, N], blocked along
+        K (block_size a power of two >= 16), per tensor or per column, float32 or float16 scales: ONNX Runtime's
+        DQ -> MatMul -> MatMulNBits fusion (its DQMatMulNodeGroupSelector), at accuracy level 4 (its
+        session option's default); a per-tensor or per-column weight in blocks of 32 (its other default).
+        As its selector: the DequantizeLinear read once, no QuantizeLinear reading the product, and no
+        Relu / Clip read once after it (ORT's probe for a redundant clip rejects the group then); a Gemm
+        with alpha 1, no transposes and no C."""
+        if _is(node, "Gemm") and (
+            len(node.input) != 2
+            or float(_attr(node, "alpha", 1.0)) != 1.0
+            or _attr(node, "transA", 0)
+            or _attr(node, "transB", 0)
+        ):
+            return None
+        if len(node.input) != 2 or not node.output:
+            return None
+        dq = self.producer[node.input[1]]
+        name = dq.output[0]
+        if len(self.readers.get(name, [])) != 1 or name in self.graph_outputs or name in self.outer_reads:
+            return None
+        out = node.output[0]
+        readers = [reader for reader, _ in self.readers.get(out, [])]
+        if any(_is(r, "QuantizeLinear") for r in readers):
+            return None
+        if len(readers) == 1 and out not in self.graph_outputs and readers[0].op_type in ("Relu", "Clip"):
+            clip = readers[0].output[0]
+            if len(self.readers.get(clip, [])) == 1 and clip not in self.graph_outputs:
+                return None
+        weight = self.inits.get(dq.input[0])
+        bits = _NBITS_TYPES.get(weight.data_type) if weight is not None else None
+        scale, zp = self.constant(dq, 1), self.constant(dq, 2)
+        if bits is None or len(weight.dims) != 2 or scale is None or scale is False or zp is False:
+            return None
+        if scale.dtype not in (np.float32, np.float16) or not np.all(np.isfinite(scale)) or _attr(dq, "precision", 0):
+            return None
+        K, N = (int(d) for d in weight.dims)
+        block_size, axis = int(_attr(dq, "block_size", 0)), int(_attr(dq, "axis", 1))
+        if block_size:
+            blocks = -(-K // block_size)
+            if axis not in (0, -2) or block_size < 16 or block_size & (block_size - 1) or scale.shape != (blocks, N):
+                return None
+        elif scale.ndim == 0 or (scale.shape == (N,) and axis in (1, -1)):
+            block_size = 32
+            blocks = -(-K // block_size)
+        else:
+            return None
+        if zp is not None and zp.shape != scale.shape:
+            return None
+        signed = weight.data_type in (onnx.TensorProto.INT4, onnx.TensorProto.INT8)
+        shift = 1 << (bits - 1) if signed else 0  # int4 / int8 codes as MatMulNBits' unsigned ones
+        codes = np.zeros((N, blocks * block_size), np.uint8)
+        codes[:, :K] = (numpy_helper.to_array(weight).astype(np.int16) + shift).T
+        scales = np.ascontiguousarray(np.broadcast_to(scale.T if scale.ndim == 2 else scale[..., None], (N, blocks)))
+        arrays = {"B": pack_nbits(codes, bits).reshape(N, blocks, block_size * bits // 8), "scales": scales}
+        if zp is not None or not signed:  # absent: MatMulNBits' default 2^(bits - 1), right for signed codes only
+            z = (zp.astype(np.int16) + shift) if zp is not None else np.zeros(scale.shape, np.int16)
+            z = np.ascontiguousarray(np.broadcast_to(z.T if z.ndim == 2 else z[..., None], (N, blocks)))
+            arrays["zero_points"] = pack_nbits(z.astype(np.uint8), bits)
+        group = _Group(node, None, dq, None, None, None, None, np.dtype(np.uint8), None)
+        group.nbits = (arrays, {"K": K, "N": N, "bits": bits, "block_size": block_size, "accuracy_level": 4})
+        return group
 
     def _concat_group(self, node):
         """A Concat of DequantizeLinear outputs quantized by one QuantizeLinear, all uint8 with per-tensor
