@@ -663,6 +663,13 @@ void bind_onnx_ops(nb::module_& m) {
   m.def("erf_path", [] { return std::string(qmm::erf_path()); });
   m.def("erf_paths", &qmm::erf_paths);
   m.def("keep_heap", &qmm::keep_heap);  // the session's heap settings (glibc)
+  // table uint8 [65536], x, y, out uint8 contiguous of one size.
+  m.def("lookup_pairs", [](const In& table, const In& x, const In& y, Out out) {
+    const auto count = static_cast<int64_t>(x.size());
+    nb::gil_scoped_release release;
+    qmm::lookup_pairs(static_cast<const uint8_t*>(table.data()), static_cast<const uint8_t*>(x.data()),
+                      static_cast<const uint8_t*>(y.data()), count, static_cast<uint8_t*>(out.data()));
+  });
 
   // QLinearConv / ConvInteger (onnx/_qconv.py): x channels-last [N, D..., C] contiguous 8-bit codes;
   // the geometry as qmm::ConvShape has it (shape = N, C, group); outputs contiguous, as conv.h says.

@@ -1,4 +1,4 @@
-// onnx_ops.cpp: the ONNX session's Erf and DynamicQuantizeLinear (elementwise loops in tasks over the thread pool) and its heap settings.
+// onnx_ops.cpp: the ONNX session's Erf, DynamicQuantizeLinear and byte-pair table lookups (elementwise loops in tasks over the thread pool) and its heap settings.
 #include "onnx_ops.h"
 
 #include <algorithm>
@@ -166,6 +166,14 @@ DynamicQuantization dynamic_quantize_linear(const float* x, int64_t count, uint8
   const int32_t zero_point = q.zero_point;
   quantize_linear_f32(x, LinearShape{count, 1, std::max<int64_t>(count, 1)}, &q.scale, &zero_point, IntType::kUInt8, y);
   return q;
+}
+
+void lookup_pairs(const uint8_t* table, const uint8_t* x, const uint8_t* y, int64_t count, uint8_t* out) {
+  // About 0.5 ns per element (a gather of a 64 KiB table from L2): tasks of 64 K elements.
+  constexpr int64_t kTask = 65536;
+  over_tasks(count, kTask, kTask * 0.5, [&](int64_t, int64_t i0, int64_t i1) {
+    for (int64_t i = i0; i < i1; ++i) out[i] = table[(static_cast<uint32_t>(x[i]) << 8) | y[i]];
+  });
 }
 
 bool keep_heap(int64_t top_pad, int64_t mmap_threshold) {

@@ -1,4 +1,4 @@
-// onnx_ops.h: float operators of the ONNX session in C++ (Erf as onnx.reference computes it, DynamicQuantizeLinear as ONNX Runtime does) and its heap settings.
+// onnx_ops.h: operators of the ONNX session in C++ (Erf as onnx.reference computes it, DynamicQuantizeLinear as ONNX Runtime does, byte-pair table lookups) and its heap settings.
 #pragma once
 
 #include <cstdint>
@@ -33,6 +33,10 @@ DynamicQuantization dynamic_quantization(const float* x, int64_t count);
 // DynamicQuantizeLinear: those parameters, and y = QuantizeLinear(x, scale, zero point) (uint8,
 // quantize_linear.h's arithmetic: ONNX Runtime's, whatever the scale, 0 and infinity included).
 DynamicQuantization dynamic_quantize_linear(const float* x, int64_t count, uint8_t* y);
+
+// out[i] = table[x[i] * 256 + y[i]] for i < count (bytes): QLinearAdd / QLinearMul's 256 x 256 result
+// tables (onnx/_qlinear_ops.py) for operands of one shape. Over the thread pool.
+void lookup_pairs(const uint8_t* table, const uint8_t* x, const uint8_t* y, int64_t count, uint8_t* out);
 
 // The C library's heap keeps up to top_pad bytes of freed memory at its top for reuse instead of
 // handing them back to the system, and serves blocks below mmap_threshold bytes from the heap

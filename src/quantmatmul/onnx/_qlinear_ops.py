@@ -22,6 +22,8 @@ import math
 
 import numpy as np
 
+from .. import _core
+
 _INT8 = (np.dtype(np.int8), np.dtype(np.uint8))
 _F32 = np.float32
 _F64 = np.float64
@@ -141,7 +143,16 @@ def _span_mode(shape_a, shape_b) -> int:
 
 
 def _looked_up(table: np.ndarray, x: np.ndarray, y: np.ndarray, shape) -> np.ndarray:
-    """table[x * 256 + y] by byte codes, x and y broadcast to shape."""
+    """table[x * 256 + y] by byte codes, x and y broadcast to shape (operands of that shape: one C++ pass)."""
+    if x.shape == y.shape == tuple(shape):
+        out = np.empty(shape, table.dtype)
+        _core.lookup_pairs(
+            table.view(np.uint8),
+            np.ascontiguousarray(x).view(np.uint8),
+            np.ascontiguousarray(y).view(np.uint8),
+            out.view(np.uint8),
+        )
+        return out
     codes = np.left_shift(x.view(np.uint8), 8, dtype=np.uint16) | y.view(np.uint8)
     return table.take(np.broadcast_to(codes, shape))
 
