@@ -717,21 +717,6 @@ void bind_onnx_ops(nb::module_& m) {
       },
       nb::arg("acc"), nb::arg("bias").none(), nb::arg("a_scale"), nb::arg("b_scale"), nb::arg("y_scale"), nb::arg("zp"),
       nb::arg("y"), nb::arg("y_signed"), nb::arg("numerics"));
-  // QLinearConv's output (onnx/_qconv.py): acc [rows, cols] int32 contiguous, bias int32 [cols] or
-  // None, b_scale float32 [cols] contiguous, y int8 / uint8 [rows, cols] contiguous; numerics 0, 1, 2
-  // as onnx_ops.h says.
-  m.def(
-      "requantize_columns",
-      [](const In& acc, std::optional<In> bias, float a_scale, const In& b_scale, float y_scale, int32_t zp, Out y,
-         bool y_signed, int numerics) {
-        const auto rows = static_cast<int64_t>(acc.shape(0)), cols = static_cast<int64_t>(acc.shape(1));
-        const auto* b = bias ? static_cast<const int32_t*>(bias->data()) : nullptr;
-        nb::gil_scoped_release release;
-        qmm::requantize_columns(static_cast<const int32_t*>(acc.data()), b, rows, cols, a_scale,
-                                static_cast<const float*>(b_scale.data()), y_scale, zp, y_signed, y.data(), numerics);
-      },
-      nb::arg("acc"), nb::arg("bias").none(), nb::arg("a_scale"), nb::arg("b_scale"), nb::arg("y_scale"), nb::arg("zp"),
-      nb::arg("y"), nb::arg("y_signed"), nb::arg("numerics"));
   m.def("dynamic_quantize_linear", [](const In& x, Out y) {
     qmm::DynamicQuantization q;
     {

@@ -7,6 +7,7 @@ import functools
 import numpy as np
 import pytest
 from onnx import TensorProto, helper, numpy_helper
+from ort_bits import same_bits
 from ort_quantizer import float_model, quantize_static_model
 from peer_deviations import pinned_only
 
@@ -56,17 +57,6 @@ def check_binary(op, A, A_scale, A_zp, B, B_scale, B_zp, C_scale, C_zp) -> np.nd
         f"{A_zp} {B_zp} {C_zp}",
     )
     return got
-
-
-def same_bits(got, expected, label: str) -> None:
-    """got is ORT's output bit for bit; else a failure naming the first differing element."""
-    assert got.dtype == expected.dtype and got.shape == expected.shape, (got.dtype, got.shape, expected.shape)
-    if got.tobytes() != expected.tobytes():
-        where = tuple(np.argwhere(got != expected)[0])
-        pytest.fail(
-            f"{label}: {int((got != expected).sum())} of {got.size} differ, at {where}: "
-            f"{got[where]} vs ORT {expected[where]}"
-        )
 
 
 @functools.cache

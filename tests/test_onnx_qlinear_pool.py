@@ -8,6 +8,7 @@ import itertools
 import numpy as np
 import pytest
 from onnx import TensorProto, helper, numpy_helper
+from ort_bits import frozen, same_bits
 from peer_deviations import pinned_only
 
 from quantmatmul import peers
@@ -57,27 +58,6 @@ def ort(op, X, xs, xz, ys, yz, constants=False, **attributes) -> np.ndarray:
     sess, fed = session(op, np.dtype(X.dtype).str, key, yz is not None, consts)
     values = dict(zip(INPUTS, (X, xs, xz, ys, yz)))
     return sess.run(None, {n: np.asarray(values[n]) for n in fed})[0]
-
-
-def same_bits(got, expected, label: str) -> None:
-    """got is ORT's output bit for bit (dtype and shape too); else a failure naming the first difference."""
-    assert got.dtype == expected.dtype and got.shape == expected.shape, (label, got.dtype, got.shape, expected.shape)
-    if got.tobytes() != expected.tobytes():
-        where = tuple(np.argwhere(got != expected)[0])
-        pytest.fail(
-            f"{label}: {int((got != expected).sum())} of {got.size} differ, at {where}: "
-            f"{got[where]} vs ORT {expected[where]}"
-        )
-
-
-def frozen(*arrays):
-    """Read-only copies: a function writing into its inputs fails on them."""
-    out = []
-    for a in arrays:
-        a = np.array(a)
-        a.flags.writeable = False
-        out.append(a)
-    return out
 
 
 def check_global(X, xs, xz, ys, yz, channels_last=0) -> np.ndarray:

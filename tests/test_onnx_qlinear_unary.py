@@ -7,6 +7,7 @@ import functools
 import numpy as np
 import pytest
 from onnx import TensorProto, helper, numpy_helper
+from ort_bits import frozen, same_bits
 from peer_deviations import pinned_only
 
 from quantmatmul import peers
@@ -46,28 +47,6 @@ def unary_session(op, dtype, alpha=None, x_zp=True, y_zp=True, constants=None):
     fed = [n for n in names if n and n not in {i.name for i in initializers}]
     inputs = [helper.make_tensor_value_info(n, TensorProto.FLOAT if "scale" in n else elem, None) for n in fed]
     return peers.session(_model(node, inputs, elem, initializers)), fed
-
-
-def same_bits(got, expected, label: str) -> None:
-    """got is ORT's output bit for bit (dtype and shape too); else a failure naming the first difference."""
-    assert got.dtype == expected.dtype and got.shape == expected.shape, (label, got.dtype, got.shape, expected.shape)
-    if got.tobytes() != expected.tobytes():
-        where = tuple(np.argwhere(got != expected)[0])
-        pytest.fail(
-            f"{label}: {int((got != expected).sum())} of {got.size} differ, at {where}: "
-            f"{got[where]} vs ORT {expected[where]}"
-        )
-
-
-def frozen(*arrays):
-    """Read-only copies (None stays None): a function writing into its inputs fails on them."""
-    out = []
-    for a in arrays:
-        if a is not None:
-            a = np.array(a)
-            a.flags.writeable = False
-        out.append(a)
-    return out
 
 
 def check_unary(op, X, xs, xz, ys, yz, alpha=None, constants=False) -> np.ndarray:

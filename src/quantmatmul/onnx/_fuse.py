@@ -163,25 +163,19 @@ def _fused_node(g, opset: int, zero_point, constant) -> onnx.NodeProto:
     if g.node.op_type == "Conv":
         return _conv_node(g, zero_point, label)
     if g.node.op_type == "Concat":
-        inputs = [g.q.input[1], zero_point(_arg(g.q, 2), g.y_dtype, f"{label}_y")]
+        inputs = _parameters(g.q, g.y_dtype, f"{label}_y", zero_point)
         for i, dq in enumerate(g.inputs):
-            inputs += [dq.input[0], dq.input[1], zero_point(_arg(dq, 2), g.y_dtype, f"{label}_{i}")]
+            inputs += [dq.input[0], *_parameters(dq, g.y_dtype, f"{label}_{i}", zero_point)]
         axis = int(_attr(g.node, "axis", 0))
         return helper.make_node(
             "QLinearConcat", inputs, [g.q.output[0]], name=g.node.name or None, domain=MS_DOMAIN, axis=axis
         )
-    inputs = [
-        g.a.input[0],
-        g.a.input[1],
-        zero_point(_arg(g.a, 2), g.a_dtype, f"{label}_a"),
-        g.b.input[0],
-        g.b.input[1],
-        zero_point(_arg(g.b, 2), g.b_dtype, f"{label}_b"),
-    ]
+    inputs = [g.a.input[0], *_parameters(g.a, g.a_dtype, f"{label}_a", zero_point)]
+    inputs += [g.b.input[0], *_parameters(g.b, g.b_dtype, f"{label}_b", zero_point)]
     if g.node.op_type == "Gemm":
         inputs.append(g.c.input[0] if g.c is not None else "")
     if g.q is not None:
-        inputs += [g.q.input[1], zero_point(_arg(g.q, 2), g.y_dtype, f"{label}_y")]
+        inputs += _parameters(g.q, g.y_dtype, f"{label}_y", zero_point)
     output = g.q.output[0] if g.q is not None else g.node.output[0]
     if g.node.op_type == "MatMul":
         return helper.make_node("QLinearMatMul", inputs, [output], name=g.node.name or None)
@@ -197,18 +191,16 @@ def _fused_node(g, opset: int, zero_point, constant) -> onnx.NodeProto:
     )
 
 
+def _parameters(node, dtype, hint: str, zero_point) -> list[str]:
+    """A DequantizeLinear's or QuantizeLinear's scale and zero point (a new zero where it has none)."""
+    return [node.input[1], zero_point(_arg(node, 2), dtype, hint)]
+
+
 def _conv_node(g, zero_point, label: str) -> onnx.NodeProto:
     """The QLinearConv of a Conv group: the Conv's attributes, its bias's int32 codes (ORT's QDQ action)."""
-    inputs = [
-        g.a.input[0],
-        g.a.input[1],
-        zero_point(_arg(g.a, 2), g.a_dtype, f"{label}_x"),
-        g.b.input[0],
-        g.b.input[1],
-        zero_point(_arg(g.b, 2), g.b_dtype, f"{label}_w"),
-        g.q.input[1],
-        zero_point(_arg(g.q, 2), g.y_dtype, f"{label}_y"),
-    ]
+    inputs = [g.a.input[0], *_parameters(g.a, g.a_dtype, f"{label}_x", zero_point)]
+    inputs += [g.b.input[0], *_parameters(g.b, g.b_dtype, f"{label}_w", zero_point)]
+    inputs += _parameters(g.q, g.y_dtype, f"{label}_y", zero_point)
     if g.c is not None:
         inputs.append(g.c.input[0])
     node = helper.make_node("QLinearConv", inputs, [g.q.output[0]], name=g.node.name or None)
@@ -233,8 +225,8 @@ def _elementwise_node(g, opset: int, zero_point, label: str) -> onnx.NodeProto:
     inputs = []
     for dq, hint in ((g.a, "a"), (g.b, "b")):
         if dq is not None:
-            inputs += [dq.input[0], dq.input[1], zero_point(_arg(dq, 2), g.y_dtype, f"{label}_{hint}")]
-    inputs += [g.q.input[1], zero_point(_arg(g.q, 2), g.y_dtype, f"{label}_y")]
+            inputs += [dq.input[0], *_parameters(dq, g.y_dtype, f"{label}_{hint}", zero_point)]
+    inputs += _parameters(g.q, g.y_dtype, f"{label}_y", zero_point)
     attributes = {}
     if g.node.op_type == "Softmax":  # the Softmax's axis (its opset's default: 1 before 13, then -1)
         attributes = {"axis": int(_attr(g.node, "axis", 1 if opset < 13 else -1)), "opset": int(opset)}
