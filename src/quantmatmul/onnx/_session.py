@@ -59,9 +59,10 @@ class InferenceSession:
     or a path.
     Every node runs in ``onnx.reference.ReferenceEvaluator``, except QLinearMatMul, com.microsoft
     MatMulNBits, QuantizeLinear, DequantizeLinear, DynamicQuantizeLinear, MatMulInteger, QLinearConv and
-    ConvInteger, which run in quantmatmul (what ONNX Runtime's quantizers emit: ``quantize_static`` in QOperator and QDQ formats,
-    ``quantize_dynamic``, ``MatMulNBitsQuantizer`` and :func:`quantmatmul.onnx.quantize`), and Erf (onnx.reference's
-    bits, in C++: an erf-GELU model's Erf nodes were most of its time). A constant
+    ConvInteger, which run in quantmatmul (what ONNX Runtime's quantizers emit: ``quantize_static`` in
+    QOperator and QDQ formats, ``quantize_dynamic``, ``MatMulNBitsQuantizer`` and
+    :func:`quantmatmul.onnx.quantize`), and Erf (onnx.reference's bits, in C++: an erf-GELU model's Erf
+    nodes were most of its time). A constant
     weight (B and its parameters initializers) is held as a :class:`quantmatmul.QLinearMatMul` /
     :class:`quantmatmul.MatMulNBits`, packed once. ``numerics`` ("onnxruntime", "onnx-reference" or
     "exact") is passed to every QLinearMatMul; MatMulNBits runs at its node's ``accuracy_level``;
@@ -69,13 +70,15 @@ class InferenceSession:
     constant weight laid out and packed once); DynamicQuantizeLinear computes scale and zero point as
     ONNX Runtime does (docs/onnx.md).
 
-    com.microsoft QGemm, QLinearAdd, QLinearMul and QLinearSoftmax (``quantize_static``'s QOperator Gemm,
-    Add, Mul, Softmax) compute ONNX Runtime's bits. With ``fuse_qdq`` (the default), a QDQ model's
-    ``DequantizeLinear -> MatMul / Gemm / Conv -> QuantizeLinear`` groups run as one QLinearMatMul / QGemm /
-    QLinearConv, its
-    uint8 Add / Mul / Softmax groups as QLinearAdd / QLinearMul / QLinearSoftmax, and Reshape /
-    Transpose / ... between equal quantizations on the codes, as ONNX Runtime's graph optimizer runs
-    them (the rules: docs/onnx.md, "QDQ fusion"; ``fused``: the rewritten nodes' names);
+    com.microsoft QGemm, QLinearAdd, QLinearMul, QLinearSoftmax, QLinearGlobalAveragePool,
+    QLinearAveragePool, QLinearSigmoid, QLinearLeakyRelu and QLinearConcat (``quantize_static``'s
+    QOperator operators) compute ONNX Runtime's bits; MaxPool runs in numpy (onnx.reference loops in
+    Python). With ``fuse_qdq`` (the default), a QDQ model's ``DequantizeLinear -> MatMul / Gemm / Conv ->
+    QuantizeLinear`` groups run as one QLinearMatMul / QGemm / QLinearConv, its uint8 element-wise,
+    pooling and Concat groups as ORT's QLinear* operators, its weight-only 4- / 8-bit groups as
+    MatMulNBits at accuracy level 4, and Reshape / Transpose / MaxPool / ... between equal
+    quantizations on the codes, as ONNX Runtime's graph optimizer runs them (the rules: docs/onnx.md,
+    "QDQ fusion"; ``fused``: the rewritten nodes' names);
     ``fuse_qdq=False`` runs the graph as written. The caller's model is never modified.
 
     ``run(output_names, input_feed)`` returns a list of numpy arrays (``output_names`` None: every
