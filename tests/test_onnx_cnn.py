@@ -395,7 +395,8 @@ def test_max_pool_bad_input():
 def random_cnn_chain(seed):
     """x [2, C, H, W] quantized (uint8) and run through 2-5 random steps, each dequantizing the previous codes
     and quantizing its result at a fresh uint8 scale and zero point (or, for MaxPool, the same one: its pair
-    is dropped): Conv (int8 or uint8 weights per tensor or per channel, an int32 bias, strides, pads),
+    is dropped): Conv (int8 or uint8 weights per tensor or per channel, an int32 bias, strides, pads, maybe
+    a ReLU6 Clip that the quantization makes redundant or not),
     MaxPool, AveragePool (pads, ceil_mode, count_include_pad), Sigmoid, LeakyRelu, Add with a second
     quantized input, Concat of channels with one (the first input maybe twice), GlobalAveragePool last.
     Every step's codes are graph outputs."""
@@ -447,6 +448,10 @@ def random_cnn_chain(seed):
                 helper.make_node("Conv", [a, f"W{step}_dq", f"B{step}_dq"], [out], pads=[pad] * 4, strides=[s, s])
             )
             shape = [2, m, *((d + 2 * pad - k) // s + 1 for d in shape[2:])]
+            if rng.random() < 0.4:  # a ReLU6 as Clip(0, 6), quantized at a scale near 6 / 255 (redundant or not)
+                inits[f"lo{step}"], inits[f"hi{step}"] = np.float32(0), np.float32(6)
+                nodes.append(helper.make_node("Clip", [out, f"lo{step}", f"hi{step}"], [out + "c"]))
+                out, scale, zero = out + "c", 6 / rng.uniform(253.5, 256.5), 0
         elif kind in ("MaxPool", "AveragePool"):
             k, s = int(rng.integers(2, 4)), int(rng.integers(1, 3))
             pads = [int(rng.integers(0, k)) for _ in range(4)]
@@ -521,3 +526,102 @@ def test_random_qdq_cnn_chains_are_onnxruntime_bit_for_bit(tmp_path):
         )
         for output, a, b in zip(model.graph.output, session.run(None, x), reference.run(None, x)):
             assert a.tobytes() == b.tobytes(), (seed, output.name, session.fused)
+
+
+# --------------------------------------------------------------------------------------------------
+# ONNX's own node test cases (onnx.backend.test's generator, in memory)
+
+_NODE_CASES = ("qlinearconv", "convinteger", "maxpool")
+
+
+@pytest.fixture(scope="module")
+def onnx_node_cases():
+    import warnings
+
+    from onnx.backend.test.loader import load_model_tests
+
+    with warnings.catch_warnings():  # the generator's own numpy warnings (other operators' cases)
+        warnings.simplefilter("ignore")
+        cases = load_model_tests(kind="node")
+    return [c for c in cases if any(key in c.name for key in _NODE_CASES) and "globalmaxpool" not in c.name]
+
+
+@pytest.mark.parametrize("numerics", ["onnxruntime", "onnx-reference", "exact"])
+def test_onnx_node_test_cases(onnx_node_cases, numerics):
+    """onnx 1.23's QLinearConv, ConvInteger and MaxPool node tests (padding, strides, dilations, SAME_UPPER /
+    SAME_LOWER, ceil_mode, uint8, with Indices), their expected outputs exactly, in the session."""
+    names = sorted(c.name for c in onnx_node_cases)
+    assert {"test_qlinearconv", "test_convinteger_with_padding", "test_maxpool_2d_same_lower"} <= set(names), names
+    for case in onnx_node_cases:
+        session = qo.InferenceSession(case.model, numerics=numerics)
+        constants = {t.name for t in case.model.graph.initializer}
+        feeds = [i.name for i in case.model.graph.input if i.name not in constants]
+        for inputs, outputs in case.data_sets:
+            for got, expected in zip(session.run(None, dict(zip(feeds, inputs))), outputs):
+                assert got.dtype == expected.dtype and got.shape == expected.shape, case.name
+                np.testing.assert_array_equal(got, expected, err_msg=case.name)
+
+
+def _clip_model(c_min, c_max, y_scale, y_zero_point, opset):
+    """x -> Q -> DQ -> Conv (int8 weights) -> Clip(c_min, c_max; None: absent) -> Q (uint8) -> DQ -> y."""
+    rng = np.random.default_rng(0)
+    inits = {"xs": np.float32(0.05), "xz": np.uint8(128), "w": rng.integers(-50, 50, (4, 3, 3, 3)).astype(np.int8)}
+    inits |= {"ws": np.float32(0.01), "wz": np.int8(0), "ys": np.float32(y_scale), "yz": np.uint8(y_zero_point)}
+    nodes = [
+        helper.make_node("QuantizeLinear", ["x", "xs", "xz"], ["xq"]),
+        helper.make_node("DequantizeLinear", ["xq", "xs", "xz"], ["xd"]),
+        helper.make_node("DequantizeLinear", ["w", "ws", "wz"], ["wd"]),
+        helper.make_node("Conv", ["xd", "wd"], ["c"], pads=[1, 1, 1, 1], name="conv"),
+    ]
+    if opset >= 11:  # bounds as inputs
+        bounds = []
+        for name, value in (("lo", c_min), ("hi", c_max)):
+            if value is not None:
+                inits[name] = np.float32(value)
+            bounds.append(name if value is not None else "")
+        nodes.append(helper.make_node("Clip", ["c", *bounds], ["r"]))
+    else:  # as attributes
+        attrs = {k: float(v) for k, v in (("min", c_min), ("max", c_max)) if v is not None}
+        nodes.append(helper.make_node("Clip", ["c"], ["r"], **attrs))
+    nodes += [
+        helper.make_node("QuantizeLinear", ["r", "ys", "yz"], ["yq"]),
+        helper.make_node("DequantizeLinear", ["yq", "ys", "yz"], ["y"]),
+    ]
+    graph = helper.make_graph(
+        nodes,
+        "clip",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 3, 8, 8])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)],
+        [numpy_helper.from_array(np.asarray(v), k) for k, v in inits.items()],
+    )
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)], ir_version=8)
+
+
+_CLIPS = [
+    (0, 6, 6 / 255, 0, True),  # a ReLU6 quantized to [0, 6]
+    (0, 6, 6 / 254.9, 0, True),  # 6 / scale rounds to 255
+    (0, 6, 6 / 254.4, 0, False),  # ... to 254: the Clip cuts the top code off
+    (0, 6, 7 / 255, 0, False),
+    (0, 6, 6 / 255, 3, False),  # 0 quantizes to 3, above the type's minimum
+    (-0.011, 6, 0.02, 1, True),
+    (0.1, 6, 6 / 255, 0, False),
+    (0, None, 0.001, 0, True),  # no max: ORT 1.32 takes it as redundant whatever the scale
+    (None, 6, 6 / 255, 0, True),
+]
+# before opset 11 the bounds are attributes, and one left out is the float range: the cases with both
+_CLIP_CASES = [(*case, opset) for opset in (10, 17) for case in _CLIPS if opset >= 11 or None not in case[:2]]
+
+
+@ORT_PINNED
+@pytest.mark.parametrize(("c_min", "c_max", "y_scale", "y_zero_point", "redundant", "opset"), _CLIP_CASES)
+def test_clip_made_redundant_by_the_quantization(c_min, c_max, y_scale, y_zero_point, redundant, opset):
+    """A Clip between the Conv and its QuantizeLinear fuses exactly where ORT's optimizer removes it (the
+    bounds' codes past the type's range), and the output is ORT's bit for bit either way."""
+    model = _clip_model(c_min, c_max, y_scale, y_zero_point, opset)
+    assert ("QLinearConv" in fused_types(model)) == redundant
+    assert ("QLinearConv" in ort_optimized_types(model)) == redundant
+    if SATURATES:
+        return
+    x = {"x": np.random.default_rng(1).normal(size=(1, 3, 8, 8)).astype(np.float32) * 3}
+    reference = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    np.testing.assert_array_equal(qo.InferenceSession(model).run(None, x)[0], reference.run(None, x)[0])

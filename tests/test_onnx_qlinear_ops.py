@@ -527,3 +527,24 @@ def test_quantize_static_default_ops_model_runs_as_onnxruntime(activation, tmp_p
     assert report.ok, str(report)
     assert {"QLinearAdd", "QLinearMul", "QLinearSoftmax"} <= {r["op_type"] for r in report.rows}
     assert all(r["differing"] == 0 for r in report.rows)
+
+
+@pytest.mark.parametrize("dtype", [U8, S8])
+@pytest.mark.parametrize("function", [qlinear_add, qlinear_mul], ids=["add", "mul"])
+def test_large_outputs_look_up_the_direct_arithmetic(function, dtype):
+    """Outputs of 4,096 elements and more read a 256 x 256 table (operands of the output's shape: one C++
+    pass; broadcast ones: numpy's take); every element equals the direct arithmetic of small outputs."""
+    rng = np.random.default_rng(np.dtype(dtype).num)
+    info = np.iinfo(dtype)
+    for shape_a, shape_b in (((3, 50, 41), (3, 50, 41)), ((3, 50, 41), (50, 1)), ((2, 3000), (2, 3000))):
+        A = rng.integers(info.min, info.max + 1, shape_a).astype(dtype)
+        B = rng.integers(info.min, info.max + 1, shape_b).astype(dtype)
+        zps = [np.asarray(rng.integers(info.min, info.max + 1), dtype) for _ in range(3)]
+        args = (np.float32(0.03), zps[0], np.float32(0.05), zps[1], np.float32(0.07), zps[2])
+        big = function(A, args[0], args[1], B, args[2], args[3], args[4], args[5])
+        A_full, B_full = np.broadcast_arrays(A, B)
+        small = [  # rows of under 4,096 elements each: the direct path
+            function(a, args[0], args[1], b, args[2], args[3], args[4], args[5])
+            for a, b in zip(A_full.reshape(-1, A_full.shape[-1]), B_full.reshape(-1, B_full.shape[-1]))
+        ]
+        np.testing.assert_array_equal(big, np.stack(small).reshape(big.shape))

@@ -16,9 +16,9 @@ the graph where the group is a QLinearMatMul, so the session's QLinearMatMul (it
 
 - the MatMul's inputs are both DequantizeLinear outputs, of int8 or uint8 values (any combination:
   quantmatmul's QLinearMatMul takes all eight), and its output feeds one QuantizeLinear only, to
-  int8 or uint8, directly or through one Relu that the quantization makes redundant (y's zero point
-  the type's minimum, a positive scale: negative values saturate to it either way, as ONNX Runtime's
-  redundant-clip rule has it); neither output is a graph output;
+  int8 or uint8, directly or through one Relu or Clip that the quantization makes redundant (ONNX
+  Runtime's IsClipMadeRedundantByQ, _GraphView._redundant: what it cuts off saturates to the same
+  code); neither output is a graph output;
 - every scale and zero point is an initializer: float32 scales, finite and nonzero, with a finite
   float32 multiplier ``a_scale * b_scale / y_scale``; a and y per tensor (one element); b per tensor,
   or per column (a [N] scale along axis 1 of a 2-D b initializer); no ``block_size``.
@@ -35,7 +35,7 @@ one QuantizeLinear reading the output; the Conv's attributes go with it; any int
 
 An Add or Mul of two DequantizeLinear outputs, or a Softmax, GlobalAveragePool, AveragePool (no
 dilations), Sigmoid or LeakyRelu of one, quantized by one QuantizeLinear (directly or through a
-redundant Relu), all uint8 with per-tensor initializer parameters, becomes com.microsoft QLinearAdd /
+redundant Relu / Clip), all uint8 with per-tensor initializer parameters, becomes com.microsoft QLinearAdd /
 QLinearMul / QLinearSoftmax / QLinearGlobalAveragePool / QLinearAveragePool / QLinearSigmoid /
 QLinearLeakyRelu (ORT's binary and unary QDQ rules; the Softmax's axis, its opset's default where
 absent, and the opset, the pool's attributes and LeakyRelu's alpha go with it); a Concat of
@@ -243,7 +243,7 @@ def _elementwise_node(g, opset: int, zero_point, label: str) -> onnx.NodeProto:
 
 class _Group:
     """A fusable group: the MatMul / Gemm / ... node, the DequantizeLinear nodes of a, b (and a Gemm's or
-    Conv's bias c, or None; a Concat's further inputs: more), a redundant Relu or None, the QuantizeLinear
+    Conv's bias c, or None; a Concat's further inputs: more), a redundant Relu / Clip or None, the QuantizeLinear
     of y (None: a float Gemm output) and the types of a, b and y."""
 
     def __init__(self, node, a, b, c, relu, q, a_dtype, b_dtype, y_dtype, more=()):
@@ -363,14 +363,12 @@ class _GraphView:
                 return None
         if c is not None and not self._bias(c, scale, b_s.size):
             return None
-        if relu is not None:  # redundant only where Q saturates every negative value to zero's code
-            qmin = np.iinfo(y_dtype).min
-            if not (y_s.reshape(-1)[0] > 0 and (0 if y_z is None else int(y_z.reshape(-1)[0])) == qmin):
-                return None
+        if q is not None and not self._redundant(relu, y_s, y_z, y_dtype):
+            return None
         return _Group(node, a, b, c, relu, q, a_dtype, b_dtype, y_dtype)
 
     def _conv_group(self, node):
-        """DequantizeLinear x 2 (x, w) [and an int32 bias's] -> Conv [-> redundant Relu] -> QuantizeLinear, any
+        """DequantizeLinear x 2 (x, w) [and an int32 bias's] -> Conv [-> redundant Relu / Clip] -> QuantizeLinear, any
         int8 / uint8 types: one QLinearConv (ORT's ConvNodeGroupSelector and its action; the types as the
         MatMul group takes them)."""
         if len(node.input) not in (2, 3) or not node.output:
@@ -407,9 +405,7 @@ class _GraphView:
                 return None
         if c is not None and not self._bias(c, scale, w_s.size):
             return None
-        if relu is not None and not (
-            y_s.reshape(-1)[0] > 0 and (0 if y_z is None else int(y_z.reshape(-1)[0])) == np.iinfo(y_dtype).min
-        ):
+        if not self._redundant(relu, y_s, y_z, y_dtype):
             return None
         return _Group(node, x, w, c, relu, q, x_dtype, w_dtype, y_dtype)
 
@@ -451,12 +447,8 @@ class _GraphView:
             return None
         if node.op_type == "Softmax" and not scales[0].reshape(-1)[0] > 0:
             return None  # QLinearSoftmax's table needs a positive input scale
-        if relu is not None:
-            y_s, y_z = params[-1]
-            if not (
-                y_s.reshape(-1)[0] > 0 and (0 if y_z is None else int(y_z.reshape(-1)[0])) == np.iinfo(y_dtype).min
-            ):
-                return None
+        if not self._redundant(relu, *params[-1], y_dtype):
+            return None
         b = dqs[1] if arity == 2 else None
         return _Group(node, dqs[0], b, None, relu, q, y_dtype, y_dtype if b is not None else None, y_dtype)
 
@@ -579,14 +571,47 @@ class _GraphView:
         return _Group(node, dq, None, None, None, q, dtype, None, dtype)
 
     def _quantized_output(self, node):
-        """(the QuantizeLinear that alone reads node's output, directly or through a Relu; that Relu or
-        None), or (None, None)."""
-        q = relu = self.only_reader(node.output[0])
-        if _is(relu, "Relu"):
-            q = self.only_reader(relu.output[0])
+        """(the QuantizeLinear that alone reads node's output, directly or through a Relu or Clip; that Relu /
+        Clip or None), or (None, None)."""
+        q = clip = self.only_reader(node.output[0])
+        if _is(clip, "Relu") or _is(clip, "Clip"):
+            q = self.only_reader(clip.output[0])
         else:
-            relu = None
-        return (q, relu) if _is(q, "QuantizeLinear") else (None, None)
+            clip = None
+        return (q, clip) if _is(q, "QuantizeLinear") else (None, None)
+
+    def _redundant(self, clip, y_scale, y_zero_point, y_dtype) -> bool:
+        """Whether the QuantizeLinear (y_scale, y_zero_point, y_dtype) makes a Relu / Clip before it redundant,
+        as ORT's IsClipMadeRedundantByQ decides: a Relu where the zero point is the type's minimum; a Clip
+        where its bounds quantize past the type's range, ``int32(rint(f32(bound / scale))) + zp <= qmin`` for
+        min and ``>= qmax`` for max (float32; a quotient beyond int32, an absent bound's float range
+        included, saturates: ORT 1.32 takes a Clip without max as redundant whatever the scale; the sum
+        wraps as int32). Where that holds,
+        Q(clip(x)) = Q(x) for every x (Q saturates the cut-off values to the same code). The bounds must be
+        constants (inputs from opset 11, attributes before)."""
+        if clip is None:
+            return True
+        zp = 0 if y_zero_point is None else int(y_zero_point.reshape(-1)[0])
+        info = np.iinfo(y_dtype)
+        if clip.op_type == "Relu":
+            return zp == info.min
+        lowest, highest = np.finfo(np.float32).min, np.finfo(np.float32).max
+        if self.opset < 11:  # the bounds as attributes (defaults: the float range)
+            c_min, c_max = _attr(clip, "min", lowest), _attr(clip, "max", highest)
+        else:  # as inputs, absent for no bound
+            bounds = [self.constant(clip, i) for i in (1, 2)]
+            if any(b is False or (b is not None and (b.size != 1 or b.dtype != np.float32)) for b in bounds):
+                return False  # a bound computed at run time, or not float32
+            c_min = lowest if bounds[0] is None else bounds[0].reshape(-1)[0]
+            c_max = highest if bounds[1] is None else bounds[1].reshape(-1)[0]
+
+        def quantized(bound) -> int:
+            with np.errstate(all="ignore"):
+                q = np.rint(np.float32(bound) / np.float32(y_scale.reshape(-1)[0]))
+            code = -(2**31) if np.isnan(q) else int(min(max(float(q), -(2.0**31)), 2.0**31 - 1))  # saturated
+            return (code + zp + 2**31) % 2**32 - 2**31  # int32 addition wraps
+
+        return quantized(c_min) <= info.min and quantized(c_max) >= info.max
 
     def _read_by_quantize(self, name: str) -> bool:
         return any(_is(reader, "QuantizeLinear") for reader, _ in self.readers.get(name, []))
