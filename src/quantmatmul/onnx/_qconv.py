@@ -26,6 +26,7 @@ dilations, group, kernel_shape, pads, strides). ConvInteger (opset 10) is the sa
 
 from __future__ import annotations
 
+import math
 from math import prod
 from typing import NamedTuple
 
@@ -33,7 +34,7 @@ import numpy as np
 
 from .. import _core
 from ..qlinear import NUMERICS
-from ._integer import _IntegerOperand, _matmul_integer
+from ._integer import _IntegerOperand
 
 _INT8 = (np.dtype(np.int8), np.dtype(np.uint8))
 _F32 = np.dtype(np.float32)
@@ -43,7 +44,7 @@ _NUMERICS_ID = {name: i for i, name in enumerate(NUMERICS)}  # requantize_column
 
 class ConvWeight(NamedTuple):
     """w checked and laid out: per group ``[prod(k) * C/group, M/group]`` for the GEMM (rows in the columns'
-    order: taps, then channels), packed once, with its zero point ``[group, 1, M/group]`` (int32); or for a
+    order: taps, then channels), packed once, with its zero point ``[group, M/group]`` (int32); or for a
     depthwise convolution the differences ``w - w_zero_point`` ``[prod(k), M]`` (int16). The scale per
     output channel ``[M]`` (float32; None for ConvInteger)."""
 
@@ -52,6 +53,7 @@ class ConvWeight(NamedTuple):
     scale: np.ndarray | None
     group: int
     depthwise: np.ndarray | None  # one input and one output channel per group: w - w_zero_point [taps, M] (int16)
+    index: np.ndarray | None = None  # the GEMM's batch map, group g -> matrix g (int64)
 
 
 def conv_weight(w, w_scale, w_zero_point, group: int, fn: str) -> ConvWeight:
@@ -74,6 +76,8 @@ def conv_weight(w, w_scale, w_zero_point, group: int, fn: str) -> ConvWeight:
         if zp.size > 1 and scale.size == 1:
             raise ValueError(f"{fn}: w_zero_point has one value per channel ([{M}]) but w_scale only one")
         scale = np.ascontiguousarray(np.broadcast_to(scale, (M,)))
+        if not np.all(np.isfinite(scale)) or np.any(scale == 0):
+            raise ValueError(f"{fn}: w_scale must be finite and nonzero")
     Mg, Cg = M // group, w.shape[1]
     zp_m = np.broadcast_to(zp.astype(np.int32), (M,))
     if Cg == 1 and Mg == 1:  # depthwise: w minus its zero point, [taps, C] (int16)
@@ -85,8 +89,8 @@ def conv_weight(w, w_scale, w_zero_point, group: int, fn: str) -> ConvWeight:
     matrices = np.moveaxis(w.reshape(group, Mg, Cg, -1), 2, 3).reshape(group, Mg, -1)
     matrices = np.ascontiguousarray(matrices.transpose(0, 2, 1))
     packed = _core.pack_b(matrices, w.dtype == np.int8) if matrices.size else None
-    operand = _IntegerOperand(matrices, np.ascontiguousarray(zp_m.reshape(group, 1, Mg)), packed)
-    return ConvWeight(w, operand, scale, group, None)
+    operand = _IntegerOperand(matrices, np.ascontiguousarray(zp_m.reshape(group, Mg)), packed)
+    return ConvWeight(w, operand, scale, group, None, np.arange(group, dtype=np.int64))
 
 
 def qlinear_conv(
@@ -122,8 +126,8 @@ def qlinear_conv(
     if y_zp.dtype not in _INT8:
         raise TypeError(f"{fn}: y_zero_point must be int8 or uint8 (it selects y's type), got {y_zp.dtype}")
     y_zp = _scalar(y_zp, "y_zero_point", fn, y_zp.dtype)
-    for name, s in (("x_scale", x_s), ("w_scale", weight.scale), ("y_scale", y_s)):
-        if not np.all(np.isfinite(s)) or np.any(s == 0):
+    for name, s in (("x_scale", x_s), ("y_scale", y_s)):  # (w_scale: checked with the weight)
+        if not math.isfinite(s) or s == 0:
             raise ValueError(f"{fn}: {name} must be finite and nonzero")
     M = weight.w.shape[0]
     bias = None
@@ -228,9 +232,20 @@ def _conv_sums(x, x_zero_point, weight: ConvWeight, auto_pad, dilations, kernel_
         int(np.asarray(x_zp, x.dtype).view(np.uint8)),
         columns.view(np.uint8),
     )
-    acc = _matmul_integer(
-        _IntegerOperand(columns, np.asarray(x_zp, np.int32)), weight.operand
-    )  # [group, rows, M/group]
+    w_matrices = weight.operand.x  # [group, taps * C/group, M/group]
+    if w_matrices.shape[1] == 0:  # no input channels: empty sums
+        return np.zeros((rows, M), np.int32), (N, M, *out)
+    a_zp = np.full((group, rows), x_zp, np.int32)
+    acc = _core.matmul_integer(  # [group, rows, M/group], the int8 GEMM kernels' exact sums (wrapping int32)
+        columns,
+        x.dtype == np.int8,
+        weight.index,
+        a_zp,
+        weight.operand.packed,
+        w_matrices.dtype == np.int8,
+        weight.index,
+        weight.operand.zp,
+    )
     if group == 1:
         return acc.reshape(rows, M), (N, M, *out)
     return np.ascontiguousarray(acc.transpose(1, 0, 2)).reshape(rows, M), (N, M, *out)
