@@ -362,6 +362,19 @@ void bind_qlinear_matmul(nb::module_& m) {
   });
 
   m.def("qlinear_matmul_onnxruntime", qlinear_binding<float, qmm::qlinear_matmul_onnxruntime>);
+  // The same with a bias per column of each b matrix (int32 [b count, N], contiguous) added to the sums
+  // before the epilogue: QLinearConv's GEMM (onnx/_qconv.py).
+  m.def(
+      "qlinear_matmul_onnxruntime_bias",
+      [](const In& a, bool a_signed, const In& a_index, const In& a_zp, nb::handle b, bool b_signed, const In& b_index,
+         const In& b_zp, const In& bias, const In& multiplier, Out y, bool y_signed, const In& y_zp) {
+        auto p = problem(a, a_signed, a_index, a_zp, b, b_signed, b_index, b_zp);
+        p.column_bias = static_cast<const int32_t*>(bias.data());
+        const auto out = output(y, y_signed, y_zp);
+        const auto mult = view3<float>(multiplier);
+        nb::gil_scoped_release release;
+        qmm::qlinear_matmul_onnxruntime(p, mult, out);
+      });
   m.def("qlinear_matmul_onnx_reference", qlinear_binding<double, qmm::qlinear_matmul_onnx_reference>);
 
   // MatMulInteger: (a - a_zp) x (b - b_zp) in wrapping int32, [batch, M, N]; the operands as the

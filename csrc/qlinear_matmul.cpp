@@ -138,6 +138,7 @@ const QGemmDispatch& call_entry(const QGemmProblem& p) {
 template <class Acc, class Epilogue>
 void accumulate(const QGemmDispatch& q, const QGemmProblem& p, Epilogue&& epilogue) {
   constexpr bool kExact = std::is_same_v<Acc, int64_t>;
+  if (kExact && p.column_bias) throw std::invalid_argument("a column bias is added to int32 sums only");
   const QGemmLayout& L = *q.layout;
   const int64_t M = p.M, N = p.N, K = p.K, groups = L.k_groups(K), mr = L.mr, nr = L.nr;
   const int64_t a_row = L.a_row_int32s(K);  // packed A's int32s per row
@@ -279,6 +280,16 @@ void accumulate(const QGemmDispatch& q, const QGemmProblem& p, Epilogue&& epilog
       } while (g0 < c1);
       if (kExact)
         for (int64_t i = 0; i < rows * ldc; ++i) c64[i] += c32[i];
+    }
+    if constexpr (!kExact) {
+      if (p.column_bias) {  // the columns' bias, added as the int32 sums add (wrapping, through uint32)
+        const int32_t* bias = p.column_bias + ib * N + n0;
+        for (int64_t r = 0; r < rows; ++r) {
+          int32_t* c = c32.data() + r * ldc;
+          for (int64_t j = 0; j < cols; ++j)
+            c[j] = static_cast<int32_t>(static_cast<uint32_t>(c[j]) + static_cast<uint32_t>(bias[j]));
+        }
+      }
     }
 
     // The zero-point terms, in Acc: wrapped to int32 (the epilogue's arithmetic wraps), exact in int64.

@@ -61,6 +61,10 @@ struct QGemmProblem {
   bool b_signed;
   const int64_t* b_index;
   const int32_t* b_zero_point;
+  // Optional, per column of each b matrix ([b count, N], matrix ib's at ib * N): added to every int32
+  // sum of that column before the epilogue, wrapping as the sums do (the exact int64 products refuse
+  // it). A convolution's bias in ONNX Runtime's numerics (onnx/_qconv.py); null for none.
+  const int32_t* column_bias = nullptr;
 };
 
 // The 8-bit integer output, contiguous [batch, M, N], and its (broadcast) zero point.

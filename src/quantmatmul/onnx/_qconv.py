@@ -144,7 +144,20 @@ def qlinear_conv(
             raise ValueError(
                 f"{fn}: x_scale * w_scale / y_scale overflows float32; use numerics='exact' for such scales"
             )
-    acc, out_shape = _conv_sums(x, x_zero_point, weight, auto_pad, dilations, kernel_shape, pads, strides, fn)
+    fused = None
+    if numerics == "onnxruntime":  # the GEMM's own epilogue requantizes, the bias added to its sums
+        Mg = M // weight.group
+        fused = _Requantization(
+            multiplier.reshape(weight.group, 1, Mg),
+            None if bias is None else np.ascontiguousarray(bias.reshape(weight.group, Mg)),
+            np.asarray(y_zp, np.int32).reshape(1, 1, 1),
+            y_zp.dtype,
+        )
+    acc, out_shape = _conv_sums(
+        x, x_zero_point, weight, auto_pad, dilations, kernel_shape, pads, strides, fn, requantize=fused
+    )
+    if acc.dtype != np.int32:  # requantized already
+        return _channels_first(acc, out_shape)
     y = np.empty(acc.shape, y_zp.dtype)
     _core.requantize_columns(
         acc,
@@ -185,8 +198,21 @@ def conv_integer(
 # ---------------------------------------------------------------------------------------------------
 
 
-def _conv_sums(x, x_zero_point, weight: ConvWeight, auto_pad, dilations, kernel_shape, pads, strides, fn):
-    """The int32 sums [N * prod(out), M] (rows: positions, columns: output channels) and the output shape."""
+class _Requantization(NamedTuple):
+    """ONNX Runtime's requantization in the GEMM's epilogue: the float32 multiplier [group, 1, M/group], the
+    bias [group, M/group] (int32) or None, the zero point [1, 1, 1] (int32) and the output type."""
+
+    multiplier: np.ndarray
+    bias: np.ndarray | None
+    zero_point: np.ndarray
+    dtype: np.dtype
+
+
+def _conv_sums(
+    x, x_zero_point, weight: ConvWeight, auto_pad, dilations, kernel_shape, pads, strides, fn, requantize=None
+):
+    """The int32 sums [N * prod(out), M] (rows: positions, columns: output channels) and the output shape;
+    with requantize (and a GEMM: not depthwise), the 8-bit outputs instead, ONNX Runtime's bits."""
     x = np.asarray(x)
     if x.dtype not in _INT8:
         raise TypeError(f"{fn}: x must be int8 or uint8, got {x.dtype}")
@@ -236,16 +262,23 @@ def _conv_sums(x, x_zero_point, weight: ConvWeight, auto_pad, dilations, kernel_
     if w_matrices.shape[1] == 0:  # no input channels: empty sums
         return np.zeros((rows, M), np.int32), (N, M, *out)
     a_zp = np.full((group, rows), x_zp, np.int32)
-    acc = _core.matmul_integer(  # [group, rows, M/group], the int8 GEMM kernels' exact sums (wrapping int32)
-        columns,
-        x.dtype == np.int8,
-        weight.index,
-        a_zp,
-        weight.operand.packed,
-        w_matrices.dtype == np.int8,
-        weight.index,
-        weight.operand.zp,
-    )
+    operands = (columns, x.dtype == np.int8, weight.index, a_zp, weight.operand.packed, w_matrices.dtype == np.int8)
+    operands += (weight.index, weight.operand.zp)
+    if requantize is None:  # [group, rows, M/group], the int8 GEMM kernels' exact sums (wrapping int32)
+        acc = _core.matmul_integer(*operands)
+    else:
+        acc = np.empty((group, rows, M // group), requantize.dtype)
+        view = (group, rows, M // group)
+        tail = (
+            np.broadcast_to(requantize.multiplier, view),
+            acc,
+            acc.dtype == np.int8,
+            np.broadcast_to(requantize.zero_point, view),
+        )
+        if requantize.bias is None:
+            _core.qlinear_matmul_onnxruntime(*operands, *tail)
+        else:
+            _core.qlinear_matmul_onnxruntime_bias(*operands, requantize.bias, *tail)
     if group == 1:
         return acc.reshape(rows, M), (N, M, *out)
     return np.ascontiguousarray(acc.transpose(1, 0, 2)).reshape(rows, M), (N, M, *out)
