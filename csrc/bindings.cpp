@@ -708,6 +708,12 @@ void bind_onnx_ops(nb::module_& m) {
           qmm::conv_depthwise(x.data(), x_signed, s, x_zp, static_cast<const int16_t*>(w.data()),
                               static_cast<int32_t*>(acc.data()));
         });
+  m.def("max_pool_bytes", [conv_shape](const In& x, bool x_signed, const std::vector<int64_t>& shape,
+                                       const std::vector<std::vector<int64_t>>& geometry, Out y) {
+    const auto s = conv_shape(shape, geometry);
+    nb::gil_scoped_release release;
+    qmm::max_pool_bytes(static_cast<const uint8_t*>(x.data()), x_signed, s, static_cast<uint8_t*>(y.data()));
+  });
   // src [batch, rows, cols] -> dst [batch, cols, rows], both contiguous, 1- or 4-byte elements.
   m.def("transpose_planes", [](const In& src, Out dst) {
     const auto batch = static_cast<int64_t>(src.shape(0)), rows = static_cast<int64_t>(src.shape(1));

@@ -92,15 +92,17 @@ void depthwise_rows(const X* x, const ConvShape& s, int32_t x_zp, const int16_t*
     const auto& offsets = field.at(r);
     for (size_t t = 0; t < offsets.size(); ++t) {
       if (offsets[t] < 0) continue;  // padding: (x_zp - x_zp) * w
-      const X* in = x + offsets[t] * C;
-      const int16_t* wt = w + static_cast<int64_t>(t) * C;
+      // __restrict: the byte loads could alias the sums as far as the compiler knows (no vector loop then)
+      const X* __restrict in = x + offsets[t] * C;
+      const int16_t* __restrict wt = w + static_cast<int64_t>(t) * C;
+      int32_t* __restrict sums = out;
       const auto zp = static_cast<int16_t>(x_zp);
       for (int64_t c = 0; c < C; ++c) {
         // |x - x_zp| <= 255 and |w| <= 255: int16 operands, an int32 product; the sum wraps as int32
         // (through uint32). Products of int16 vectorize (pmullw / pmulhw) where int32 ones do not (SSE2).
         const auto d = static_cast<int16_t>(static_cast<int16_t>(in[c]) - zp);
         const int32_t product = static_cast<int32_t>(d) * static_cast<int32_t>(wt[c]);
-        out[c] = static_cast<int32_t>(static_cast<uint32_t>(out[c]) + static_cast<uint32_t>(product));
+        sums[c] = static_cast<int32_t>(static_cast<uint32_t>(sums[c]) + static_cast<uint32_t>(product));
       }
     }
   }
@@ -226,6 +228,40 @@ void transpose_planes(const void* src, int64_t element_bytes, int64_t batch, int
   } else {
     transpose_planes(static_cast<const uint32_t*>(src), batch, rows, cols, static_cast<uint32_t*>(dst));
   }
+}
+
+void max_pool_bytes(const uint8_t* x, bool x_signed, const ConvShape& s, uint8_t* y) {
+  const int64_t positions = s.positions(), C = s.C;
+  // int8 codes compare as uint8 once their sign bit is flipped (x ^ 0x80 = x + 128), flipped back after
+  const uint8_t flip = x_signed ? 0x80 : 0;
+  const int64_t task = rows_per_task(C * std::max<int64_t>(1, s.taps()));
+  const double task_ns = 0.1 * static_cast<double>(task * C * s.taps());  // about 0.1 ns per tap and channel
+  parallel_ranges(positions, task, tasks_worth_a_thread(task_ns), [&](int64_t, int64_t r0, int64_t r1) {
+    Field field(s);
+    for (int64_t r = r0; r < r1; ++r) {
+      uint8_t* out = y + r * C;
+      std::fill(out, out + C, uint8_t{0});  // the lowest code (after the flip)
+      for (const int64_t offset : field.at(r)) {
+        if (offset < 0) continue;  // padding
+        const uint8_t* in = x + offset * C;
+        int64_t c = 0;
+#if defined(__SSE2__)
+        const __m128i vflip = _mm_set1_epi8(static_cast<char>(flip));
+        for (; c + 16 <= C; c += 16) {
+          const __m128i v = _mm_xor_si128(_mm_loadu_si128(reinterpret_cast<const __m128i*>(in + c)), vflip);
+          auto* o = reinterpret_cast<__m128i*>(out + c);
+          _mm_storeu_si128(o, _mm_max_epu8(_mm_loadu_si128(o), v));
+        }
+#endif
+        for (; c < C; ++c) {
+          const auto v = static_cast<uint8_t>(in[c] ^ flip);
+          out[c] = v > out[c] ? v : out[c];
+        }
+      }
+      if (flip)
+        for (int64_t c = 0; c < C; ++c) out[c] ^= flip;
+    }
+  });
 }
 
 void conv_columns(const uint8_t* x, const ConvShape& s, uint8_t pad, uint8_t* columns) {

@@ -1,4 +1,4 @@
-// conv.h: QLinearConv / ConvInteger's own steps around the int8 GEMM: the im2col of channels-last codes, the depthwise sums, the requantization per output channel.
+// conv.h: QLinearConv / ConvInteger's own steps around the int8 GEMM (the im2col of channels-last codes, the depthwise sums, the requantization per output channel) and MaxPool of 8-bit codes.
 #pragma once
 
 #include <cstdint>
@@ -25,6 +25,11 @@ void conv_columns(const uint8_t* x, const ConvShape& s, uint8_t pad, uint8_t* co
 // = sum over taps of (x - x_zp) * w[tap, c], w [taps, C] already minus its zero point (int16). Taps
 // in the padding add nothing ((x_zp - x_zp) * w). x int8 (x_signed) or uint8. Over the thread pool.
 void conv_depthwise(const void* x, bool x_signed, const ConvShape& s, int32_t x_zp, const int16_t* w, int32_t* acc);
+
+// MaxPool of channels-last 8-bit codes: y [positions, C] = the maximum over each window's taps inside x
+// (padding never counts; a window with none, impossible with pads below the kernel, gives the type's
+// minimum), int8 (x_signed) or uint8. group is 1. Over the thread pool.
+void max_pool_bytes(const uint8_t* x, bool x_signed, const ConvShape& s, uint8_t* y);
 
 // dst [batch, cols, rows] = src [batch, rows, cols] transposed plane by plane, elements of 1 or 4
 // bytes (channels-last <-> channels-first). Over the thread pool.
