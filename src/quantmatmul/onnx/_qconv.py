@@ -13,7 +13,9 @@ QLinearConv's output is ``acc[n, m, o] + B[m]`` (int32, wrapping) requantized wi
 
 * ``"onnxruntime"``: ONNX Runtime's CPU kernel (its GEMM and depthwise paths; MLAS's requantization):
   the float32 multiplier ``f32(f32(x_scale * w_scale[m]) / y_scale)``, ``f32(acc + B) * multiplier``
-  clamped to ``[qmin - zp, qmax - zp]``, rounded half to even, plus the zero point.
+  clamped to ``[qmin - zp, qmax - zp]``, rounded half to even, plus the zero point. Computed in the
+  GEMM's own epilogue (QLinearMatMul's), B added to its int32 sums first; the other numerics and the
+  depthwise loop requantize the int32 sums in a pass of their own (csrc/conv.cpp).
 * ``"onnx-reference"``: onnx.reference's QLinearConv: that float32 multiplier applied in float64,
   plus the zero point, clipped, rounded half to even.
 * ``"exact"``: ``(acc + B) * x_scale * w_scale[m] / y_scale`` rounded once, half to even.
