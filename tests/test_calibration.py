@@ -344,6 +344,9 @@ def test_cli_quantize_with_calibration(tmp_path, capsys):
     assert "quantize: calibration feed 0: input 'x' must be tensor(float)" in capsys.readouterr().err
     assert cli.main(argv[:2] + [str(tmp_path / "q2.onnx"), "--method", "mse", "--bits-budget", "5"]) == 2
     assert "quantize: bits_budget needs calibration data" in capsys.readouterr().err
+    npz.write_bytes(b"")  # an empty file: numpy's EOFError, one clear line
+    assert cli.main(argv) == 2
+    assert "quantize: cannot read --calibration" in capsys.readouterr().err
 
 
 # ---------------------------------------------------------------------------------------------------

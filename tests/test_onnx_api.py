@@ -874,6 +874,8 @@ def test_cli_bad_input_exits_2(tmp_path, capsys):
     junk = tmp_path / "junk.onnx"
     junk.write_text("hello")
     np.save(tmp_path / "x64.npy", np.zeros((3, 200)))
+    empty = tmp_path / "empty.npy"
+    empty.write_bytes(b"")
     cases = [
         ["quantize", str(junk), str(tmp_path / "o.onnx")],
         ["quantize", str(src), str(src)],
@@ -883,6 +885,7 @@ def test_cli_bad_input_exits_2(tmp_path, capsys):
         ["run", str(src), "--input", f"x={tmp_path / 'x64.npy'}"],
         ["run", str(src), "--input", f"nope={tmp_path / 'x64.npy'}"],
         ["run", str(src), "--input", "x=missing.npy"],
+        ["run", str(src), "--input", f"x={empty}"],  # an empty file: numpy's EOFError
         ["run", str(src), "--input", "x"],
         ["compare", str(src), "--dim", "batch=two"],
     ]

@@ -229,7 +229,7 @@ def _npy(command):
     def load(name, path):
         try:
             return np.load(path, allow_pickle=False)
-        except (OSError, ValueError) as error:
+        except (OSError, ValueError, EOFError) as error:  # EOFError: an empty file
             raise ValueError(f"{command}: cannot read input {name!r} from {path!r}: {error}") from None
 
     return load
@@ -254,7 +254,7 @@ def _calibration_feeds(path, batch, model_path):
     try:
         with np.load(path, allow_pickle=False) as npz:
             arrays = {name: npz[name] for name in npz.files}
-    except (OSError, ValueError) as error:
+    except (OSError, ValueError, EOFError) as error:
         raise ValueError(f"quantize: cannot read --calibration {path!r}: {error}") from None
     if not arrays:
         raise ValueError(f"quantize: --calibration {path!r} holds no arrays")
