@@ -252,14 +252,17 @@ def _conv_sums(
         acc = np.empty((rows, M), np.int32)
         _core.conv_depthwise(channels_last, x.dtype == np.int8, shape, geometry, x_zp, weight.depthwise, acc)
         return acc, (N, M, *out)
-    columns = np.empty((group, rows, prod(kernel) * (C // group)), x.dtype)
-    _core.conv_columns(
-        channels_last.view(np.uint8),
-        shape,
-        geometry,
-        int(np.asarray(x_zp, x.dtype).view(np.uint8)),
-        columns.view(np.uint8),
-    )
+    if group == 1 and prod(kernel) == 1 and all(s == 1 for s in strides) and not any(begin) and not any(end):
+        columns = channels_last.reshape(1, rows, C)  # a 1x1 convolution: each pixel's channels are its row
+    else:
+        columns = np.empty((group, rows, prod(kernel) * (C // group)), x.dtype)
+        _core.conv_columns(
+            channels_last.view(np.uint8),
+            shape,
+            geometry,
+            int(np.asarray(x_zp, x.dtype).view(np.uint8)),
+            columns.view(np.uint8),
+        )
     w_matrices = weight.operand.x  # [group, taps * C/group, M/group]
     if w_matrices.shape[1] == 0:  # no input channels: empty sums
         return np.zeros((rows, M), np.int32), (N, M, *out)
