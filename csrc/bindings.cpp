@@ -696,8 +696,9 @@ void bind_onnx_ops(nb::module_& m) {
   m.def("conv_columns", [conv_shape](const In& x, const std::vector<int64_t>& shape,
                                      const std::vector<std::vector<int64_t>>& geometry, int pad, Out columns) {
     const auto s = conv_shape(shape, geometry);
+    const auto row_bytes = static_cast<int64_t>(columns.shape(2));
     nb::gil_scoped_release release;
-    qmm::conv_columns(static_cast<const uint8_t*>(x.data()), s, static_cast<uint8_t>(pad),
+    qmm::conv_columns(static_cast<const uint8_t*>(x.data()), s, static_cast<uint8_t>(pad), row_bytes,
                       static_cast<uint8_t*>(columns.data()));
   });
   m.def("conv_depthwise",

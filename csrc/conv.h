@@ -16,10 +16,11 @@ struct ConvShape {
   int64_t taps() const;  // prod(kernel)
 };
 
-// The im2col of 8-bit codes: columns [group, positions, taps, C / group] (row-major), each row the
-// receptive field of one output position, channels innermost; a tap outside x (padding) is `pad`
-// (x's zero point: a real 0). Over the thread pool.
-void conv_columns(const uint8_t* x, const ConvShape& s, uint8_t pad, uint8_t* columns);
+// The im2col of 8-bit codes: columns [group, positions, row_bytes] (row-major), each row the receptive
+// field of one output position (taps, then C / group channels innermost), then `pad` up to row_bytes
+// (>= taps * C / group); a tap outside x (padding) is `pad` too (x's zero point: a real 0). Over the
+// thread pool.
+void conv_columns(const uint8_t* x, const ConvShape& s, uint8_t pad, int64_t row_bytes, uint8_t* columns);
 
 // Depthwise sums (C / group == 1, one output channel per group): acc [positions, C] (int32, wrapping)
 // = sum over taps of (x - x_zp) * w[tap, c], w [taps, C] already minus its zero point (int16). Taps

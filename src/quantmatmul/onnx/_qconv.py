@@ -45,8 +45,8 @@ _NUMERICS_ID = {name: i for i, name in enumerate(NUMERICS)}  # requantize_column
 
 
 class ConvWeight(NamedTuple):
-    """w checked and laid out: per group ``[prod(k) * C/group, M/group]`` for the GEMM (rows in the columns'
-    order: taps, then channels), packed once, with its zero point ``[group, M/group]`` (int32); or for a
+    """w checked and laid out: per group ``[K, M/group]`` for the GEMM (rows in the columns' order: taps, then
+    channels; K = prod(k) * C/group padded with zero rows to a multiple of 4), packed once, with its zero point ``[group, M/group]`` (int32); or for a
     depthwise convolution the differences ``w - w_zero_point`` ``[prod(k), M]`` (int16). The scale per
     output channel ``[M]`` (float32; None for ConvInteger)."""
 
@@ -89,7 +89,12 @@ def conv_weight(w, w_scale, w_zero_point, group: int, fn: str) -> ConvWeight:
     # [M, Cg, k...] -> [group, taps * Cg, Mg], the rows in the columns' order (taps, then channels):
     # column m of group g is output channel g * Mg + m
     matrices = np.moveaxis(w.reshape(group, Mg, Cg, -1), 2, 3).reshape(group, Mg, -1)
-    matrices = np.ascontiguousarray(matrices.transpose(0, 2, 1))
+    # K padded to whole groups of 4 (the columns' padding is x's zero point: (x_zp - x_zp) * w = 0), so
+    # that the GEMM reads uint8 columns in place rather than packing them (the VNNI layout's k-quads)
+    kp = -(-matrices.shape[2] // 4) * 4
+    padded = np.zeros((group, kp, Mg), w.dtype)
+    padded[:, : matrices.shape[2]] = matrices.transpose(0, 2, 1)
+    matrices = padded
     packed = _core.pack_b(matrices, w.dtype == np.int8) if matrices.size else None
     operand = _IntegerOperand(matrices, np.ascontiguousarray(zp_m.reshape(group, Mg)), packed)
     return ConvWeight(w, operand, scale, group, None, np.arange(group, dtype=np.int64))
@@ -252,10 +257,11 @@ def _conv_sums(
         acc = np.empty((rows, M), np.int32)
         _core.conv_depthwise(channels_last, x.dtype == np.int8, shape, geometry, x_zp, weight.depthwise, acc)
         return acc, (N, M, *out)
-    if group == 1 and prod(kernel) == 1 and all(s == 1 for s in strides) and not any(begin) and not any(end):
+    one_by_one = prod(kernel) == 1 and all(s == 1 for s in strides) and not any(begin) and not any(end)
+    if group == 1 and one_by_one and weight.operand.x.shape[1] == C:  # (C a multiple of 4: K unpadded)
         columns = channels_last.reshape(1, rows, C)  # a 1x1 convolution: each pixel's channels are its row
     else:
-        columns = np.empty((group, rows, prod(kernel) * (C // group)), x.dtype)
+        columns = np.empty((group, rows, weight.operand.x.shape[1]), x.dtype)  # K padded as the weight
         _core.conv_columns(
             channels_last.view(np.uint8),
             shape,
