@@ -709,6 +709,7 @@ void bind_onnx_ops(nb::module_& m) {
           qmm::conv_depthwise(x.data(), x_signed, s, x_zp, static_cast<const int16_t*>(w.data()),
                               static_cast<int32_t*>(acc.data()));
         });
+  m.def("conv_depthwise_path", [] { return std::string(qmm::conv_depthwise_path()); });
   m.def("max_pool_bytes", [conv_shape](const In& x, bool x_signed, const std::vector<int64_t>& shape,
                                        const std::vector<std::vector<int64_t>>& geometry, Out y) {
     const auto s = conv_shape(shape, geometry);

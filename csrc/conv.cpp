@@ -9,10 +9,23 @@
 #include <emmintrin.h>
 #endif
 
+#include "conv_field.h"
+#include "dispatch.h"
 #include "requantize.h"
 #include "thread_pool.h"
 
 namespace qmm {
+
+namespace portable {  // conv_loops.inc, included at the end of this file
+void depthwise_range(const void* x, bool x_signed, const ConvShape& s, int32_t x_zp, const int16_t* w, int32_t* acc,
+                     int64_t r0, int64_t r1);
+}  // namespace portable
+#if QMM_CONV_AVX2
+namespace avx2 {  // kernels/conv_avx2.cpp
+void depthwise_range(const void* x, bool x_signed, const ConvShape& s, int32_t x_zp, const int16_t* w, int32_t* acc,
+                     int64_t r0, int64_t r1);
+}  // namespace avx2
+#endif
 
 int64_t ConvShape::positions() const {
   int64_t p = N;
@@ -28,85 +41,8 @@ int64_t ConvShape::taps() const {
 
 namespace {
 
-// One output position's receptive field, tap by tap: for each tap, the element offset of its pixel
-// in channels-last x (channels excluded), or -1 where the tap falls in the padding. Per axis, each
-// output index's input coordinate per kernel index is tabled once (-1 outside x).
-class Field {
- public:
-  explicit Field(const ConvShape& s) : s_(s), nd_(s.in.size()), o_(nd_), coords_(nd_), offsets_(s.taps()) {
-    for (size_t i = 0; i < nd_; ++i) {
-      auto& table = coords_[i];
-      table.resize(static_cast<size_t>(s.out[i] * s.kernel[i]));
-      for (int64_t o = 0; o < s.out[i]; ++o) {
-        for (int64_t k = 0; k < s.kernel[i]; ++k) {
-          const int64_t c = o * s.strides[i] + k * s.dilations[i] - s.pad_begin[i];
-          table[o * s.kernel[i] + k] = c >= 0 && c < s.in[i] ? c : -1;
-        }
-      }
-    }
-  }
-
-  // The offsets for output position `row` (n and the output multi-index, row-major): built axis by
-  // axis, each tap's partial offset times the axis' size plus its coordinate.
-  const std::vector<int64_t>& at(int64_t row) {
-    int64_t rest = row;
-    for (size_t i = nd_; i-- > 0;) {
-      o_[i] = rest % s_.out[i];
-      rest /= s_.out[i];
-    }
-    offsets_[0] = rest;  // n
-    int64_t count = 1;
-    for (size_t i = 0; i < nd_; ++i) {
-      const int64_t K = s_.kernel[i];
-      const int64_t* coord = coords_[i].data() + o_[i] * K;
-      for (int64_t j = count; j-- > 0;) {  // in place, from the back: tap j's partial -> taps j * K + k
-        const int64_t partial = offsets_[j];
-        for (int64_t k = K; k-- > 0;) {
-          offsets_[j * K + k] = partial < 0 || coord[k] < 0 ? -1 : partial * s_.in[i] + coord[k];
-        }
-      }
-      count *= K;
-    }
-    return offsets_;
-  }
-
- private:
-  const ConvShape& s_;
-  size_t nd_;
-  std::vector<int64_t> o_;
-  std::vector<std::vector<int64_t>> coords_;
-  std::vector<int64_t> offsets_;
-};
-
 // Rows per task: about 64 KB of columns (or of sums) each.
 int64_t rows_per_task(int64_t row_bytes) { return std::max<int64_t>(1, 65536 / std::max<int64_t>(1, row_bytes)); }
-
-template <class X>
-void depthwise_rows(const X* x, const ConvShape& s, int32_t x_zp, const int16_t* w, int32_t* acc, int64_t r0,
-                    int64_t r1) {
-  Field field(s);
-  const int64_t C = s.C;
-  for (int64_t r = r0; r < r1; ++r) {
-    int32_t* out = acc + r * C;
-    std::fill(out, out + C, 0);
-    const auto& offsets = field.at(r);
-    for (size_t t = 0; t < offsets.size(); ++t) {
-      if (offsets[t] < 0) continue;  // padding: (x_zp - x_zp) * w
-      // __restrict: the byte loads could alias the sums as far as the compiler knows (no vector loop then)
-      const X* __restrict in = x + offsets[t] * C;
-      const int16_t* __restrict wt = w + static_cast<int64_t>(t) * C;
-      int32_t* __restrict sums = out;
-      const auto zp = static_cast<int16_t>(x_zp);
-      for (int64_t c = 0; c < C; ++c) {
-        // |x - x_zp| <= 255 and |w| <= 255: int16 operands, an int32 product; the sum wraps as int32
-        // (through uint32). Products of int16 vectorize (pmullw / pmulhw) where int32 ones do not (SSE2).
-        const auto d = static_cast<int16_t>(static_cast<int16_t>(in[c]) - zp);
-        const int32_t product = static_cast<int32_t>(d) * static_cast<int32_t>(wt[c]);
-        sums[c] = static_cast<int32_t>(static_cast<uint32_t>(sums[c]) + static_cast<uint32_t>(product));
-      }
-    }
-  }
-}
 
 // ONNX Runtime's requantization (requantize.h's requantize_onnxruntime) in a form the compiler
 // vectorizes without SSE4.1: after the clamp |v| <= 510, where adding and subtracting 1.5 * 2^23
@@ -296,17 +232,23 @@ void conv_columns(const uint8_t* x, const ConvShape& s, uint8_t pad, int64_t row
   });
 }
 
+const char* conv_depthwise_path() {
+#if QMM_CONV_AVX2
+  if (avx2_loops_usable()) return "avx2";
+#endif
+  return "portable";
+}
+
 void conv_depthwise(const void* x, bool x_signed, const ConvShape& s, int32_t x_zp, const int16_t* w, int32_t* acc) {
   const int64_t positions = s.positions();
   const int64_t task = rows_per_task(s.C * 4 * std::max<int64_t>(1, s.taps() / 4));
   const double task_ns = 0.3 * static_cast<double>(task * s.C * s.taps());  // about 0.3 ns per product
-  parallel_ranges(positions, task, tasks_worth_a_thread(task_ns), [&](int64_t, int64_t r0, int64_t r1) {
-    if (x_signed) {
-      depthwise_rows(static_cast<const int8_t*>(x), s, x_zp, w, acc, r0, r1);
-    } else {
-      depthwise_rows(static_cast<const uint8_t*>(x), s, x_zp, w, acc, r0, r1);
-    }
-  });
+  auto* range = portable::depthwise_range;
+#if QMM_CONV_AVX2
+  if (avx2_loops_usable()) range = avx2::depthwise_range;
+#endif
+  parallel_ranges(positions, task, tasks_worth_a_thread(task_ns),
+                  [&](int64_t, int64_t r0, int64_t r1) { range(x, x_signed, s, x_zp, w, acc, r0, r1); });
 }
 
 void requantize_columns(const int32_t* acc, const int32_t* bias, int64_t rows, int64_t cols, float a_scale,
@@ -331,3 +273,6 @@ void requantize_columns(const int32_t* acc, const int32_t* bias, int64_t rows, i
 }
 
 }  // namespace qmm
+
+#define QMM_CONV_NS portable
+#include "conv_loops.inc"

@@ -26,6 +26,9 @@ void conv_columns(const uint8_t* x, const ConvShape& s, uint8_t pad, int64_t row
 // = sum over taps of (x - x_zp) * w[tap, c], w [taps, C] already minus its zero point (int16). Taps
 // in the padding add nothing ((x_zp - x_zp) * w). x int8 (x_signed) or uint8. Over the thread pool.
 void conv_depthwise(const void* x, bool x_signed, const ConvShape& s, int32_t x_zp, const int16_t* w, int32_t* acc);
+// The depthwise loop conv_depthwise runs now: "avx2" (kernels/conv_avx2.cpp, where the avx2 build is
+// there, the CPU has AVX2 and the kernel level is avx2 or higher) or "portable" (csrc/conv_loops.inc).
+const char* conv_depthwise_path();
 
 // MaxPool of channels-last 8-bit codes: y [positions, C] = the maximum over each window's taps inside x
 // (padding never counts; a window with none, impossible with pads below the kernel, gives the type's

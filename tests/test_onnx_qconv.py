@@ -462,3 +462,35 @@ def test_session_reports_a_bad_node_by_name():
     model = _qlinear_conv_model(args, {**attrs, "group": 7 * attrs["group"]})
     with pytest.raises(ValueError, match=r"^InferenceSession: node 'conv' \(QLinearConv\): qlinear_conv: "):
         InferenceSession(model)
+
+
+def test_depthwise_loops_of_both_builds_give_the_oracles_sums():
+    """The depthwise loop is compiled for every CPU and again in the AVX2 build (csrc/conv_loops.inc):
+    both give the spec's sums (ConvInteger against the oracle), channel counts off the vector widths."""
+    import quantmatmul as qm
+    from quantmatmul import _core
+
+    rng = np.random.default_rng(31)
+    before = qm.cpu_info()["isa"]
+    try:
+        for isa in ("portable", "avx2"):
+            if isa not in qm.available_isas():
+                continue
+            qm.set_isa(isa)
+            assert _core.conv_depthwise_path() == isa
+            for channels in (1, 7, 8, 15, 16, 17, 33):
+                types = ORT_TYPES[channels % 3]
+                args, attrs = random_case(rng, types, nd=2, depthwise=True, narrow_w=_narrow())
+                x, _, xz, w, _, wz, *_ = args
+                x = rng.integers(np.iinfo(x.dtype).min, np.iinfo(x.dtype).max + 1, (2, channels, 9, 8)).astype(x.dtype)
+                w = rng.integers(np.iinfo(w.dtype).min, np.iinfo(w.dtype).max + 1, (channels, 1, *w.shape[2:])).astype(
+                    w.dtype
+                )
+                wz = np.zeros((), w.dtype) if w.dtype == np.int8 else np.asarray(rng.integers(0, 256), w.dtype)
+                attrs = {**attrs, "group": channels}
+                geometry = {k: attrs[k] for k in ("group", "strides", "pads", "dilations")}
+                np.testing.assert_array_equal(
+                    conv_integer(x, w, xz, wz, **attrs), oracle_sums(x, xz, w, wz, **geometry)
+                )
+    finally:
+        qm.set_isa(before)
