@@ -5,6 +5,8 @@
 #include <atomic>
 #include <bit>
 #include <cmath>
+#include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <mutex>
 #include <type_traits>
@@ -86,6 +88,17 @@ void reference_product(const QGemmDispatch& q, const uint8_t* a, bool a_signed, 
   }
 }
 
+// QUANTMATMUL_TRACE_SELF_TEST set: each self-test step on stderr before it runs, so that a native
+// kernel that crashes the process (rather than differing) is named by the last line.
+void trace(const std::string& step) {
+  static const bool on = std::getenv("QUANTMATMUL_TRACE_SELF_TEST") != nullptr;
+  if (on) std::fprintf(stderr, "quantmatmul: %s\n", step.c_str());
+}
+
+std::string shape_text(int64_t M, int64_t K, int64_t N) {
+  return std::to_string(M) + "x" + std::to_string(K) + "x" + std::to_string(N);
+}
+
 // Empty when `q` agrees with the portable kernel, else what differed.
 std::string self_test(const QGemmDispatch& q) {
   // Row counts around every layout's row groups (the tiles: 32 rows straight from the tiles, 17 through
@@ -94,6 +107,7 @@ std::string self_test(const QGemmDispatch& q) {
   uint32_t state = 12345;
   for (const auto& s : shapes) {
     const int64_t M = s[0], K = s[1], N = s[2];
+    trace("  " + shape_text(M, K, N));
     std::vector<uint8_t> a(static_cast<size_t>(M * K)), b(static_cast<size_t>(K * N));
     for (auto& x : a) x = static_cast<uint8_t>(lcg(state));
     for (auto& x : b) x = static_cast<uint8_t>(lcg(state));
@@ -145,10 +159,6 @@ bool pair_model(const char* order, const float* a, const float* b, int64_t M, in
   return true;
 }
 
-std::string shape_text(int64_t M, int64_t K, int64_t N) {
-  return std::to_string(M) + "x" + std::to_string(K) + "x" + std::to_string(N);
-}
-
 // Empty when `f` agrees with its models, else what differed.
 std::string self_test(const Float8Dispatch& f) {
   // Row counts around the tiles' row groups (6, 12, 16, 32) and their tails, columns around the
@@ -159,6 +169,7 @@ std::string self_test(const Float8Dispatch& f) {
   const int64_t G = f.a_group, PG = pair_group(f);
   for (const auto& s : shapes) {
     const int64_t M = s[0], K = s[1], N = s[2], KP = (K + 1) / 2, panels = (N + 15) / 16;
+    trace("  " + shape_text(M, K, N));
     std::vector<float> a(static_cast<size_t>(M * K)), b(static_cast<size_t>(K * N));
     std::vector<float> y(static_cast<size_t>(M * N)), expected(y.size());
     if (f.pair_rows) {
@@ -249,6 +260,8 @@ std::string self_test(const NBitsDispatch& e) {
         NBitsWeight weight = w;
         if (pack) weight.packed = &view;
         std::fill(y.begin(), y.end(), 0.0f);
+        trace("  level " + std::to_string(level) + (pack ? " packed " : " ") + shape_text(M, K, N) + " " +
+              std::to_string(bits) + "-bit");
         if (level == 0) matmul_nbits_f32(e, a.data(), M, weight, bias.data(), y.data());
         else matmul_nbits_int8(e, a.data(), M, weight, bias.data(), y.data());
         if (std::memcmp(y.data(), expected.data(), y.size() * sizeof(float)) != 0)
@@ -268,7 +281,9 @@ bool passes_self_test(const Entry* entry, const char* family, const Entry* porta
   std::lock_guard<std::mutex> lock(mutex);
   for (const auto& [e, ok] : done)
     if (e == entry) return ok;
-  std::string why = !entry->info.emulated && entry != portable ? self_test(*entry) : std::string();
+  const bool run = !entry->info.emulated && entry != portable;
+  if (run) trace(std::string("self-test ") + family + ":" + entry->info.name);
+  const std::string why = run ? self_test(*entry) : std::string();
   if (!why.empty()) {
     Registry& r = registry();
     r.failed.emplace_back(entry, why);
@@ -342,9 +357,18 @@ const Selection* interned(Isa isa, bool emulated) {
   return made.back().selection;
 }
 
+// The selection in use: null until set_isa or the first use, which takes the best level (so that a
+// level asked for first, as QUANTMATMUL_ISA is, never runs the self-tests of the levels above it).
 std::atomic<const Selection*>& current() {
-  static std::atomic<const Selection*> selection{interned(best_isa(), false)};
+  static std::atomic<const Selection*> selection{nullptr};
   return selection;
+}
+
+const Selection* selected() {
+  const Selection* s = current().load(std::memory_order_acquire);
+  if (s) return s;
+  const Selection* best = interned(best_isa(), false);
+  return current().compare_exchange_strong(s, best, std::memory_order_acq_rel) ? best : s;
 }
 
 template <class Entry>
@@ -356,11 +380,11 @@ bool has_level(const std::vector<const Entry*>& entries, Isa isa, bool emulated)
 
 }  // namespace
 
-const QGemmDispatch& qgemm_kernels() { return *current().load(std::memory_order_acquire)->qgemm; }
-const NBitsDispatch& nbits_kernels() { return *current().load(std::memory_order_acquire)->nbits; }
-const Float8Dispatch& float8_kernels() { return *current().load(std::memory_order_acquire)->float8; }
-Isa active_isa() { return current().load(std::memory_order_acquire)->isa; }
-bool active_emulated() { return current().load(std::memory_order_acquire)->emulated; }
+const QGemmDispatch& qgemm_kernels() { return *selected()->qgemm; }
+const NBitsDispatch& nbits_kernels() { return *selected()->nbits; }
+const Float8Dispatch& float8_kernels() { return *selected()->float8; }
+Isa active_isa() { return selected()->isa; }
+bool active_emulated() { return selected()->emulated; }
 
 bool isa_available(Isa isa, bool emulated) {
   if (isa == Isa::kPortable) return !emulated;
@@ -386,7 +410,7 @@ bool set_isa(Isa isa, bool emulated) {
 }
 
 void hide_features(Features features) {
-  const Selection* now = current().load(std::memory_order_acquire);
+  const Selection* now = selected();
   hidden.store(features);
   // The current level again under the new mask; the best available one if it has gone.
   const Isa isa = isa_available(now->isa, now->emulated) ? now->isa : best_isa();

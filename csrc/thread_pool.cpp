@@ -3,13 +3,13 @@
 
 #include <algorithm>
 #include <atomic>
+#include <cerrno>
 #include <chrono>
 #include <condition_variable>
+#include <cstdio>
 #include <cstdlib>
-#include <fstream>
 #include <memory>
 #include <mutex>
-#include <sstream>
 #include <string>
 #include <thread>
 #include <utility>
@@ -25,22 +25,55 @@
 namespace qmm {
 namespace {
 
+// The text of a small file ("" if unreadable), read with stdio: iostreams here crashed a process on
+// the device host (a stack overflow inside ifstream's extraction at the pool's first use, with
+// GCC 13's libstdc++ and numpy loaded; its cause not pinned down), and the cgroup files are a line or two.
+std::string read_text(const std::string& path) {
+  std::string text;
+  if (FILE* f = std::fopen(path.c_str(), "r")) {
+    char buf[4096];
+    for (size_t n; text.size() < (1u << 20) && (n = std::fread(buf, 1, sizeof buf, f)) > 0;) text.append(buf, n);
+    std::fclose(f);
+  }
+  return text;
+}
+
+// The whitespace-separated words of `text`.
+std::vector<std::string> words(const std::string& text) {
+  std::vector<std::string> out;
+  for (size_t i = 0;;) {
+    i = text.find_first_not_of(" \t\r\n", i);
+    if (i == std::string::npos) return out;
+    const size_t end = std::min(text.find_first_of(" \t\r\n", i), text.size());
+    out.push_back(text.substr(i, end - i));
+    i = end;
+  }
+}
+
+// The decimal integer that is all of `word`, or `fallback`.
+long long integer(const std::string& word, long long fallback) {
+  if (word.empty()) return fallback;
+  char* end = nullptr;
+  errno = 0;
+  const long long v = std::strtoll(word.c_str(), &end, 10);
+  return errno == 0 && *end == '\0' ? v : fallback;
+}
+
 // The quota in the cgroup directory dir, as CPUs rounded up (0: none set, or unreadable): cgroup v2's
 // cpu.max ("QUOTA PERIOD" or "max PERIOD"), v1's cpu.cfs_quota_us (-1: none) over cpu.cfs_period_us.
 int quota_in(const std::string& dir, bool v2) {
   long long quota = -1, period = 0;
   if (v2) {
-    std::ifstream max(dir + "/cpu.max");
-    std::string q;
-    if (!(max >> q >> period) || q == "max") return 0;
-    try {
-      quota = std::stoll(q);
-    } catch (...) {
-      return 0;
-    }
+    const std::vector<std::string> max = words(read_text(dir + "/cpu.max"));
+    if (max.size() < 2 || max[0] == "max") return 0;
+    quota = integer(max[0], -1);
+    period = integer(max[1], 0);
   } else {
-    std::ifstream q(dir + "/cpu.cfs_quota_us"), p(dir + "/cpu.cfs_period_us");
-    if (!(q >> quota) || !(p >> period)) return 0;
+    const std::vector<std::string> q = words(read_text(dir + "/cpu.cfs_quota_us"));
+    const std::vector<std::string> p = words(read_text(dir + "/cpu.cfs_period_us"));
+    if (q.empty() || p.empty()) return 0;
+    quota = integer(q[0], -1);
+    period = integer(p[0], 0);
   }
   if (quota <= 0 || period <= 0) return 0;
   const long long cpus = (quota + period - 1) / period;
@@ -249,9 +282,12 @@ class Pool {
 }  // namespace
 
 int cgroup_cpu_quota(const std::string& root) {
-  std::ifstream self(root + "/proc/self/cgroup");
+  const std::string self = read_text(root + "/proc/self/cgroup");
   int best = 0;
-  for (std::string line; std::getline(self, line);) {
+  for (size_t start = 0; start < self.size();) {
+    const size_t eol = std::min(self.find('\n', start), self.size());
+    const std::string line = self.substr(start, eol - start);
+    start = eol + 1;
     // "ID:CONTROLLERS:PATH": v2's one line has ID 0 and no controllers; v1's have a line per hierarchy.
     const size_t c1 = line.find(':'), c2 = c1 == std::string::npos ? c1 : line.find(':', c1 + 1);
     if (c2 == std::string::npos) continue;
@@ -263,9 +299,12 @@ int cgroup_cpu_quota(const std::string& root) {
     if (v2) {
       bases.push_back(root + "/sys/fs/cgroup");
     } else {
-      std::stringstream list(controllers);
       bool cpu = false;
-      for (std::string one; std::getline(list, one, ',');) cpu = cpu || one == "cpu";
+      for (size_t i = 0; i <= controllers.size();) {
+        const size_t comma = std::min(controllers.find(',', i), controllers.size());
+        cpu = cpu || controllers.compare(i, comma - i, "cpu") == 0;
+        i = comma + 1;
+      }
       if (!cpu) continue;
       bases.push_back(root + "/sys/fs/cgroup/" + controllers);  // "cpu,cpuacct" where mounted so
       if (controllers != "cpu") bases.push_back(root + "/sys/fs/cgroup/cpu");

@@ -358,6 +358,25 @@ def test_environment_variables():
         assert bad.returncode != 0 and f"QUANTMATMUL_NUM_THREADS={threads!r} is not a positive integer" in bad.stderr
 
 
+def test_a_requested_level_is_selected_before_the_levels_above_it_run():
+    # QUANTMATMUL_ISA=portable: no native entry is self-tested (the trace would name it); with no
+    # level requested, every native level this CPU runs is.
+    quiet = _run_python("import quantmatmul", QUANTMATMUL_ISA="portable", QUANTMATMUL_TRACE_SELF_TEST="1")
+    assert quiet.returncode == 0, quiet.stderr
+    assert "self-test" not in quiet.stderr
+    env = {k: v for k, v in os.environ.items() if k != "QUANTMATMUL_ISA"}
+    done = subprocess.run([sys.executable, "-c", "import quantmatmul"], capture_output=True, text=True, timeout=120,
+                          env=env | {"QUANTMATMUL_TRACE_SELF_TEST": "1"})
+    assert done.returncode == 0, done.stderr
+    native = [level for level in qm.available_isas() if level != "portable"]
+    tested = {line.split(":")[2] for line in done.stderr.splitlines() if line.startswith("quantmatmul: self-test")}
+    for level in native:  # every native level has an int8 GEMM entry named after it
+        assert level in tested, (level, done.stderr)
+    if "avx512_vnni" in native:
+        below = _run_python("import quantmatmul", QUANTMATMUL_ISA="avx2", QUANTMATMUL_TRACE_SELF_TEST="1")
+        assert below.returncode == 0 and "avx512" not in below.stderr and "amx" not in below.stderr, below.stderr
+
+
 def test_thread_counts_do_not_change_results():
     rng = np.random.default_rng(1)
     args = random_problem(rng, (u8, s8, u8), 77, 300, 190, per_column=True)

@@ -41,6 +41,10 @@ TREES = {
     "v2 the smaller of two": (["0::/a/b"], {"a/cpu.max": "800000 100000", "a/b/cpu.max": "400000 100000"}, 4),
     "v2 no file": (["0::/"], {}, 0),
     "v2 garbage": (["0::/"], {"cpu.max": "lots"}, 0),
+    "v2 quota with trailing text": (["0::/"], {"cpu.max": "200000x 100000"}, 0),
+    "v2 period zero": (["0::/"], {"cpu.max": "200000 0"}, 0),
+    "v2 one word": (["0::/"], {"cpu.max": "200000"}, 0),
+    "v2 tabs and spaces": (["0::/"], {"cpu.max": "  200000\t 100000 "}, 2),
     # cgroup v1: the cpu controller's hierarchy, mounted at the container's cgroup (docker) ...
     "v1 namespaced mount": (
         V1_LINES,
@@ -58,6 +62,17 @@ TREES = {
         ["3:memory:/x", "2:cpuset:/x"],
         {"cpu/cpu.cfs_quota_us": "100000", "cpu/cpu.cfs_period_us": "100000"},
         0,
+    ),
+    "v1 garbage": (V1_LINES, {"cpu,cpuacct/cpu.cfs_quota_us": "-", "cpu,cpuacct/cpu.cfs_period_us": "100000"}, 0),
+    "v1 cpuacct is not cpu": (
+        ["4:cpuacct:/"],
+        {"cpuacct/cpu.cfs_quota_us": "100000", "cpuacct/cpu.cfs_period_us": "100000"},
+        0,
+    ),
+    "v1 cpu last in the list": (
+        ["4:cpuacct,cpu:/"],
+        {"cpuacct,cpu/cpu.cfs_quota_us": "200000", "cpuacct,cpu/cpu.cfs_period_us": "100000"},
+        2,
     ),
     "no proc file": (None, {}, 0),
 }

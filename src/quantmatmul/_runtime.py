@@ -82,19 +82,19 @@ def _apply_environment() -> None:
     """QUANTMATMUL_ISA selects a level; a level this machine lacks falls back to the best it has.
     QUANTMATMUL_NUM_THREADS, where set and not empty, must be a positive integer (the pool reads it when first
     used). A native entry that failed its self-test is reported once."""
-    _core.active_isa()  # selects the entries (self-testing the native ones) now, not at the first product
-    report = _core.self_test_report()
-    if report:
-        warnings.warn(f"quantmatmul: kernels not used, their self-test failed: {report}", RuntimeWarning, stacklevel=3)
     threads = os.environ.get("QUANTMATMUL_NUM_THREADS")
     if threads and not (threads.strip().isdigit() and int(threads) > 0):  # empty: unset, as QUANTMATMUL_ISA
         raise ValueError(f"QUANTMATMUL_NUM_THREADS={threads!r} is not a positive integer")
     requested = os.environ.get("QUANTMATMUL_ISA")
-    if not requested:
-        return
-    if requested not in ISAS + EMULATED:
+    if requested and requested not in ISAS + EMULATED:
         raise ValueError(f"QUANTMATMUL_ISA={requested!r} is not one of {', '.join(ISAS + EMULATED)}")
-    _core.set_isa(requested)
+    # Select the entries now (self-testing the native ones), not at the first product; a requested
+    # level first, so that the levels above it are never run.
+    if not (requested and _core.set_isa(requested)):
+        _core.active_isa()
+    report = _core.self_test_report()
+    if report:
+        warnings.warn(f"quantmatmul: kernels not used, their self-test failed: {report}", RuntimeWarning, stacklevel=3)
 
 
 _apply_environment()
