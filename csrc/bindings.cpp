@@ -13,6 +13,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdlib>
+#include <stdexcept>
 #include <vector>
 
 #include "buffer.h"
@@ -728,16 +729,18 @@ void bind_onnx_ops(nb::module_& m) {
   // y int8 / uint8 [rows, cols] contiguous; numerics 0, 1, 2 as conv.h says.
   m.def(
       "requantize_columns",
-      [](const In& acc, std::optional<In> bias, float a_scale, const In& b_scale, float y_scale, int32_t zp, Out y,
-         bool y_signed, int numerics) {
+      [](const In& acc, std::optional<In> bias, std::optional<In> multiplier, float a_scale, const In& b_scale,
+         float y_scale, int32_t zp, Out y, bool y_signed, int numerics) {
         const auto rows = static_cast<int64_t>(acc.shape(0)), cols = static_cast<int64_t>(acc.shape(1));
         const auto* b = bias ? static_cast<const int32_t*>(bias->data()) : nullptr;
+        const auto* m = multiplier ? static_cast<const float*>(multiplier->data()) : nullptr;
+        if (!m && numerics != 2) throw std::invalid_argument("requantize_columns: the multiplier is required");
         nb::gil_scoped_release release;
-        qmm::requantize_columns(static_cast<const int32_t*>(acc.data()), b, rows, cols, a_scale,
+        qmm::requantize_columns(static_cast<const int32_t*>(acc.data()), b, rows, cols, m, a_scale,
                                 static_cast<const float*>(b_scale.data()), y_scale, zp, y_signed, y.data(), numerics);
       },
-      nb::arg("acc"), nb::arg("bias").none(), nb::arg("a_scale"), nb::arg("b_scale"), nb::arg("y_scale"), nb::arg("zp"),
-      nb::arg("y"), nb::arg("y_signed"), nb::arg("numerics"));
+      nb::arg("acc"), nb::arg("bias").none(), nb::arg("multiplier").none(), nb::arg("a_scale"), nb::arg("b_scale"),
+      nb::arg("y_scale"), nb::arg("zp"), nb::arg("y"), nb::arg("y_signed"), nb::arg("numerics"));
   m.def("dynamic_quantize_linear", [](const In& x, Out y) {
     qmm::DynamicQuantization q;
     {

@@ -251,16 +251,15 @@ void conv_depthwise(const void* x, bool x_signed, const ConvShape& s, int32_t x_
                   [&](int64_t, int64_t r0, int64_t r1) { range(x, x_signed, s, x_zp, w, acc, r0, r1); });
 }
 
-void requantize_columns(const int32_t* acc, const int32_t* bias, int64_t rows, int64_t cols, float a_scale,
-                        const float* b_scale, float y_scale, int32_t zp, bool y_signed, void* y, int numerics) {
-  std::vector<float> multiplier(static_cast<size_t>(cols));
-  for (int64_t c = 0; c < cols; ++c) multiplier[c] = (a_scale * b_scale[c]) / y_scale;  // float32, in this order
+void requantize_columns(const int32_t* acc, const int32_t* bias, int64_t rows, int64_t cols, const float* multiplier,
+                        float a_scale, const float* b_scale, float y_scale, int32_t zp, bool y_signed, void* y,
+                        int numerics) {
   if (rows == 0 || cols == 0) return;
   // The exact numerics' 128-bit arithmetic takes about 20x the float path's time per element.
   const int64_t task = rows_per_task(cols * (numerics == 2 ? 80 : 4));
   // about 0.7 ns per element (the exact numerics' 128-bit arithmetic: 40)
   const double task_ns = static_cast<double>(task * cols) * (numerics == 2 ? 40.0 : 0.7);
-  const float* m = multiplier.data();
+  const float* m = multiplier;
   parallel_ranges(rows, task, tasks_worth_a_thread(task_ns), [&](int64_t, int64_t r0, int64_t r1) {
     if (numerics == 0) {
       requantize_task<0>(acc, bias, r0, r1, cols, m, a_scale, b_scale, y_scale, zp, y_signed, y);

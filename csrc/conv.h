@@ -43,9 +43,11 @@ void transpose_planes(const void* src, int64_t element_bytes, int64_t batch, int
 // channels): acc [rows, cols] (row-major) plus bias[c] (none where null; int32 addition wraps, as the
 // spec's 32-bit accumulation), requantized with the scale a_scale * b_scale[c] / y_scale and zero
 // point zp to int8 (y_signed) or uint8 y [rows, cols], in one of requantize.h's numerics: 0 ONNX
-// Runtime's (the float32 multiplier f32(f32(a_scale * b_scale[c]) / y_scale)), 1 onnx.reference's
-// (that float32 multiplier applied in double), 2 exact. Over the thread pool.
-void requantize_columns(const int32_t* acc, const int32_t* bias, int64_t rows, int64_t cols, float a_scale,
-                        const float* b_scale, float y_scale, int32_t zp, bool y_signed, void* y, int numerics);
+// Runtime's (multiplier[c], the caller's float32 f32(f32(a_scale * b_scale[c]) / y_scale)), 1
+// onnx.reference's (that multiplier applied in double), 2 exact (from the scales; multiplier unread,
+// may be null). Over the thread pool.
+void requantize_columns(const int32_t* acc, const int32_t* bias, int64_t rows, int64_t cols, const float* multiplier,
+                        float a_scale, const float* b_scale, float y_scale, int32_t zp, bool y_signed, void* y,
+                        int numerics);
 
 }  // namespace qmm

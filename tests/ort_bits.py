@@ -1,8 +1,12 @@
-"""ort_bits.py: what the tests of ONNX Runtime's QLinear* operators share: a bit-for-bit check naming the first difference, read-only copies of the inputs."""
+"""ort_bits.py: what the tests against ONNX Runtime share: a bit-for-bit check naming the first difference, read-only copies of the inputs, the graph ORT optimizes a model into."""
 
 from __future__ import annotations
 
+import os
+import tempfile
+
 import numpy as np
+import onnx
 import pytest
 
 
@@ -26,3 +30,15 @@ def frozen(*arrays):
             a.flags.writeable = False
         out.append(a)
     return out
+
+
+def optimized_session(model: onnx.ModelProto):
+    """(ONNX Runtime's CPU session of model, the op types of the graph it optimized the model into)."""
+    import onnxruntime as ort
+
+    with tempfile.TemporaryDirectory() as folder:
+        options = ort.SessionOptions()
+        options.log_severity_level = 3
+        options.optimized_model_filepath = os.path.join(folder, "optimized.onnx")
+        session = ort.InferenceSession(model.SerializeToString(), options, providers=["CPUExecutionProvider"])
+        return session, [n.op_type for n in onnx.load(options.optimized_model_filepath).graph.node]

@@ -3,16 +3,15 @@
 from __future__ import annotations
 
 import itertools
-import os
-import tempfile
 
 import numpy as np
-import onnx
 import onnxruntime as ort
 import pytest
 from onnx import TensorProto, helper, numpy_helper
+from ort_bits import optimized_session
 from ort_quantizer import quantize_static_model, small_cnn
 from peer_deviations import _ort_u8s8_kernel_saturates, deviation, pinned_only
+from qdq_chain import Chain
 
 import quantmatmul
 import quantmatmul.onnx as qo
@@ -213,12 +212,7 @@ def cnn_feed(seed):
 
 
 def ort_optimized_types(model):
-    with tempfile.TemporaryDirectory() as folder:
-        options = ort.SessionOptions()
-        options.log_severity_level = 3
-        options.optimized_model_filepath = os.path.join(folder, "optimized.onnx")
-        ort.InferenceSession(model.SerializeToString(), options, providers=["CPUExecutionProvider"])
-        return [n.op_type for n in onnx.load(options.optimized_model_filepath).graph.node]
+    return optimized_session(model)[1]
 
 
 @ORT_PINNED
@@ -400,20 +394,11 @@ def random_cnn_chain(seed):
     MaxPool, AveragePool (pads, ceil_mode, count_include_pad), Sigmoid, LeakyRelu, Add with a second
     quantized input, Concat of channels with one (the first input maybe twice), GlobalAveragePool last.
     Every step's codes are graph outputs."""
-    rng = np.random.default_rng(seed)
-    inits, nodes, outputs = {}, [], []
+    chain = Chain(seed)
+    rng, inits, nodes = chain.rng, chain.inits, chain.nodes
     shape = [2, int(rng.integers(1, 9)), int(rng.integers(5, 12)), int(rng.integers(5, 12))]
-    inputs = [helper.make_tensor_value_info("x", TensorProto.FLOAT, shape)]
-
-    def quantize(source, name, scale=None, zero=None):
-        inits[f"{name}_s"] = np.array(scale if scale is not None else rng.uniform(0.01, 0.2), np.float32)
-        inits[f"{name}_z"] = np.array(zero if zero is not None else rng.integers(0, 256), U8)
-        nodes.append(helper.make_node("QuantizeLinear", [source, f"{name}_s", f"{name}_z"], [name]))
-        return name
-
-    def dequantize(codes):
-        nodes.append(helper.make_node("DequantizeLinear", [codes, f"{codes}_s", f"{codes}_z"], [f"{codes}_dq"]))
-        return f"{codes}_dq"
+    chain.input("x", shape)
+    quantize, dequantize = chain.quantize, chain.dequantize
 
     def pooled(size, k, s, pad, ceil):
         span = size + pad - k
@@ -469,12 +454,12 @@ def random_cnn_chain(seed):
             attrs = {"alpha": float(rng.uniform(0.01, 0.3))} if kind == "LeakyRelu" else {}
             nodes.append(helper.make_node(kind, [a], [out], **attrs))
         elif kind == "Add":
-            inputs.append(helper.make_tensor_value_info(f"z{step}", TensorProto.FLOAT, shape))
+            chain.input(f"z{step}", shape)
             other = dequantize(quantize(f"z{step}", f"zq{step}"))
             nodes.append(helper.make_node("Add", [a, other], [out]))
         elif kind == "Concat":  # of channels, with a second quantized input (the first maybe twice)
             extra = [2, int(rng.integers(1, 5)), *shape[2:]]
-            inputs.append(helper.make_tensor_value_info(f"z{step}", TensorProto.FLOAT, extra))
+            chain.input(f"z{step}", extra)
             other = dequantize(quantize(f"z{step}", f"zq{step}"))
             parts = [a, other] + ([a] if rng.random() < 0.5 else [])
             nodes.append(helper.make_node("Concat", parts, [out], axis=1))
@@ -483,19 +468,12 @@ def random_cnn_chain(seed):
             nodes.append(helper.make_node("GlobalAveragePool", [a], [out]))
             shape = [2, shape[1], 1, 1]
         codes = quantize(out, f"q{step}", scale, zero)
-        outputs.append(helper.make_tensor_value_info(codes, TensorProto.UINT8, shape))
-    graph = helper.make_graph(nodes, "cnn", inputs, outputs, [numpy_helper.from_array(v, k) for k, v in inits.items()])
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
-    onnx.checker.check_model(model)
-    feed = {
-        i.name: (rng.normal(size=[d.dim_value for d in i.type.tensor_type.shape.dim]) * 2).astype(np.float32)
-        for i in inputs
-    }
-    return model, feed
+        chain.output(codes, shape)
+    return chain.finish("cnn")
 
 
 @ORT_PINNED
-def test_random_qdq_cnn_chains_are_onnxruntime_bit_for_bit(tmp_path):
+def test_random_qdq_cnn_chains_are_onnxruntime_bit_for_bit():
     """40 random uint8 QDQ CNN chains: the session's rewritten graph runs as many QLinear* / QuantizeLinear /
     DequantizeLinear nodes as ONNX Runtime's optimized graph (the rules meet ORT's), and gives ORT's codes at
     every step."""
@@ -513,11 +491,7 @@ def test_random_qdq_cnn_chains_are_onnxruntime_bit_for_bit(tmp_path):
     for seed in range(40):
         model, x = random_cnn_chain(seed)
         session = qo.InferenceSession(model)
-        options = ort.SessionOptions()
-        options.optimized_model_filepath = str(tmp_path / f"chain{seed}.onnx")
-        options.log_severity_level = 3
-        reference = ort.InferenceSession(model.SerializeToString(), options, providers=["CPUExecutionProvider"])
-        ort_ops = [n.op_type for n in onnx.load(options.optimized_model_filepath).graph.node]
+        reference, ort_ops = optimized_session(model)
         ours_ops = [n.onnx_node.op_type for n in session._evaluator.rt_nodes_]
         assert {op: ours_ops.count(op) for op in counted} == {op: ort_ops.count(op) for op in counted}, (
             seed,

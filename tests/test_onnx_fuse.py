@@ -6,7 +6,9 @@ import numpy as np
 import onnx
 import pytest
 from onnx import TensorProto, helper, numpy_helper
+from ort_bits import optimized_session
 from peer_deviations import pinned_only
+from qdq_chain import Chain
 
 import quantmatmul
 import quantmatmul.onnx as qo
@@ -532,21 +534,12 @@ def random_qdq_chain(seed):
     quantizing its result at a fresh uint8 scale and zero point: MatMul by an int8 or uint8 weight (per
     tensor or per column, maybe a redundant Relu), Add / Mul with a second quantized input, Softmax,
     Transpose or Reshape (same quantization both sides, or not). Every step's codes are graph outputs."""
-    rng = np.random.default_rng(seed)
-    inits, nodes, outputs = {}, [], []
+    chain = Chain(seed)
+    rng, inits, nodes = chain.rng, chain.inits, chain.nodes
     rows, cols = int(rng.integers(2, 65)), int(rng.integers(3, 65))
     shape = [rows, cols]
-    inputs = [helper.make_tensor_value_info("x", TensorProto.FLOAT, shape)]
-
-    def quantize(source, name, scale=None, zero=None):
-        inits[f"{name}_s"] = np.array(scale if scale is not None else rng.uniform(0.01, 0.2), F32)
-        inits[f"{name}_z"] = np.array(zero if zero is not None else rng.integers(0, 256), U8)
-        nodes.append(helper.make_node("QuantizeLinear", [source, f"{name}_s", f"{name}_z"], [name]))
-        return name
-
-    def dequantize(codes):
-        nodes.append(helper.make_node("DequantizeLinear", [codes, f"{codes}_s", f"{codes}_z"], [f"{codes}_dq"]))
-        return f"{codes}_dq"
+    chain.input("x", shape)
+    quantize, dequantize = chain.quantize, chain.dequantize
 
     codes = quantize("x", "q0", 0.05, 128)
     for step in range(1, int(rng.integers(3, 7))):
@@ -572,7 +565,7 @@ def random_qdq_chain(seed):
                 nodes.append(helper.make_node("Relu", [out], [out + "r"]))
                 out, zero = out + "r", 0
         elif kind in ("Add", "Mul"):
-            inputs.append(helper.make_tensor_value_info(f"z{step}", TensorProto.FLOAT, shape))
+            chain.input(f"z{step}", shape)
             other = dequantize(quantize(f"z{step}", f"zq{step}"))
             nodes.append(helper.make_node(kind, [a, other], [out]))
         elif kind == "Softmax":
@@ -589,25 +582,16 @@ def random_qdq_chain(seed):
                 nodes.append(helper.make_node("Reshape", [a, f"shape{step}"], [out]))
                 shape = shape[::-1]
         codes = quantize(out, f"q{step}", scale, zero)
-        outputs.append(helper.make_tensor_value_info(codes, TensorProto.UINT8, shape))
-    graph = helper.make_graph(
-        nodes, "chain", inputs, outputs, [numpy_helper.from_array(v, k) for k, v in inits.items()]
-    )
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
-    onnx.checker.check_model(model)
-    feed = {
-        i.name: (rng.normal(size=[d.dim_value for d in i.type.tensor_type.shape.dim]) * 2).astype(F32) for i in inputs
-    }
-    return model, feed
+        chain.output(codes, shape)
+    return chain.finish("chain")
 
 
 @ORT_PINNED
-def test_random_qdq_chains_are_onnxruntime_bit_for_bit(tmp_path):
+def test_random_qdq_chains_are_onnxruntime_bit_for_bit():
     """40 random uint8 QDQ chains: the session's rewritten graph runs the operators ONNX Runtime's optimized
     graph runs (as many QLinearMatMul / QLinearAdd / QLinearMul / QLinearSoftmax, QuantizeLinear and
     DequantizeLinear: the rules meet ORT's), and gives ORT's codes at every step. (The graph as written
     agrees as well on these small chains: a float sum landing on the other side of a step is rare.)"""
-    import onnxruntime as ort
 
     counted = ("QLinearMatMul", "QLinearAdd", "QLinearMul", "QLinearSoftmax", "QuantizeLinear", "DequantizeLinear")
     fused = 0
@@ -615,11 +599,7 @@ def test_random_qdq_chains_are_onnxruntime_bit_for_bit(tmp_path):
         model, feed = random_qdq_chain(seed)
         session = qo.InferenceSession(model)
         fused += bool(session.fused)
-        options = ort.SessionOptions()
-        options.optimized_model_filepath = str(tmp_path / f"chain{seed}.onnx")
-        options.log_severity_level = 3
-        ort_session = ort.InferenceSession(model.SerializeToString(), options, providers=["CPUExecutionProvider"])
-        ort_ops = [n.op_type for n in onnx.load(options.optimized_model_filepath).graph.node]
+        ort_session, ort_ops = optimized_session(model)
         ours_ops = ops_run(session)
         assert {op: ours_ops.count(op) for op in counted} == {op: ort_ops.count(op) for op in counted}, seed
         ours, theirs = session.run(None, feed), ort_session.run(None, feed)

@@ -2,14 +2,11 @@
 
 from __future__ import annotations
 
-import os
-import tempfile
-
 import numpy as np
-import onnx
 import onnxruntime as ort
 import pytest
 from onnx import TensorProto, helper, numpy_helper
+from ort_bits import optimized_session
 
 import quantmatmul
 import quantmatmul.onnx as qo
@@ -87,12 +84,7 @@ def dq_matmul_model(
 
 
 def ort_optimized(model) -> list[str]:
-    with tempfile.TemporaryDirectory() as folder:
-        options = ort.SessionOptions()
-        options.log_severity_level = 3
-        options.optimized_model_filepath = os.path.join(folder, "o.onnx")
-        ort.InferenceSession(model.SerializeToString(), options, providers=["CPUExecutionProvider"])
-        return [n.op_type for n in onnx.load(options.optimized_model_filepath).graph.node]
+    return optimized_session(model)[1]
 
 
 CASES = {
@@ -147,7 +139,8 @@ def test_weight_only_group_runs_as_matmul_nbits(case):
         for r in report.rows
         if r["op_type"] == "QDQ MatMul -> MatMulNBits" or r["op_type"] == "QDQ Gemm -> MatMulNBits"
     ]
-    assert row["ok"] in (True, None) and report.ok, str(report)
+    # float16: ONNX Runtime 1.32's optimizer leaves this group as written, so compare's row is not compared (None)
+    assert row["ok"] is (None if CASES[case].get("float16") else True) and report.ok, str(report)
 
 
 @pytest.mark.parametrize(

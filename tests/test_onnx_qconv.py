@@ -9,6 +9,7 @@ from fractions import Fraction
 import numpy as np
 import onnxruntime as ort
 import pytest
+from conftest import kernel_entry
 from onnx import TensorProto, helper, numpy_helper
 from peer_deviations import _ort_u8s8_kernel_saturates, deviation, peer_refuses
 
@@ -471,12 +472,10 @@ def test_depthwise_loops_of_both_builds_give_the_oracles_sums():
     from quantmatmul import _core
 
     rng = np.random.default_rng(31)
-    before = qm.cpu_info()["isa"]
-    try:
-        for isa in ("portable", "avx2"):
-            if isa not in qm.available_isas():
-                continue
-            qm.set_isa(isa)
+    for isa in ("portable", "avx2"):
+        if isa not in qm.available_isas():
+            continue
+        with kernel_entry("qgemm", isa):
             assert _core.conv_depthwise_path() == isa
             for channels in (1, 7, 8, 15, 16, 17, 33):
                 types = ORT_TYPES[channels % 3]
@@ -492,5 +491,3 @@ def test_depthwise_loops_of_both_builds_give_the_oracles_sums():
                 np.testing.assert_array_equal(
                     conv_integer(x, w, xz, wz, **attrs), oracle_sums(x, xz, w, wz, **geometry)
                 )
-    finally:
-        qm.set_isa(before)

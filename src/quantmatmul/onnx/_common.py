@@ -11,6 +11,17 @@ from onnx import TensorProto, external_data_helper, helper, numpy_helper
 
 MS_DOMAIN = "com.microsoft"
 
+# The ONNX attributes quantmatmul's functions take as keywords, per operator (a fused node copies them).
+CONV_ATTRIBUTES = ("auto_pad", "dilations", "group", "kernel_shape", "pads", "strides")
+AVERAGE_POOL_ATTRIBUTES = ("auto_pad", "ceil_mode", "count_include_pad", "kernel_shape", "pads", "strides")
+MAX_POOL_ATTRIBUTES = ("auto_pad", "dilations", "kernel_shape", "pads", "strides")
+
+
+def attributes(node, names=None) -> dict:
+    """node's attributes as Python values, strings decoded; only those named in names, where given."""
+    values = {a.name: helper.get_attribute_value(a) for a in node.attribute if names is None or a.name in names}
+    return {k: v.decode() if isinstance(v, bytes) else v for k, v in values.items()}
+
 
 def load_model(fn: str, model, *, copy: bool) -> onnx.ModelProto:
     """model as a ModelProto: a path is read with its external data; a ModelProto is copied when copy is set

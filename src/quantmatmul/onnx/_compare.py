@@ -15,7 +15,18 @@ from ..qlinear import NUMERICS, qlinear_matmul
 from ..quantize_linear import _QUANT_TYPES as DEQUANTIZE_TYPES
 from ..quantize_linear import dequantize_linear, quantize_linear
 from ..reference import matmul_nbits as nbits_oracle
-from ._common import MS_DOMAIN, check_feed, format_table, graph_inputs, load_model, np_dtype, to_array
+from ._common import (
+    AVERAGE_POOL_ATTRIBUTES,
+    CONV_ATTRIBUTES,
+    MS_DOMAIN,
+    attributes,
+    check_feed,
+    format_table,
+    graph_inputs,
+    load_model,
+    np_dtype,
+    to_array,
+)
 from ._fuse import fuse_qdq
 from ._integer import _integer_operand, _matmul_integer, dynamic_quantize_linear
 from ._qconv import conv_integer, qlinear_conv
@@ -435,25 +446,16 @@ def _qlinear_row(run, a, b, theirs, numerics):
     return _row(theirs.size, differing, max_diff, None, ok, note)
 
 
-def _conv_attributes(node) -> dict:
-    attrs = {a.name: onnx.helper.get_attribute_value(a) for a in node.attribute}
-    keep = ("auto_pad", "dilations", "group", "kernel_shape", "pads", "strides")
-    attrs = {k: v for k, v in attrs.items() if k in keep}
-    if isinstance(attrs.get("auto_pad"), bytes):
-        attrs["auto_pad"] = attrs["auto_pad"].decode()
-    return attrs
-
-
 def _check_qlinear_conv(node, inputs, outputs, numerics):
     args = (list(inputs) + [None] * 9)[:9]
-    run = functools.partial(qlinear_conv, *args, **_conv_attributes(node))
+    run = functools.partial(qlinear_conv, *args, **attributes(node, CONV_ATTRIBUTES))
     return _qlinear_row(run, args[0], args[3], outputs[0], numerics)
 
 
 def _check_conv_integer(node, inputs, outputs, numerics):
     x, w = inputs[0], inputs[1]
     args = (list(inputs) + [None] * 4)[:4]
-    ours = conv_integer(*args, **_conv_attributes(node))
+    ours = conv_integer(*args, **attributes(node, CONV_ATTRIBUTES))
     differing, max_diff = _int_diff(ours, outputs[0])
     note = ""
     if differing:
@@ -476,7 +478,7 @@ def _check_matmul_integer(node, inputs, outputs, numerics):
 
 def _check_qgemm(node, inputs, outputs, numerics):
     """ONNX Runtime's QGemm against quantmatmul's (ORT's bits whatever the numerics: its own operator)."""
-    attrs = {a.name: onnx.helper.get_attribute_value(a) for a in node.attribute}
+    attrs = attributes(node)
     args = (list(inputs) + [None] * 9)[:9]
     ours = qgemm(
         *args,
@@ -492,13 +494,12 @@ def _check_qgemm(node, inputs, outputs, numerics):
     return _row(ours.size, differing, max_diff, None, differing == 0 and ours.dtype == theirs.dtype, note)
 
 
-_POOL_KEYWORDS = ("auto_pad", "ceil_mode", "channels_last", "count_include_pad", "kernel_shape", "pads", "strides")
 _ORT_OPERATORS = {  # ORT's own com.microsoft operators: (function, its keyword attributes, inputs it takes)
     "QLinearAdd": (qlinear_add, (), 8),
     "QLinearMul": (qlinear_mul, (), 8),
     "QLinearSoftmax": (qlinear_softmax, ("axis", "opset"), 5),
     "QLinearGlobalAveragePool": (qlinear_global_average_pool, ("channels_last",), 5),
-    "QLinearAveragePool": (qlinear_average_pool, _POOL_KEYWORDS, 5),
+    "QLinearAveragePool": (qlinear_average_pool, (*AVERAGE_POOL_ATTRIBUTES, "channels_last"), 5),
     "QLinearSigmoid": (qlinear_sigmoid, (), 5),
     "QLinearLeakyRelu": (qlinear_leaky_relu, ("alpha",), 5),
     "QLinearConcat": (qlinear_concat, ("axis",), None),
@@ -509,8 +510,7 @@ def _check_qlinear_elementwise(node, inputs, outputs, numerics):
     """ORT's element-wise, pooling and concatenating QLinear* operators: its bits (onnx/_qlinear_ops.py,
     _qlinear_pool.py, _qlinear_unary.py)."""
     function, keywords, count = _ORT_OPERATORS[node.op_type]
-    attrs = {a.name: onnx.helper.get_attribute_value(a) for a in node.attribute}
-    attrs = {k: v.decode() if isinstance(v, bytes) else v for k, v in attrs.items() if k in keywords}
+    attrs = attributes(node, keywords)
     if node.op_type == "QLinearSoftmax":
         attrs.setdefault("axis", -1)
     args = list(inputs) if count is None else (list(inputs) + [None] * count)[:count]
@@ -520,7 +520,7 @@ def _check_qlinear_elementwise(node, inputs, outputs, numerics):
 
 
 def _check_quantize(node, inputs, outputs, numerics):
-    attrs = {a.name: onnx.helper.get_attribute_value(a) for a in node.attribute}
+    attrs = attributes(node)
     zp = inputs[2] if len(inputs) > 2 else None
     if zp is None and attrs.get("output_dtype"):
         zp = np.zeros(np.shape(inputs[1]), np_dtype(attrs["output_dtype"]))
@@ -552,7 +552,7 @@ def _check_dequantize(node, inputs, outputs, numerics):
     theirs = outputs[0]
     if np.asarray(inputs[0]).dtype not in DEQUANTIZE_TYPES:
         return _row(theirs.size, None, None, None, None, f"not compared: {np.asarray(inputs[0]).dtype} input")
-    attrs = {a.name: onnx.helper.get_attribute_value(a) for a in node.attribute}
+    attrs = attributes(node)
     zp = inputs[2] if len(inputs) > 2 else None
     ours = dequantize_linear(inputs[0], inputs[1], zp, axis=attrs.get("axis", 1), block_size=attrs.get("block_size", 0))
     same = ours.tobytes() == np.asarray(theirs, ours.dtype).tobytes() and ours.shape == theirs.shape
@@ -565,7 +565,7 @@ def _check_dequantize(node, inputs, outputs, numerics):
 
 
 def _check_nbits(node, inputs, outputs, numerics):
-    attrs = {a.name: onnx.helper.get_attribute_value(a) for a in node.attribute}
+    attrs = attributes(node)
     layout = {"K": attrs["K"], "N": attrs["N"], "bits": attrs.get("bits", 4), "block_size": attrs["block_size"]}
     level = int(attrs.get("accuracy_level", 0))
     A = inputs[0]

@@ -67,7 +67,7 @@ import onnx
 from onnx import helper, numpy_helper
 
 from ..nbits_layout import pack_nbits
-from ._common import MS_DOMAIN, np_dtype
+from ._common import AVERAGE_POOL_ATTRIBUTES, CONV_ATTRIBUTES, MS_DOMAIN, attributes, np_dtype
 
 _INT8 = (np.dtype(np.int8), np.dtype(np.uint8))
 _ELEMENTWISE = {
@@ -80,12 +80,10 @@ _ELEMENTWISE = {
     "LeakyRelu": "QLinearLeakyRelu",
 }
 _BINARY = ("Add", "Mul")
-_AVERAGE_POOL_ATTRIBUTES = ("auto_pad", "ceil_mode", "count_include_pad", "kernel_shape", "pads", "strides")
 # ops that only move data (input 0's), and MaxPool, which only picks among it (DequantizeLinear of a positive
 # scale keeps the order): a DQ -> op -> Q pair of one scale and zero point is dropped, the op runs on the codes
 _DATA_MOVEMENT = ("Reshape", "Transpose", "Squeeze", "Unsqueeze", "Flatten", "Gather", "Slice", "Expand", "MaxPool")
 _PASS_THROUGH = (*_DATA_MOVEMENT, "Identity")  # ops whose output has input 0's element type
-_CONV_ATTRIBUTES = ("auto_pad", "dilations", "group", "kernel_shape", "pads", "strides")
 _NBITS_TYPES = {
     onnx.TensorProto.INT4: 4,
     onnx.TensorProto.UINT4: 4,
@@ -204,7 +202,7 @@ def _conv_node(g, zero_point, label: str) -> onnx.NodeProto:
     if g.c is not None:
         inputs.append(g.c.input[0])
     node = helper.make_node("QLinearConv", inputs, [g.q.output[0]], name=g.node.name or None)
-    node.attribute.extend(a for a in g.node.attribute if a.name in _CONV_ATTRIBUTES)
+    node.attribute.extend(a for a in g.node.attribute if a.name in CONV_ATTRIBUTES)
     return node
 
 
@@ -237,7 +235,7 @@ def _elementwise_node(g, opset: int, zero_point, label: str) -> onnx.NodeProto:
     op_type = _ELEMENTWISE[g.node.op_type]
     node = helper.make_node(op_type, inputs, [g.q.output[0]], name=g.node.name or None, domain=MS_DOMAIN, **attributes)
     if g.node.op_type == "AveragePool":
-        node.attribute.extend(a for a in g.node.attribute if a.name in _AVERAGE_POOL_ATTRIBUTES)
+        node.attribute.extend(a for a in g.node.attribute if a.name in AVERAGE_POOL_ATTRIBUTES)
     return node
 
 
@@ -655,10 +653,7 @@ def _arg(node, index: int) -> str:
 
 
 def _attr(node, name: str, default):
-    for attribute in node.attribute:
-        if attribute.name == name:
-            return helper.get_attribute_value(attribute)
-    return default
+    return attributes(node, (name,)).get(name, default)
 
 
 def _per_tensor(scale, zp) -> bool:

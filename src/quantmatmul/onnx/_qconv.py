@@ -144,6 +144,7 @@ def qlinear_conv(
             raise TypeError(f"{fn}: B must be int32, got {bias.dtype}")
         if bias.shape != (M,):
             raise ValueError(f"{fn}: B must have one value per output channel ([{M}]), got shape {bias.shape}")
+    multiplier = None  # float32 f32(f32(x_scale * w_scale[m]) / y_scale), as ORT forms it; exact: unused
     if numerics != "exact":
         with np.errstate(over="ignore", under="ignore"):
             multiplier = (x_s * weight.scale) / y_s
@@ -169,6 +170,7 @@ def qlinear_conv(
     _core.requantize_columns(
         acc,
         None if bias is None else np.ascontiguousarray(bias),
+        multiplier,
         float(x_s),
         weight.scale,
         float(y_s),

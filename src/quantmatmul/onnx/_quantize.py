@@ -14,7 +14,7 @@ from ..matmul_nbits import ACCURACY_LEVELS
 from ..quantize_nbits import CALIBRATED_METHODS as _H_METHODS
 from ..quantize_nbits import METHODS as _W_METHODS
 from ..quantize_nbits import quantize_nbits
-from ._common import MS_DOMAIN, load_model, to_array
+from ._common import MS_DOMAIN, attributes, load_model, to_array
 
 __all__ = ["quantize", "quantize_model", "QuantizedNode", "SkippedNode"]
 
@@ -371,7 +371,7 @@ def examine(node, stack) -> Found | str:
     tensor, owner = found
     alpha, beta, trans_b, c = 1.0, 1.0, 0, None
     if node.op_type == "Gemm":
-        attrs = {a.name: helper.get_attribute_value(a) for a in node.attribute}
+        attrs = attributes(node)
         if attrs.get("transA", 0):
             return "transA=1 (MatMulNBits takes A as it is)"
         alpha, beta = float(attrs.get("alpha", 1.0)), float(attrs.get("beta", 1.0))

@@ -16,7 +16,20 @@ from ..matmul_nbits import MatMulNBits, matmul_nbits
 from ..qlinear import NUMERICS, QLinearMatMul, qlinear_matmul
 from ..quantize_linear import _QUANT_TYPES as DEQUANTIZE_TYPES
 from ..quantize_linear import dequantize_linear, quantize_linear
-from ._common import MS_DOMAIN, NodeArg, check_feed, graph_inputs, load_model, node_arg, np_dtype, to_array
+from ._common import (
+    AVERAGE_POOL_ATTRIBUTES,
+    CONV_ATTRIBUTES,
+    MAX_POOL_ATTRIBUTES,
+    MS_DOMAIN,
+    NodeArg,
+    attributes,
+    check_feed,
+    graph_inputs,
+    load_model,
+    node_arg,
+    np_dtype,
+    to_array,
+)
 from ._fuse import fuse_qdq as _fuse_qdq
 from ._fuse import subgraph_reads
 from ._integer import _integer_operand, _matmul_integer, dynamic_quantize_linear, matmul_integer
@@ -290,7 +303,7 @@ class _MatMulNBits(_Op):
 
     def __init__(self, onnx_node, run_params, schema=None):
         super().__init__(onnx_node, run_params, schema)
-        attrs = {a.name: onnx.helper.get_attribute_value(a) for a in onnx_node.attribute}
+        attrs = attributes(onnx_node)
         self._attrs = {
             "K": attrs.get("K"),
             "N": attrs.get("N"),
@@ -403,7 +416,7 @@ class _QGemm(_Op):
 
     def __init__(self, onnx_node, run_params, schema=None):
         super().__init__(onnx_node, run_params, schema)
-        attrs = {a.name: onnx.helper.get_attribute_value(a) for a in onnx_node.attribute}
+        attrs = attributes(onnx_node)
         self._alpha = float(attrs.get("alpha", 1.0))
         self._trans_a, self._trans_b = bool(attrs.get("transA", 0)), bool(attrs.get("transB", 0))
         b, b_zp = self._constant(3), self._constant(5)
@@ -444,16 +457,8 @@ class _ConvOp(_Op):
 
     def __init__(self, onnx_node, run_params, schema=None):
         super().__init__(onnx_node, run_params, schema)
-        attrs = {a.name: onnx.helper.get_attribute_value(a) for a in onnx_node.attribute}
-        auto_pad = attrs.get("auto_pad", "NOTSET")
-        self._attrs = {
-            "auto_pad": auto_pad.decode() if isinstance(auto_pad, bytes) else auto_pad,
-            "dilations": attrs.get("dilations"),
-            "kernel_shape": attrs.get("kernel_shape"),
-            "pads": attrs.get("pads"),
-            "strides": attrs.get("strides"),
-        }
-        self._group = int(attrs.get("group", 1))
+        self._attrs = attributes(onnx_node, CONV_ATTRIBUTES)
+        self._group = int(self._attrs.pop("group", 1))
         w, w_zp = self._constant(self._W), self._constant(self._W_ZP)
         w_scale = self._constant(self._W_SCALE) if self._W_SCALE is not None else None
         self._held = None
@@ -521,7 +526,7 @@ class _QLinearSoftmax(_Op):
 
     def __init__(self, onnx_node, run_params, schema=None):
         super().__init__(onnx_node, run_params, schema)
-        attrs = {a.name: onnx.helper.get_attribute_value(a) for a in onnx_node.attribute}
+        attrs = attributes(onnx_node)
         if "opset" not in attrs:
             raise _NodeError(onnx_node, ValueError("QLinearSoftmax needs the attribute opset"))
         self._axis, self._opset = attrs.get("axis", -1), attrs["opset"]
@@ -539,8 +544,7 @@ class _MsAttributes(_Op):
 
     def __init__(self, onnx_node, run_params, schema=None):
         super().__init__(onnx_node, run_params, schema)
-        attrs = {a.name: onnx.helper.get_attribute_value(a) for a in onnx_node.attribute}
-        self._attrs = {k: v.decode() if isinstance(v, bytes) else v for k, v in attrs.items() if k in self._KEYWORDS}
+        self._attrs = attributes(onnx_node, self._KEYWORDS)
 
 
 class _QLinearGlobalAveragePool(_MsAttributes):
@@ -555,7 +559,7 @@ class _QLinearGlobalAveragePool(_MsAttributes):
 class _QLinearAveragePool(_MsAttributes):
     """com.microsoft QLinearAveragePool as ONNX Runtime computes it (onnx/_qlinear_pool.py)."""
 
-    _KEYWORDS = ("auto_pad", "ceil_mode", "channels_last", "count_include_pad", "kernel_shape", "pads", "strides")
+    _KEYWORDS = (*AVERAGE_POOL_ATTRIBUTES, "channels_last")
 
     def _compute(self, X, x_scale, x_zero_point=None, y_scale=None, y_zero_point=None, **_):
         return (qlinear_average_pool(X, x_scale, x_zero_point, y_scale, y_zero_point, **self._attrs),)
@@ -598,7 +602,7 @@ class _AxisSoftmax(_Op):
         X = np.asarray(X)
         if opset >= 13 or X.ndim == 0:
             return reference.run(X)
-        attrs = {a.name: onnx.helper.get_attribute_value(a) for a in self.onnx_node.attribute}
+        attrs = attributes(self.onnx_node)
         axis = int(attrs.get("axis", 1))
         if not -X.ndim <= axis <= X.ndim:
             raise ValueError(f"{self.onnx_node.op_type}: axis {axis} is out of range for {X.ndim}-D input")
@@ -614,22 +618,12 @@ class _MaxPool(_Op):
     Indices output, ceil_mode, or a float input holding NaN, onnx.reference's own."""
 
     def _compute(self, X, **_):
-        attrs = {a.name: onnx.helper.get_attribute_value(a) for a in self.onnx_node.attribute}
+        attrs = attributes(self.onnx_node)
         X = np.asarray(X)
         indices = len(self.onnx_node.output) > 1 and self.onnx_node.output[1]
         if indices or attrs.get("ceil_mode", 0) or (X.dtype.kind == "f" and np.isnan(X).any()) or X.ndim < 3:
             return _reference_op(self).run(X)
-        auto_pad = attrs.get("auto_pad", "NOTSET")
-        return (
-            max_pool(
-                X,
-                auto_pad=auto_pad.decode() if isinstance(auto_pad, bytes) else auto_pad,
-                dilations=attrs.get("dilations"),
-                kernel_shape=attrs.get("kernel_shape"),
-                pads=attrs.get("pads"),
-                strides=attrs.get("strides"),
-            ),
-        )
+        return (max_pool(X, **{k: v for k, v in attrs.items() if k in MAX_POOL_ATTRIBUTES}),)
 
 
 def _op_classes(constants: dict, numerics: str) -> list:
