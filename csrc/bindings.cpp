@@ -14,6 +14,7 @@
 #include <cmath>
 #include <cstdlib>
 #include <stdexcept>
+#include <string>
 #include <vector>
 
 #include "buffer.h"
@@ -678,12 +679,24 @@ void bind_onnx_ops(nb::module_& m) {
   m.def("erf_paths", &qmm::erf_paths);
   m.def("keep_heap", &qmm::keep_heap);  // the session's heap settings (glibc)
   // table uint8 [65536], x, y, out uint8 contiguous of one size.
-  m.def("lookup_pairs", [](const In& table, const In& x, const In& y, Out out) {
-    const auto count = static_cast<int64_t>(x.size());
-    nb::gil_scoped_release release;
-    qmm::lookup_pairs(static_cast<const uint8_t*>(table.data()), static_cast<const uint8_t*>(x.data()),
-                      static_cast<const uint8_t*>(y.data()), count, static_cast<uint8_t*>(out.data()));
-  });
+  // QLinearAdd / QLinearMul (onnx/_qlinear_ops.py): x, y and out contiguous 8-bit codes of one size.
+  const auto same_size = [](const char* fn, const In& x, const In& y, const Out& out) {
+    if (x.size() != y.size() || x.size() != out.size()) throw std::invalid_argument(std::string(fn) + ": sizes differ");
+    return static_cast<int64_t>(x.size());
+  };
+  m.def("qlinear_add_codes",
+        [same_size](const In& x, const In& y, bool is_signed, float rx, float ry, float k, Out out) {
+          const int64_t count = same_size("qlinear_add_codes", x, y, out);
+          nb::gil_scoped_release release;
+          qmm::qlinear_add_codes(x.data(), y.data(), count, is_signed, rx, ry, k, out.data());
+        });
+  m.def("qlinear_mul_codes",
+        [same_size](const In& x, const In& y, bool is_signed, int32_t zx, int32_t zy, float r, float zc, Out out) {
+          const int64_t count = same_size("qlinear_mul_codes", x, y, out);
+          nb::gil_scoped_release release;
+          qmm::qlinear_mul_codes(x.data(), y.data(), count, is_signed, zx, zy, r, zc, out.data());
+        });
+  m.def("qlinear_binary_path", &qmm::qlinear_binary_path);
 
   // QLinearConv / ConvInteger (onnx/_qconv.py): x channels-last [N, D..., C] contiguous 8-bit codes;
   // the geometry as qmm::ConvShape has it (shape = N, C, group); outputs contiguous, as conv.h says.

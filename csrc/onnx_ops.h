@@ -34,9 +34,19 @@ DynamicQuantization dynamic_quantization(const float* x, int64_t count);
 // quantize_linear.h's arithmetic: ONNX Runtime's, whatever the scale, 0 and infinity included).
 DynamicQuantization dynamic_quantize_linear(const float* x, int64_t count, uint8_t* y);
 
-// out[i] = table[x[i] * 256 + y[i]] for i < count (bytes): QLinearAdd / QLinearMul's 256 x 256 result
-// tables (onnx/_qlinear_ops.py) for operands of one shape. Over the thread pool.
-void lookup_pairs(const uint8_t* table, const uint8_t* x, const uint8_t* y, int64_t count, uint8_t* out);
+// QLinearAdd and QLinearMul as ONNX Runtime's x86-64 kernels compute them (onnx/_qlinear_ops.py), on
+// int8 (is_signed) or uint8 x and y of `count` elements each, over the thread pool:
+//   add: out[i] = sat(cvt(fma32(x[i], rx, fma32(y[i], ry, k))))
+//   mul: out[i] = sat(cvt(f32(f32(f32((x[i] - zx) * (y[i] - zy)) * r) + zc)))
+// (cvt: cvtps2dq, round half to even, NaN and |v| >= 2^31 INT32_MIN; sat: the 8-bit type's range).
+// The loops of qlinear_binary_loops.inc, built for the baseline and for AVX2 (the same bytes).
+void qlinear_add_codes(const void* x, const void* y, int64_t count, bool is_signed, float rx, float ry, float k,
+                       void* out);
+void qlinear_mul_codes(const void* x, const void* y, int64_t count, bool is_signed, int32_t zx, int32_t zy, float r,
+                       float zc, void* out);
+// The build qlinear_add_codes / qlinear_mul_codes run now: "avx2" (where built, the CPU has it and
+// the kernel level is avx2 or higher) or "portable".
+const char* qlinear_binary_path();
 
 // The C library's heap keeps up to top_pad bytes of freed memory at its top for reuse instead of
 // handing them back to the system, and serves blocks below mmap_threshold bytes from the heap

@@ -143,14 +143,13 @@ KINDS = ["typical", "fixed_point", "float_only", "powers_of_two", "extreme"]
 @pytest.mark.parametrize("op", ["QLinearAdd", "QLinearMul"])
 def test_every_value_pair_under_many_scales(op, dtype, monkeypatch):
     """All 65536 (a, b) pairs through each broadcasting functor, under 150 parameter sets: 30 of each scale
-    kind, random zero points (C's left out at times); every other set twice over, so that qlinear_add
-    takes its 256 x 256 table path (the others with the table's threshold raised past them: the
-    element-wise path). A wrong float32 order or a missing (or extra) FMA shows here: the rounding
+    kind, random zero points (C's left out at times); every other set twice over, so that the C++ loops
+    run it (the others with their threshold raised past them: numpy's element-wise arithmetic). A wrong float32 order or a missing (or extra) FMA shows here: the rounding
     differs in about one element in 400 000."""
-    monkeypatch.setattr(_qlinear_ops, "_TABLE_FROM", 65536)
+    monkeypatch.setattr(_qlinear_ops, "_NATIVE_FROM", 65536)
     rng = np.random.default_rng([0 if op == "QLinearAdd" else 1, np.dtype(dtype).num])
     pairs = [all_pairs(dtype, mode) for mode in range(3)]
-    doubled = [(np.concatenate([A, A]), np.concatenate([B, B])) for A, B in pairs]  # past qlinear_add's table size
+    doubled = [(np.concatenate([A, A]), np.concatenate([B, B])) for A, B in pairs]  # past the C++ loops' threshold
     checked = 0
     for i in range(150):
         scales = binary_scales(rng, KINDS[i % len(KINDS)], op)
@@ -531,20 +530,41 @@ def test_quantize_static_default_ops_model_runs_as_onnxruntime(activation, tmp_p
 
 @pytest.mark.parametrize("dtype", [U8, S8])
 @pytest.mark.parametrize("function", [qlinear_add, qlinear_mul], ids=["add", "mul"])
-def test_large_outputs_look_up_the_direct_arithmetic(function, dtype):
-    """Outputs of 4,096 elements and more read a 256 x 256 table (operands of the output's shape: one C++
-    pass; broadcast ones: numpy's take); every element equals the direct arithmetic of small outputs."""
+def test_large_outputs_run_the_same_arithmetic_in_cpp(function, dtype):
+    """Outputs of more than 4,096 elements run the C++ loops (csrc/qlinear_binary_loops.inc: operands
+    broadcast to the output's shape first), in both builds of them (portable, and avx2 where the CPU has
+    it); every element equals numpy's arithmetic on pieces of at most 4,096 elements. Lengths around the
+    AVX2 loop's 32 elements and a task's 65,536, broadcast operands, and every (a, b) pair under 24
+    parameter sets (an unfused multiply-add shows in about one element in 400,000)."""
+    from conftest import kernel_entry
+
+    import quantmatmul as qm
+    from quantmatmul import _core
+
+    paths = [isa for isa in ("portable", "avx2") if isa in qm.available_isas()]
     rng = np.random.default_rng(np.dtype(dtype).num)
     info = np.iinfo(dtype)
-    for shape_a, shape_b in (((3, 50, 41), (3, 50, 41)), ((3, 50, 41), (50, 1)), ((2, 3000), (2, 3000))):
-        A = rng.integers(info.min, info.max + 1, shape_a).astype(dtype)
-        B = rng.integers(info.min, info.max + 1, shape_b).astype(dtype)
+    codes = np.arange(256, dtype=np.uint8).view(dtype)
+    every_pair = (np.repeat(codes, 256), np.tile(codes, 256))
+    shapes = [((3, 50, 41), (3, 50, 41)), ((3, 50, 41), (50, 1)), ((2, 3000), (2, 3000)), ((4097,), (4097,))]
+    shapes += [((65536 + 33,), (65536 + 33,)), ((2, 4127), (1,))] + [None] * 24  # None: every pair, new scales
+    for shapes_ab in shapes:
+        if shapes_ab is None:
+            A, B = every_pair
+        else:
+            A = rng.integers(info.min, info.max + 1, shapes_ab[0]).astype(dtype)
+            B = rng.integers(info.min, info.max + 1, shapes_ab[1]).astype(dtype)
         zps = [np.asarray(rng.integers(info.min, info.max + 1), dtype) for _ in range(3)]
-        args = (np.float32(0.03), zps[0], np.float32(0.05), zps[1], np.float32(0.07), zps[2])
-        big = function(A, args[0], args[1], B, args[2], args[3], args[4], args[5])
-        A_full, B_full = np.broadcast_arrays(A, B)
-        small = [  # rows of under 4,096 elements each: the direct path
-            function(a, args[0], args[1], b, args[2], args[3], args[4], args[5])
-            for a, b in zip(A_full.reshape(-1, A_full.shape[-1]), B_full.reshape(-1, B_full.shape[-1]))
+        scales = [np.float32(rng.uniform(0.005, 0.1)) for _ in range(3)]
+        args = (scales[0], zps[0], scales[1], zps[1], scales[2], zps[2])
+        A_full, B_full = (v.reshape(-1) for v in np.broadcast_arrays(A, B))
+        pieces = [  # of at most 4,096 elements each: numpy's arithmetic
+            function(A_full[i : i + 4096], args[0], args[1], B_full[i : i + 4096], *args[2:])
+            for i in range(0, A_full.size, 4096)
         ]
-        np.testing.assert_array_equal(big, np.stack(small).reshape(big.shape))
+        expected = np.concatenate(pieces).reshape(np.broadcast_shapes(A.shape, B.shape))
+        for path in paths:
+            with kernel_entry("qgemm", path):
+                assert _core.qlinear_binary_path() == path
+                big = function(A, args[0], args[1], B, args[2], args[3], args[4], args[5])
+            np.testing.assert_array_equal(big, expected, err_msg=f"{path} {shapes_ab}")

@@ -29,7 +29,7 @@ _F32 = np.float32
 _F64 = np.float64
 _INT32_MIN = -(2**31)
 _A_SCALAR, _B_SCALAR, _SPANS = 0, 1, 2
-_TABLE_FROM = 1 << 12  # QLinearAdd / QLinearMul outputs larger than this look their results up in a 256 x 256 table
+_NATIVE_FROM = 1 << 12  # QLinearAdd / QLinearMul outputs larger than this run the C++ loops (csrc/onnx_ops.h)
 
 
 # --------------------------------------------------------------------------------------------------
@@ -142,30 +142,10 @@ def _span_mode(shape_a, shape_b) -> int:
 # the operators
 
 
-def _looked_up(table: np.ndarray, x: np.ndarray, y: np.ndarray, shape) -> np.ndarray:
-    """table[x * 256 + y] by byte codes, x and y broadcast to shape (operands of that shape: one C++ pass)."""
-    if x.shape == y.shape == tuple(shape):
-        out = np.empty(shape, table.dtype)
-        _core.lookup_pairs(
-            table.view(np.uint8),
-            np.ascontiguousarray(x).view(np.uint8),
-            np.ascontiguousarray(y).view(np.uint8),
-            out.view(np.uint8),
-        )
-        return out
-    codes = np.left_shift(x.view(np.uint8), 8, dtype=np.uint16) | y.view(np.uint8)
-    return table.take(np.broadcast_to(codes, shape))
-
-
-@functools.lru_cache(maxsize=1024)
-def _add_table(dtype: str, rx: float, ry: float, k: float) -> np.ndarray:
-    """QLinearAdd's result for every (x, y) byte-code pair (x * 256 + y), read-only: a model's node has
-    the same parameters on every run, so its table is built once (about 2 ms) and looked up after."""
-    values = np.arange(256, dtype=np.uint8).view(dtype).astype(_F32)  # by byte code
-    inner = _fma32(values, _F32(ry), _F32(k))
-    table = _cvt_saturate(_fma32(values[:, None], _F32(rx), inner), np.dtype(dtype)).reshape(-1)
-    table.flags.writeable = False
-    return table
+def _operands(x: np.ndarray, y: np.ndarray, shape) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """x and y broadcast to shape as contiguous arrays (no copy where they are so already), and the output."""
+    x, y = (np.ascontiguousarray(np.broadcast_to(v, shape)) for v in (x, y))
+    return x, y, np.empty(shape, x.dtype)
 
 
 def qlinear_add(A, A_scale, A_zero_point, B, B_scale, B_zero_point, C_scale, C_zero_point) -> np.ndarray:
@@ -207,8 +187,10 @@ def qlinear_add(A, A_scale, A_zero_point, B, B_scale, B_zero_point, C_scale, C_z
     with np.errstate(all="ignore"):
         rx, ry = _F32(xs / c_s), _F32(ys / c_s)
         k = _F32(zpc) - _fma32(rx, _F32(xz), _F32(ry * _F32(yz)))
-        if math.prod(shape) > _TABLE_FROM:  # each result is a function of (x, y) alone: all 65536, once
-            return _looked_up(_add_table(A.dtype.str, float(rx), float(ry), float(k)), x, y, shape)
+        if math.prod(shape) > _NATIVE_FROM:  # the same arithmetic in C++ (one pass; AVX2 where the CPU has it)
+            x, y, out = _operands(x, y, shape)
+            _core.qlinear_add_codes(x, y, A.dtype == np.int8, float(rx), float(ry), float(k), out)
+            return out
         inner = _fma32(y.astype(_F32), ry, k)  # the scalar's span constant, or the per-element inner fma
         v = _fma32(x.astype(_F32), rx, inner)
     return np.broadcast_to(_cvt_saturate(v, A.dtype), shape).copy()
@@ -236,24 +218,13 @@ def qlinear_mul(A, A_scale, A_zero_point, B, B_scale, B_zero_point, C_scale, C_z
         return np.empty(shape, A.dtype)
     with np.errstate(all="ignore"):
         r = _F32(_F32(a_s * b_s) / c_s)
-        if math.prod(shape) > _TABLE_FROM:  # each result is a function of (a, b) alone: all 65536, once
-            return _looked_up(_mul_table(A.dtype.str, float(r), zpa, zpb, zpc), A, B, shape)
+        if math.prod(shape) > _NATIVE_FROM:  # the same arithmetic in C++ (one pass; AVX2 where the CPU has it)
+            a, b, out = _operands(A, B, shape)
+            _core.qlinear_mul_codes(a, b, A.dtype == np.int8, int(zpa), int(zpb), float(r), float(_F32(zpc)), out)
+            return out
         product = (A.astype(np.int32) - zpa) * (B.astype(np.int32) - zpb)  # |product| <= 255 * 255: exact
         v = product.astype(_F32) * r + _F32(zpc)
     return np.broadcast_to(_cvt_saturate(v, A.dtype), shape).copy()
-
-
-@functools.lru_cache(maxsize=1024)
-def _mul_table(dtype: str, r: float, zpa: int, zpb: int, zpc: int) -> np.ndarray:
-    """QLinearMul's result for every (a, b) byte-code pair (a * 256 + b), read-only, built once per node's
-    parameters: the element-wise arithmetic above on all 65536 pairs."""
-    values = np.arange(256, dtype=np.uint8).view(dtype).astype(np.int32)  # by byte code
-    with np.errstate(all="ignore"):
-        product = (values[:, None] - zpa) * (values - zpb)
-        v = product.astype(_F32) * _F32(r) + _F32(zpc)
-    table = _cvt_saturate(v, np.dtype(dtype)).reshape(-1)
-    table.flags.writeable = False
-    return table
 
 
 def _load_logf():
