@@ -500,6 +500,7 @@ def test_random_qdq_cnn_chains_are_onnxruntime_bit_for_bit():
         )
         for output, a, b in zip(model.graph.output, session.run(None, x), reference.run(None, x)):
             assert a.tobytes() == b.tobytes(), (seed, output.name, session.fused)
+            assert a.flags.c_contiguous  # (the session's convolutions and pools pass channels-last views on)
 
 
 # --------------------------------------------------------------------------------------------------

@@ -491,3 +491,54 @@ def test_depthwise_loops_of_both_builds_give_the_oracles_sums():
                 np.testing.assert_array_equal(
                     conv_integer(x, w, xz, wz, **attrs), oracle_sums(x, xz, w, wz, **geometry)
                 )
+
+
+def _is_channels_last(y: np.ndarray) -> bool:
+    return np.moveaxis(y, 1, -1).flags.c_contiguous
+
+
+@pytest.mark.parametrize("numerics", ["onnxruntime", "onnx-reference", "exact"])
+def test_channels_last_memory_format_is_the_same_values(numerics):
+    """memory_format="channels_last": the same values as the default, as a view of channels-last memory; such
+    an x (or any strided one) as the next convolution's input gives what its C-order copy gives."""
+    rng = np.random.default_rng(41)
+    for i in range(24):
+        args, attrs = random_case(rng, ORT_TYPES[i % 3], nd=1 + i % 3, depthwise=i % 5 == 0)
+        expected = qlinear_conv(*args, numerics=numerics, **attrs)
+        y = qlinear_conv(*args, numerics=numerics, memory_format="channels_last", **attrs)
+        assert y.shape == expected.shape and y.dtype == expected.dtype
+        np.testing.assert_array_equal(y, expected)
+        assert _is_channels_last(y)
+        sums = conv_integer(args[0], args[3], args[2], args[5], memory_format="channels_last", **attrs)
+        np.testing.assert_array_equal(sums, conv_integer(args[0], args[3], args[2], args[5], **attrs))
+        assert _is_channels_last(sums) and sums.dtype == np.int32
+        # the output as the input of another convolution: channels-last, strided, or C order
+        x = y
+        C = x.shape[1]
+        w = rng.integers(-128, 128, (3, C, *[1] * (x.ndim - 2))).astype(np.int8)
+        follow = (np.float32(0.02), np.zeros((), x.dtype), w, np.float32(0.01), np.int8(0), np.float32(0.3))
+        follow += (np.zeros((), x.dtype),)
+        reference = qlinear_conv(np.ascontiguousarray(x), *follow, numerics=numerics)
+        spaced = np.zeros((*x.shape[:-1], 2 * x.shape[-1]), x.dtype)
+        spaced[..., ::2] = x
+        for variant in (x, np.asfortranarray(x), spaced[..., ::2]):  # channels-last, Fortran order, strided
+            np.testing.assert_array_equal(qlinear_conv(variant, *follow, numerics=numerics), reference)
+
+
+def test_memory_format_bad_input_and_pooling():
+    from quantmatmul.onnx._pool import max_pool
+
+    args = _valid()
+    with pytest.raises(ValueError, match="^qlinear_conv: memory_format must be one of 'contiguous', 'channels_last'"):
+        qlinear_conv(*args, group=2, memory_format="nhwc")
+    with pytest.raises(ValueError, match="^conv_integer: memory_format must be one of"):
+        conv_integer(args[0], args[3], memory_format=None)
+    with pytest.raises(ValueError, match="^MaxPool: memory_format must be one of"):
+        max_pool(args[0], kernel_shape=[2, 2], memory_format="NHWC")
+    x = np.random.default_rng(2).integers(0, 256, (2, 5, 9, 7)).astype(np.uint8)
+    expected = max_pool(x, kernel_shape=[3, 2], strides=[2, 1], pads=[1, 0, 1, 1])
+    pooled = max_pool(x, kernel_shape=[3, 2], strides=[2, 1], pads=[1, 0, 1, 1], memory_format="channels_last")
+    np.testing.assert_array_equal(pooled, expected)
+    assert _is_channels_last(pooled) and expected.flags.c_contiguous
+    again = max_pool(pooled, kernel_shape=[2, 2])  # a channels-last x read as it is
+    np.testing.assert_array_equal(again, max_pool(np.ascontiguousarray(pooled), kernel_shape=[2, 2]))

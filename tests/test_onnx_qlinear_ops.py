@@ -568,3 +568,29 @@ def test_large_outputs_run_the_same_arithmetic_in_cpp(function, dtype):
                 assert _core.qlinear_binary_path() == path
                 big = function(A, args[0], args[1], B, args[2], args[3], args[4], args[5])
             np.testing.assert_array_equal(big, expected, err_msg=f"{path} {shapes_ab}")
+
+
+@pytest.mark.parametrize("function", [qlinear_add, qlinear_mul], ids=["add", "mul"])
+def test_operands_laid_out_alike_keep_their_layout(function):
+    """Two operands of the output's shape with the same memory layout (channels-last views, as the session's
+    convolutions pass on; Fortran order) are read as they are and the result takes that layout; mixed
+    layouts are copied into C order. The values are always those of the C-order operands."""
+    rng = np.random.default_rng(5)
+    A = rng.integers(0, 256, (2, 9, 17, 31)).astype(U8)
+    B = rng.integers(0, 256, A.shape).astype(U8)
+    args = (np.float32(0.03), np.uint8(7), np.float32(0.05), np.uint8(200), np.float32(0.07), np.uint8(9))
+    expected = function(A, args[0], args[1], B, args[2], args[3], args[4], args[5])
+    last = [np.moveaxis(np.ascontiguousarray(np.moveaxis(v, 1, -1)), -1, 1) for v in (A, B)]
+    for a, b, layout in (
+        (*last, "channels_last"),
+        (np.asfortranarray(A), np.asfortranarray(B), "fortran"),
+        (last[0], B, "c"),
+    ):
+        y = function(a, args[0], args[1], b, args[2], args[3], args[4], args[5])
+        np.testing.assert_array_equal(y, expected)
+        if layout == "channels_last":
+            assert np.moveaxis(y, 1, -1).flags.c_contiguous
+        elif layout == "fortran":
+            assert y.flags.f_contiguous
+        else:
+            assert y.flags.c_contiguous

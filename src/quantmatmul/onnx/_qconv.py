@@ -24,6 +24,12 @@ Types as the spec's: x, w and y each int8 or uint8 (y's type is ``y_zero_point``
 float32, ``x_zero_point`` / ``y_zero_point`` one value, ``w_scale`` / ``w_zero_point`` one value or one
 per output channel (``[M]``), B int32 ``[M]``. The attributes as the spec has them (auto_pad,
 dilations, group, kernel_shape, pads, strides). ConvInteger (opset 10) is the same sum, returned.
+
+Memory layout: the sums are formed channels-last (each output position's M channels side by side), so
+``memory_format="channels_last"`` returns them as they are, a view of shape ``[N, M, D1', ...]`` whose
+memory is ``[N, D1', ..., M]`` (PyTorch's name for it); the default ``"contiguous"`` copies them into
+C order. An x whose memory is channels-last already (such a view) is read as it is, without a copy:
+the session passes activations from one convolution to the next that way.
 """
 
 from __future__ import annotations
@@ -42,6 +48,15 @@ _INT8 = (np.dtype(np.int8), np.dtype(np.uint8))
 _F32 = np.dtype(np.float32)
 _AUTO_PAD = ("NOTSET", "SAME_UPPER", "SAME_LOWER", "VALID")
 _NUMERICS_ID = {name: i for i, name in enumerate(NUMERICS)}  # requantize_columns' numbers
+MEMORY_FORMATS = ("contiguous", "channels_last")
+
+
+def _memory_format(fn: str, memory_format) -> str:
+    if memory_format not in MEMORY_FORMATS:
+        raise ValueError(
+            f"{fn}: memory_format must be one of {', '.join(map(repr, MEMORY_FORMATS))}, got {memory_format!r}"
+        )
+    return memory_format
 
 
 class ConvWeight(NamedTuple):
@@ -119,10 +134,12 @@ def qlinear_conv(
     strides=None,
     numerics: str = "onnxruntime",
     weight: ConvWeight | None = None,
+    memory_format: str = "contiguous",
 ) -> np.ndarray:
     """ONNX QLinearConv (opset 10): the module's docstring. ``weight``: w from conv_weight (w, w_scale,
     w_zero_point and group then unused), for a constant weight packed once."""
     fn = "qlinear_conv"
+    _memory_format(fn, memory_format)
     if numerics not in NUMERICS:
         raise ValueError(f"{fn}: numerics must be one of {', '.join(map(repr, NUMERICS))}, got {numerics!r}")
     if weight is None:
@@ -165,7 +182,7 @@ def qlinear_conv(
         x, x_zero_point, weight, auto_pad, dilations, kernel_shape, pads, strides, fn, requantize=fused
     )
     if acc.dtype != np.int32:  # requantized already
-        return _channels_first(acc, out_shape)
+        return _channels_first(acc, out_shape, memory_format)
     y = np.empty(acc.shape, y_zp.dtype)
     _core.requantize_columns(
         acc,
@@ -179,7 +196,7 @@ def qlinear_conv(
         y.dtype == np.int8,
         _NUMERICS_ID[numerics],
     )
-    return _channels_first(y, out_shape)
+    return _channels_first(y, out_shape, memory_format)
 
 
 def conv_integer(
@@ -195,13 +212,15 @@ def conv_integer(
     pads=None,
     strides=None,
     weight: ConvWeight | None = None,
+    memory_format: str = "contiguous",
 ) -> np.ndarray:
     """ONNX ConvInteger (opset 10): the int32 sums of the module's docstring (zero points default to 0)."""
     fn = "conv_integer"
+    _memory_format(fn, memory_format)
     if weight is None:
         weight = conv_weight(w, None, w_zero_point, group, fn)
     acc, out_shape = _conv_sums(x, x_zero_point, weight, auto_pad, dilations, kernel_shape, pads, strides, fn)
-    return _channels_first(acc, out_shape)
+    return _channels_first(acc, out_shape, memory_format)
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -252,7 +271,7 @@ def _conv_sums(
     rows = N * prod(out)
     if rows == 0 or M == 0:
         return np.zeros((rows, M), np.int32), (N, M, *out)
-    channels_last = _transposed(x.reshape(N, C, -1)).reshape(N, *spatial, C)
+    channels_last = _channels_last(x)
     shape = [N, C, group]
     geometry = [list(spatial), out, list(kernel), strides, dilations, begin]
     if weight.depthwise is not None:  # one input and one output channel per group
@@ -297,10 +316,24 @@ def _conv_sums(
     return np.ascontiguousarray(acc.transpose(1, 0, 2)).reshape(rows, M), (N, M, *out)
 
 
-def _channels_first(values: np.ndarray, out_shape) -> np.ndarray:
-    """[N * prod(out), M] -> [N, M, out...]."""
+def _channels_first(values: np.ndarray, out_shape, memory_format: str = "contiguous") -> np.ndarray:
+    """[N * prod(out), M] -> [N, M, out...]: a copy in C order, or (channels_last) a view of values."""
     N, M, *out = out_shape
+    if memory_format == "channels_last":
+        return np.moveaxis(values.reshape(N, *out, M), -1, 1)
     return _transposed(values.reshape(N, prod(out), M)).reshape(out_shape)
+
+
+def _channels_last(x: np.ndarray) -> np.ndarray:
+    """x [N, C, D...] as a C-contiguous [N, D..., C]: a view where x's memory is so already (a channels_last
+    result), else a copy (a blocked transpose in C++ from C order)."""
+    moved = np.moveaxis(x, 1, -1)
+    if moved.flags.c_contiguous:
+        return moved
+    if not x.flags.c_contiguous:
+        return np.ascontiguousarray(moved)
+    N, C = x.shape[:2]
+    return _transposed(x.reshape(N, C, -1)).reshape(moved.shape)
 
 
 def _transposed(x: np.ndarray) -> np.ndarray:

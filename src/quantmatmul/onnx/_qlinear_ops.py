@@ -142,10 +142,20 @@ def _span_mode(shape_a, shape_b) -> int:
 # the operators
 
 
-def _operands(x: np.ndarray, y: np.ndarray, shape) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """x and y broadcast to shape as contiguous arrays (no copy where they are so already), and the output."""
+def _operands(x: np.ndarray, y: np.ndarray, shape) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """(x, y and an output for them, each contiguous, as the C++ loops take them; the result as the caller
+    returns it). x and y of the output's shape laid out alike in memory (both channels-last views of the
+    session's convolutions, say) are read as they are and the result takes their layout; else they are
+    broadcast and copied into C order."""
+    if x.shape == y.shape == tuple(shape) and x.strides == y.strides:
+        order = np.argsort([-s for s in x.strides], kind="stable")  # axes from the outermost in memory
+        xt, yt = x.transpose(order), y.transpose(order)
+        if xt.flags.c_contiguous and yt.flags.c_contiguous:
+            out = np.empty(xt.shape, x.dtype)
+            return xt, yt, out, out.transpose(np.argsort(order))
     x, y = (np.ascontiguousarray(np.broadcast_to(v, shape)) for v in (x, y))
-    return x, y, np.empty(shape, x.dtype)
+    out = np.empty(shape, x.dtype)
+    return x, y, out, out
 
 
 def qlinear_add(A, A_scale, A_zero_point, B, B_scale, B_zero_point, C_scale, C_zero_point) -> np.ndarray:
@@ -188,9 +198,9 @@ def qlinear_add(A, A_scale, A_zero_point, B, B_scale, B_zero_point, C_scale, C_z
         rx, ry = _F32(xs / c_s), _F32(ys / c_s)
         k = _F32(zpc) - _fma32(rx, _F32(xz), _F32(ry * _F32(yz)))
         if math.prod(shape) > _NATIVE_FROM:  # the same arithmetic in C++ (one pass; AVX2 where the CPU has it)
-            x, y, out = _operands(x, y, shape)
+            x, y, out, result = _operands(x, y, shape)
             _core.qlinear_add_codes(x, y, A.dtype == np.int8, float(rx), float(ry), float(k), out)
-            return out
+            return result
         inner = _fma32(y.astype(_F32), ry, k)  # the scalar's span constant, or the per-element inner fma
         v = _fma32(x.astype(_F32), rx, inner)
     return np.broadcast_to(_cvt_saturate(v, A.dtype), shape).copy()
@@ -219,9 +229,9 @@ def qlinear_mul(A, A_scale, A_zero_point, B, B_scale, B_zero_point, C_scale, C_z
     with np.errstate(all="ignore"):
         r = _F32(_F32(a_s * b_s) / c_s)
         if math.prod(shape) > _NATIVE_FROM:  # the same arithmetic in C++ (one pass; AVX2 where the CPU has it)
-            a, b, out = _operands(A, B, shape)
+            a, b, out, result = _operands(A, B, shape)
             _core.qlinear_mul_codes(a, b, A.dtype == np.int8, int(zpa), int(zpb), float(r), float(_F32(zpc)), out)
-            return out
+            return result
         product = (A.astype(np.int32) - zpa) * (B.astype(np.int32) - zpb)  # |product| <= 255 * 255: exact
         v = product.astype(_F32) * r + _F32(zpc)
     return np.broadcast_to(_cvt_saturate(v, A.dtype), shape).copy()

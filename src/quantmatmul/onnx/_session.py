@@ -204,7 +204,11 @@ def _run_nodes(evaluator, released, output_names, feed) -> list[np.ndarray]:
             results[name] = value
         for name in done:
             results.pop(name, None)
-    return [results[name] for name in output_names]
+    # in C order, as ONNX Runtime returns them (the convolutions and pools pass channels-last views on)
+    return [
+        v.copy() if isinstance(v, np.ndarray) and not v.flags.c_contiguous else v
+        for v in map(results.get, output_names)
+    ]
 
 
 def _first_line(error: Exception) -> str:
@@ -487,6 +491,7 @@ class _QLinearConv(_ConvOp):
                 group=self._group,
                 numerics=self.numerics,
                 weight=self._held,
+                memory_format="channels_last",
                 **self._attrs,
             ),
         )
@@ -497,7 +502,17 @@ class _ConvInteger(_ConvOp):
     _W, _W_SCALE, _W_ZP = 1, None, 3
 
     def _compute(self, x, w, x_zero_point=None, w_zero_point=None, **_):
-        return (conv_integer(x, w, x_zero_point, w_zero_point, group=self._group, weight=self._held, **self._attrs),)
+        sums = conv_integer(
+            x,
+            w,
+            x_zero_point,
+            w_zero_point,
+            group=self._group,
+            weight=self._held,
+            memory_format="channels_last",
+            **self._attrs,
+        )
+        return (sums,)
 
 
 class _QLinearAdd(_Op):
@@ -623,7 +638,8 @@ class _MaxPool(_Op):
         indices = len(self.onnx_node.output) > 1 and self.onnx_node.output[1]
         if indices or attrs.get("ceil_mode", 0) or (X.dtype.kind == "f" and np.isnan(X).any()) or X.ndim < 3:
             return _reference_op(self).run(X)
-        return (max_pool(X, **{k: v for k, v in attrs.items() if k in MAX_POOL_ATTRIBUTES}),)
+        kept = {k: v for k, v in attrs.items() if k in MAX_POOL_ATTRIBUTES}
+        return (max_pool(X, memory_format="channels_last", **kept),)
 
 
 def _op_classes(constants: dict, numerics: str) -> list:
