@@ -114,6 +114,24 @@ def test_identical_to_onnxruntime_many_small_random():
         assert_identical(qm.qlinear_matmul(*args), run_onnxruntime(*args), f"trial {trial}")
 
 
+def test_batches_of_both_operands_every_type_against_the_oracle():
+    """Batches of one batch shape with every parameter per tensor (attention's products: the batched fast
+    path) in all eight int8 / uint8 combinations, against the oracle's ONNX Runtime numerics, next to
+    the same call with one parameter as a 1-element array of rank 3 (the general path)."""
+    rng = np.random.default_rng(12)
+    types = (np.int8, np.uint8)
+    for trial, (a_t, b_t, y_t) in enumerate((x, y, z) for x in types for y in types for z in types):
+        batch = [(2, 3), (8, 12), (1,), (4, 1, 2)][trial % 4]
+        M, K, N = (int(v) for v in rng.integers(1, 40, 3))
+        args = random_case(rng, a_t, b_t, y_t, (*batch, M, K), (*batch, K, N))
+        expected = oracle.onnxruntime(*args)
+        assert_identical(qm.qlinear_matmul(*args), expected, f"{a_t.__name__} {b_t.__name__} {y_t.__name__}")
+        general = list(args)
+        general[6] = np.asarray(args[6]).reshape(1, 1, 1)
+        general[7] = np.asarray(args[7]).reshape(1, 1, 1)
+        assert_identical(qm.qlinear_matmul(*general), expected, "general path")
+
+
 def _reduce_range(combo):
     """On CPUs without VNNI, ORT's u8 x s8 kernel (vpmaddubsw) saturates pairs of products to int16
     (onnxruntime#16105): there we compare on 7-bit b, where no pair can saturate."""
