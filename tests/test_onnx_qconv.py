@@ -542,3 +542,24 @@ def test_memory_format_bad_input_and_pooling():
     assert _is_channels_last(pooled) and expected.flags.c_contiguous
     again = max_pool(pooled, kernel_shape=[2, 2])  # a channels-last x read as it is
     np.testing.assert_array_equal(again, max_pool(np.ascontiguousarray(pooled), kernel_shape=[2, 2]))
+
+
+@pytest.mark.parametrize(
+    ("C", "spatial", "kernel", "strides", "pads", "dilations"),
+    [
+        (3, (23, 21), (7, 7), (2, 2), (3, 3, 3, 3), (1, 1)),  # a stem: 21-byte runs
+        (5, (6, 4), (3, 3), (1, 1), (4, 5, 3, 6), (1, 1)),  # pads past the kernel: whole kernel rows outside
+        (8, (9, 1), (3, 3), (1, 2), (1, 1, 1, 1), (1, 1)),  # one input column
+        (4, (11, 9), (3, 2), (2, 3), (0, 1, 2, 0), (2, 1)),  # dilated rows only: the 2-D path
+        (4, (11, 9), (3, 2), (1, 1), (1, 1, 1, 1), (1, 2)),  # dilated columns: the general path
+        (17, (5, 6), (1, 5), (1, 1), (0, 2, 0, 2), (1, 1)),  # runs of 17 to 85 bytes
+    ],
+)
+def test_the_two_dimensional_im2col_edges(C, spatial, kernel, strides, pads, dilations):
+    """The 2-D one-group im2col (csrc/conv.cpp: a run per kernel row, the edges padded) against the oracle."""
+    rng = np.random.default_rng(C)
+    x = rng.integers(0, 256, (2, C, *spatial)).astype(np.uint8)
+    w = rng.integers(-128, 128, (6, C, *kernel)).astype(np.int8)
+    xz = np.uint8(77)
+    geometry = {"strides": list(strides), "pads": list(pads), "dilations": list(dilations)}
+    np.testing.assert_array_equal(conv_integer(x, w, xz, **geometry), oracle_sums(x, xz, w, 0, **geometry))
