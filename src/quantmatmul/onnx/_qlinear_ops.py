@@ -194,16 +194,25 @@ def qlinear_add(A, A_scale, A_zero_point, B, B_scale, B_zero_point, C_scale, C_z
         x, xs, xz, y, ys, yz = B, b_s, zpb, A, a_s, zpa
     else:
         x, xs, xz, y, ys, yz = A, a_s, zpa, B, b_s, zpb
+    rx, ry, k = _add_parameters(float(xs), xz, float(ys), yz, float(c_s), zpc)
+    if math.prod(shape) > _NATIVE_FROM:  # the same arithmetic in C++ (one pass; AVX2 where the CPU has it)
+        x, y, out, result = _operands(x, y, shape)
+        _core.qlinear_add_codes(x, y, A.dtype == np.int8, rx, ry, k, out)
+        return result
     with np.errstate(all="ignore"):
-        rx, ry = _F32(xs / c_s), _F32(ys / c_s)
-        k = _F32(zpc) - _fma32(rx, _F32(xz), _F32(ry * _F32(yz)))
-        if math.prod(shape) > _NATIVE_FROM:  # the same arithmetic in C++ (one pass; AVX2 where the CPU has it)
-            x, y, out, result = _operands(x, y, shape)
-            _core.qlinear_add_codes(x, y, A.dtype == np.int8, float(rx), float(ry), float(k), out)
-            return result
-        inner = _fma32(y.astype(_F32), ry, k)  # the scalar's span constant, or the per-element inner fma
-        v = _fma32(x.astype(_F32), rx, inner)
+        inner = _fma32(y.astype(_F32), _F32(ry), _F32(k))  # the scalar's span constant, or the per-element inner fma
+        v = _fma32(x.astype(_F32), _F32(rx), inner)
     return np.broadcast_to(_cvt_saturate(v, A.dtype), shape).copy()
+
+
+@functools.lru_cache(maxsize=4096)
+def _add_parameters(xs: float, xz: int, ys: float, yz: int, c_s: float, zpc: int) -> tuple[float, float, float]:
+    """QLinearAdd's float32 constants (rx, ry, k) for X, Y and C's scales and zero points (float32 values as
+    Python floats): a model's node has the same ones on every run, so they are formed once."""
+    with np.errstate(all="ignore"):
+        rx, ry = _F32(_F32(xs) / _F32(c_s)), _F32(_F32(ys) / _F32(c_s))
+        k = _F32(zpc) - _fma32(rx, _F32(xz), _F32(ry * _F32(yz)))
+    return float(rx), float(ry), float(k)
 
 
 def qlinear_mul(A, A_scale, A_zero_point, B, B_scale, B_zero_point, C_scale, C_zero_point) -> np.ndarray:
