@@ -697,6 +697,15 @@ void bind_onnx_ops(nb::module_& m) {
           qmm::qlinear_mul_codes(x.data(), y.data(), count, is_signed, zx, zy, r, zc, out.data());
         });
   m.def("qlinear_binary_path", &qmm::qlinear_binary_path);
+  // QLinearSoftmax (onnx/_qlinear_ops.py): x and out contiguous [rows, D] codes, table float32 [256].
+  m.def("qlinear_softmax_rows", [](const In& x, bool is_signed, const In& table, double yd, int32_t y_zp, Out out) {
+    if (x.ndim() != 2 || out.size() != x.size() || table.size() != 256)
+      throw std::invalid_argument("qlinear_softmax_rows: x [rows, D], out of its size and a 256-entry table");
+    const auto rows = static_cast<int64_t>(x.shape(0)), D = static_cast<int64_t>(x.shape(1));
+    nb::gil_scoped_release release;
+    qmm::qlinear_softmax_rows(x.data(), is_signed, rows, D, static_cast<const float*>(table.data()), yd, y_zp,
+                              out.data());
+  });
 
   // QLinearConv / ConvInteger (onnx/_qconv.py): x channels-last [N, D..., C] contiguous 8-bit codes;
   // the geometry as qmm::ConvShape has it (shape = N, C, group); outputs contiguous, as conv.h says.

@@ -5,6 +5,7 @@
 #include <cmath>
 #include <limits>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 #if defined(__SSE2__)
@@ -183,6 +184,41 @@ DynamicQuantization dynamic_quantize_linear(const float* x, int64_t count, uint8
   const int32_t zero_point = q.zero_point;
   quantize_linear_f32(x, LinearShape{count, 1, std::max<int64_t>(count, 1)}, &q.scale, &zero_point, IntType::kUInt8, y);
   return q;
+}
+
+namespace {
+
+template <class T>
+void softmax_rows(const T* x, int64_t r0, int64_t r1, int64_t D, const float* table, double yd, int32_t y_zp, T* out) {
+  constexpr double lo = std::is_signed_v<T> ? -128.0 : 0.0, hi = std::is_signed_v<T> ? 127.0 : 255.0;
+  for (int64_t r = r0; r < r1; ++r) {
+    const T* row = x + r * D;
+    T* y = out + r * D;
+    int32_t top = row[0];
+    for (int64_t j = 1; j < D; ++j) top = std::max<int32_t>(top, row[j]);
+    float sum = 0.0f;  // in order, one element after another (no reassociation: the core's flags)
+    for (int64_t j = 0; j < D; ++j) sum += table[255 - (top - row[j])];
+    const double total = sum;
+    for (int64_t j = 0; j < D; ++j) {
+      const double v = std::nearbyint(static_cast<double>(table[255 - (top - row[j])]) * yd / total) + y_zp;
+      y[j] = static_cast<T>(std::isnan(v) ? 0.0 : std::min(std::max(v, lo), hi));
+    }
+  }
+}
+
+}  // namespace
+
+void qlinear_softmax_rows(const void* x, bool is_signed, int64_t rows, int64_t D, const float* table, double yd,
+                          int32_t y_zp, void* out) {
+  // About 2 ns per element: tasks of about 64 K elements.
+  const int64_t task = std::max<int64_t>(1, 65536 / std::max<int64_t>(1, D));
+  over_tasks(rows, task, static_cast<double>(task * D) * 2.0, [&](int64_t, int64_t r0, int64_t r1) {
+    if (is_signed) {
+      softmax_rows(static_cast<const int8_t*>(x), r0, r1, D, table, yd, y_zp, static_cast<int8_t*>(out));
+    } else {
+      softmax_rows(static_cast<const uint8_t*>(x), r0, r1, D, table, yd, y_zp, static_cast<uint8_t*>(out));
+    }
+  });
 }
 
 const char* qlinear_binary_path() {

@@ -44,6 +44,12 @@ void qlinear_add_codes(const void* x, const void* y, int64_t count, bool is_sign
                        void* out);
 void qlinear_mul_codes(const void* x, const void* y, int64_t count, bool is_signed, int32_t zx, int32_t zy, float r,
                        float zc, void* out);
+// QLinearSoftmax's rows as ONNX Runtime computes them (onnx/_qlinear_ops.py): x [rows, D] int8 (is_signed)
+// or uint8 codes, contiguous; per row e_j = table[255 - (max_k x_k - x_j)], sum = e_0 + e_1 + ... in
+// float32 one after another, out_j = sat(nearbyint(double(e_j) * yd / double(sum)) + y_zp) in double
+// (NaN: 0). Over the thread pool.
+void qlinear_softmax_rows(const void* x, bool is_signed, int64_t rows, int64_t D, const float* table, double yd,
+                          int32_t y_zp, void* out);
 // The build qlinear_add_codes / qlinear_mul_codes run now: "avx2" (where built, the CPU has it and
 // the kernel level is avx2 or higher) or "portable".
 const char* qlinear_binary_path();

@@ -295,12 +295,15 @@ SOFTMAX_SHAPES = [(1,), (7,), (2, 3), (4, 129), (3, 5, 17), (2, 1, 8, 3), (1, 30
 
 
 @ORT_PINNED
+@pytest.mark.parametrize("native", [False, True], ids=["numpy", "cpp"])
 @pytest.mark.parametrize("dtype", [U8, S8])
-def test_softmax(dtype):
+def test_softmax(dtype, native, monkeypatch):
     """Random shapes, every axis, opsets below 13 (flattened at axis) and from 13 (one axis), y_scale
     1/256 (quantize_static's) and others: 0.1 and 1/3, where floor(1.0f / y_scale) in float32 (10, 3)
     differs from floor in double (9, 2); saturating ones; subnormal, zero and negative ones. X ranges
-    that tie the row maximum; zero points random."""
+    that tie the row maximum; zero points random. Through numpy's arithmetic and through the C++ rows
+    (csrc/onnx_ops.h; outputs of more than 4,096 elements take it), each against ORT."""
+    monkeypatch.setattr(_qlinear_ops, "_NATIVE_FROM", 0 if native else 1 << 40)
     rng = np.random.default_rng([3, np.dtype(dtype).num])
     info = np.iinfo(dtype)
     y_scales = [
@@ -594,3 +597,20 @@ def test_operands_laid_out_alike_keep_their_layout(function):
             assert y.flags.f_contiguous
         else:
             assert y.flags.c_contiguous
+
+
+@pytest.mark.parametrize("dtype", [U8, S8])
+def test_softmax_rows_in_cpp_are_numpys(dtype, monkeypatch):
+    """Outputs of more than 4,096 elements (the C++ rows) equal numpy's arithmetic on the same input: long
+    rows and short, every axis, both opset readings, saturating and tiny y_scale."""
+    rng = np.random.default_rng(np.dtype(dtype).num)
+    info = np.iinfo(dtype)
+    for i, shape in enumerate([(8, 12, 16, 16), (3, 5000), (5000, 3), (2, 70, 3, 11), (1, 4097)] * 3):
+        X = rng.integers(info.min if i % 3 else info.max - 10, info.max + 1, shape).astype(dtype)
+        args = (X, F32(np.exp2(rng.uniform(-10, 2))), np.array(0, dtype), [F32(1 / 256), F32(1e-40), F32(3.0)][i % 3])
+        args += (np.array(rng.integers(info.min, info.max + 1), dtype),)
+        axis, opset = int(rng.integers(-len(shape), len(shape))), [12, 13][i % 2]
+        native = qlinear_softmax(*args, axis=axis, opset=opset)
+        monkeypatch.setattr(_qlinear_ops, "_NATIVE_FROM", 1 << 40)
+        np.testing.assert_array_equal(native, qlinear_softmax(*args, axis=axis, opset=opset), err_msg=f"{shape}")
+        monkeypatch.undo()

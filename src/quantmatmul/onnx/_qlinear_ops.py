@@ -316,12 +316,19 @@ def qlinear_softmax(X, X_scale, x_zero_point, Y_scale, y_zero_point, *, axis: in
 
     rows = X.reshape(math.prod(X.shape[:axis]), -1) if opset < 13 else np.moveaxis(X, axis, -1)
     table = _softmax_table(float(x_s), rows.shape[-1])
+    with np.errstate(all="ignore"):
+        y_float = np.floor(_F32(1.0) / y_s)
+        y_double = float(y_float) if np.isfinite(y_float) else float(np.floor(_F64(1.0) / _F64(y_s)))
+    if X.size > _NATIVE_FROM:  # the same arithmetic in C++, row by row
+        x2 = np.ascontiguousarray(rows).reshape(-1, rows.shape[-1])
+        y = np.empty(x2.shape, X.dtype)
+        _core.qlinear_softmax_rows(x2, X.dtype == np.int8, table, y_double, y_zp, y)
+        y = y.reshape(rows.shape)
+        return y.reshape(X.shape) if opset < 13 else np.ascontiguousarray(np.moveaxis(y, -1, axis))
     x = rows.astype(np.int32)
     e = table[255 - (x.max(axis=-1, keepdims=True) - x)]
     total = np.cumsum(e, axis=-1, dtype=_F32)[..., -1:]  # accumulate is sequential, in float32
     with np.errstate(all="ignore"):
-        y_float = np.floor(_F32(1.0) / y_s)
-        y_double = float(y_float) if np.isfinite(y_float) else float(np.floor(_F64(1.0) / _F64(y_s)))
         v = np.rint(e.astype(_F64) * y_double / total.astype(_F64)) + y_zp
         info = np.iinfo(X.dtype)
         y = np.where(np.isnan(v), 0, np.clip(v, info.min, info.max)).astype(X.dtype)
