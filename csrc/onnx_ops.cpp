@@ -188,6 +188,14 @@ DynamicQuantization dynamic_quantize_linear(const float* x, int64_t count, uint8
 
 namespace {
 
+// nearbyint(v) in the default rounding mode (half to even) without the C library's call (no roundsd
+// in the baseline build): below 2^52, adding and subtracting 2^52 rounds to an integer; NaN, infinities
+// and larger values are integers already or pass through.
+inline double round_even(double v) {
+  const double m = std::fabs(v);
+  return m < 0x1p52 ? std::copysign((m + 0x1p52) - 0x1p52, v) : v;
+}
+
 template <class T>
 void softmax_rows(const T* x, int64_t r0, int64_t r1, int64_t D, const float* table, double yd, int32_t y_zp, T* out) {
   constexpr double lo = std::is_signed_v<T> ? -128.0 : 0.0, hi = std::is_signed_v<T> ? 127.0 : 255.0;
@@ -200,7 +208,7 @@ void softmax_rows(const T* x, int64_t r0, int64_t r1, int64_t D, const float* ta
     for (int64_t j = 0; j < D; ++j) sum += table[255 - (top - row[j])];
     const double total = sum;
     for (int64_t j = 0; j < D; ++j) {
-      const double v = std::nearbyint(static_cast<double>(table[255 - (top - row[j])]) * yd / total) + y_zp;
+      const double v = round_even(static_cast<double>(table[255 - (top - row[j])]) * yd / total) + y_zp;
       y[j] = static_cast<T>(std::isnan(v) ? 0.0 : std::min(std::max(v, lo), hi));
     }
   }
@@ -210,8 +218,8 @@ void softmax_rows(const T* x, int64_t r0, int64_t r1, int64_t D, const float* ta
 
 void qlinear_softmax_rows(const void* x, bool is_signed, int64_t rows, int64_t D, const float* table, double yd,
                           int32_t y_zp, void* out) {
-  // About 2 ns per element: tasks of about 64 K elements.
-  const int64_t task = std::max<int64_t>(1, 65536 / std::max<int64_t>(1, D));
+  // About 2 ns per element (a double division each): tasks of about 8 K elements.
+  const int64_t task = std::max<int64_t>(1, 8192 / std::max<int64_t>(1, D));
   over_tasks(rows, task, static_cast<double>(task * D) * 2.0, [&](int64_t, int64_t r0, int64_t r1) {
     if (is_signed) {
       softmax_rows(static_cast<const int8_t*>(x), r0, r1, D, table, yd, y_zp, static_cast<int8_t*>(out));
