@@ -9,7 +9,7 @@ import ml_dtypes
 import numpy as np
 import onnx
 from onnx.reference import ReferenceEvaluator
-from onnx.reference.op_run import OpRun
+from onnx.reference.op_run import OpFunction, OpRun
 
 from .. import _core
 from ..matmul_nbits import MatMulNBits, matmul_nbits
@@ -199,7 +199,7 @@ def _run_nodes(evaluator, released, output_names, feed) -> list[np.ndarray]:
         if node.need_context():  # If / Loop / Scan: the subgraph reads the outer values
             outputs = node.run(*inputs, context=results, bindings=None)
         else:
-            outputs = node.run(*inputs)
+            outputs = _call(node, inputs)
         for name, value in zip(node.output, outputs):
             results[name] = value
         for name in done:
@@ -209,6 +209,21 @@ def _run_nodes(evaluator, released, output_names, feed) -> list[np.ndarray]:
         v.copy() if isinstance(v, np.ndarray) and not v.flags.c_contiguous else v
         for v in map(results.get, output_names)
     ]
+
+
+def _call(node, inputs) -> tuple:
+    """node.run(*inputs) without OpRun.run's per-call checks, logging and keyword building (about 8 us a
+    node: a fifth of a small transformer's time here): a node with no linked attributes, subgraph or
+    function body gets its attributes read once and passed to _run; numpy scalars come back as 0-d arrays,
+    as OpRun.run returns them."""
+    attributes = node.__dict__.get("_qmm_attributes")
+    if attributes is None:
+        plain = not (node.has_linked_attribute or node.has_subgraph or isinstance(node, OpFunction))
+        attributes = {name: getattr(node, name) for name in node.attributes_names_} if plain else False
+        node._qmm_attributes = attributes
+    if attributes is False:
+        return node.run(*inputs)
+    return tuple(np.array(x) if np.isscalar(x) else x for x in node._run(*inputs, **attributes))
 
 
 def _first_line(error: Exception) -> str:
