@@ -15,6 +15,8 @@
 #     BENCHES=levels bash benchmarks/device.sh
 # Measured 2026-11-26: build 21 s, suite 23 s, the four scripts at 2 levels x 2 thread counts and
 # 5 rounds about 80 s; a machine's start took about 30 s of device time.
+# An import that crashes (as the eighteenth session's did there) is reported with the self-test trace
+# and the native frames (benchmarks/crash_report.c), then the script stops.
 # The machine has no package registry: the build uses its own scikit-build-core and nanobind, and
 # the suite runs without SIMDe (native tables only: that is the point of running there).
 set -u
@@ -35,7 +37,15 @@ if [ "${BUILD:-1}" != 0 ]; then
   "$PY" -m pip install -q --no-build-isolation --no-deps . || exit 1
   echo "build: ${SECONDS} s"
 fi
-"$PY" -c "import quantmatmul as q, json; print(json.dumps(q.cpu_info()))" || exit 1
+if ! "$PY" -c "import quantmatmul as q, json; print(json.dumps(q.cpu_info()))"; then
+  # Where the import died: the self-test step (QUANTMATMUL_TRACE_SELF_TEST) and the native frames
+  # (benchmarks/crash_report.c, preloaded; addr2line on the offsets needs a -g build).
+  ulimit -a | grep -E "stack|virtual"
+  gcc -shared -fPIC -O1 -o /tmp/crash_report.so benchmarks/crash_report.c &&
+    QUANTMATMUL_TRACE_SELF_TEST=1 LD_PRELOAD=/tmp/crash_report.so "$PY" -X faulthandler -c "import quantmatmul" 2>&1 |
+    tail -n 60
+  exit 1
+fi
 
 if [ "${TESTS:-1}" != 0 ]; then
   SECONDS=0
