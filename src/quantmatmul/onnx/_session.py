@@ -205,10 +205,8 @@ def _run_nodes(evaluator, released, output_names, feed) -> list[np.ndarray]:
         for name in done:
             results.pop(name, None)
     # in C order, as ONNX Runtime returns them (the convolutions and pools pass channels-last views on)
-    return [
-        v.copy() if isinstance(v, np.ndarray) and not v.flags.c_contiguous else v
-        for v in map(results.get, output_names)
-    ]
+    outputs = [results[name] for name in output_names]
+    return [v.copy() if isinstance(v, np.ndarray) and not v.flags.c_contiguous else v for v in outputs]
 
 
 def _call(node, inputs) -> tuple:
