@@ -982,3 +982,62 @@ def test_session_out_of_order_graph_is_a_clear_error():
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
     with pytest.raises(ValueError, match="^InferenceSession.run: node 'first' \\(Neg\\) reads 'a', which no node"):
         qo.InferenceSession(model).run(None, {"x": np.ones(2, F32)})
+
+
+def test_nodes_of_every_kind_run_as_onnx_reference_runs_them():
+    """The session calls plain nodes' _run directly (their attributes read once); a model-local function, an
+    If with subgraphs and an operator whose attribute is set keep OpRun.run: all give onnx.reference's values."""
+    from onnx.reference import ReferenceEvaluator
+
+    fn = onnx.helper.make_function(
+        "custom",
+        "AddTimes",
+        ["a", "b"],
+        ["c"],
+        [helper.make_node("Add", ["a", "b"], ["s"]), helper.make_node("Mul", ["s", "b"], ["c"])],
+        [helper.make_opsetid("", 17)],
+    )
+    then_graph = helper.make_graph(
+        [helper.make_node("Neg", ["f"], ["t"])],
+        "then",
+        [],
+        [helper.make_tensor_value_info("t", TensorProto.FLOAT, [2, 3])],
+    )
+    else_graph = helper.make_graph(
+        [helper.make_node("Abs", ["f"], ["e"])],
+        "else",
+        [],
+        [helper.make_tensor_value_info("e", TensorProto.FLOAT, [2, 3])],
+    )
+    nodes = [
+        helper.make_node("AddTimes", ["x", "y"], ["f"], domain="custom"),
+        helper.make_node("ReduceSum", ["f"], ["total"], keepdims=0),
+        helper.make_node("Greater", ["total", "zero"], ["c"]),
+        helper.make_node("If", ["c"], ["g"], then_branch=then_graph, else_branch=else_graph),
+        helper.make_node("Softmax", ["g"], ["h"], axis=0),
+    ]
+    graph = helper.make_graph(
+        nodes,
+        "kinds",
+        [helper.make_tensor_value_info(n, TensorProto.FLOAT, [2, 3]) for n in ("x", "y")],
+        [
+            helper.make_tensor_value_info("h", TensorProto.FLOAT, [2, 3]),
+            helper.make_tensor_value_info("total", TensorProto.FLOAT, []),
+        ],
+        [numpy_helper.from_array(np.float32(0), "zero")],
+    )
+    model = helper.make_model(
+        graph,
+        opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid("custom", 1)],
+        functions=[fn],
+        ir_version=8,
+    )
+    onnx.checker.check_model(model)
+    session = qo.InferenceSession(model)
+    reference = ReferenceEvaluator(model)
+    rng = np.random.default_rng(3)
+    for _ in range(4):
+        feed = {n: rng.normal(size=(2, 3)).astype(F32) for n in ("x", "y")}
+        ours, theirs = session.run(None, feed), reference.run(None, feed)
+        for a, b in zip(ours, theirs):
+            assert isinstance(a, np.ndarray) and a.shape == np.shape(b) and a.tobytes() == np.asarray(b).tobytes()
