@@ -678,7 +678,6 @@ void bind_onnx_ops(nb::module_& m) {
   m.def("erf_path", [] { return std::string(qmm::erf_path()); });
   m.def("erf_paths", &qmm::erf_paths);
   m.def("keep_heap", &qmm::keep_heap);  // the session's heap settings (glibc)
-  // table uint8 [65536], x, y, out uint8 contiguous of one size.
   // QLinearAdd / QLinearMul (onnx/_qlinear_ops.py): x, y and out contiguous 8-bit codes of one size.
   const auto same_size = [](const char* fn, const In& x, const In& y, const Out& out) {
     if (x.size() != y.size() || x.size() != out.size()) throw std::invalid_argument(std::string(fn) + ": sizes differ");

@@ -229,13 +229,6 @@ void qlinear_softmax_rows(const void* x, bool is_signed, int64_t rows, int64_t D
   });
 }
 
-const char* qlinear_binary_path() {
-#if QMM_BINARY_AVX2
-  if (avx2_loops_usable()) return "avx2";
-#endif
-  return "portable";
-}
-
 namespace {
 
 // The build's loop `name` (qlinear_binary_loops.inc): the avx2 one where it runs now, else the portable one.
@@ -254,6 +247,10 @@ void over_codes(Range range, const void* x, const void* y, int64_t count, void* 
 }
 
 }  // namespace
+
+const char* qlinear_binary_path() {
+  return QMM_BINARY_RANGE(qlinear_add_range) == portable::qlinear_add_range ? "portable" : "avx2";
+}
 
 void qlinear_add_codes(const void* x, const void* y, int64_t count, bool is_signed, float rx, float ry, float k,
                        void* out) {

@@ -985,8 +985,9 @@ def test_session_out_of_order_graph_is_a_clear_error():
 
 
 def test_nodes_of_every_kind_run_as_onnx_reference_runs_them():
-    """The session calls plain nodes' _run directly (their attributes read once); a model-local function, an
-    If with subgraphs and an operator whose attribute is set keep OpRun.run: all give onnx.reference's values."""
+    """The session calls plain nodes' _run directly with their attributes read once (ReduceSum's keepdims,
+    Softmax's axis 0: a lost attribute changes the values); a model-local function and an If with subgraphs
+    keep OpRun.run. All give onnx.reference's values, a 0-d output included, as arrays."""
     from onnx.reference import ReferenceEvaluator
 
     fn = onnx.helper.make_function(

@@ -623,21 +623,15 @@ def _fast_batched(a, a_scale, a_zero_point, b, b_scale, b_zero_point, y_scale, y
         or a.ndim < 3
         or a.shape[:-2] != b.shape[:-2]
         or a.shape[-1] != b.shape[-2]
-        or a.dtype not in _INT8_DTYPES
         or b.dtype not in _INT8_DTYPES
-        or not isinstance(y_zero_point, (np.ndarray, np.generic))
-        or y_zero_point.dtype not in _INT8_DTYPES
     ):
         return None
-    sa, sb, sy = _per_tensor_f32(a_scale), _per_tensor_f32(b_scale), _per_tensor_f32(y_scale)
-    if sa is None or sb is None or sy is None:
+    a_y, sb = _per_tensor_a_y(a, a_scale, a_zero_point, y_scale, y_zero_point), _per_tensor_f32(b_scale)
+    if a_y is None or sb is None:
         return None
-    za, zb = _per_tensor_int(a_zero_point, a.dtype, a_scale), _per_tensor_int(b_zero_point, b.dtype, b_scale)
-    zy = _per_tensor_int(y_zero_point, y_zero_point.dtype, y_scale)
-    if za is None or zb is None or zy is None:
-        return None
-    m = _f32(_f32(sa * sb) / sy)  # as _fast_2d
-    if not math.isfinite(m):
+    sa, za, sy, zy = a_y
+    zb, m = _per_tensor_int(b_zero_point, b.dtype, b_scale), _per_tensor_multiplier(sa, sb, sy)
+    if zb is None or m is None:
         return None
     (M, K), N, count = a.shape[-2:], b.shape[-1], prod(a.shape[:-2])
     if count == 0 or M == 0 or N == 0 or K == 0:
@@ -662,41 +656,43 @@ def _fast_batched(a, a_scale, a_zero_point, b, b_scale, b_zero_point, y_scale, y
     return y.reshape(a.shape[:-1] + (N,))
 
 
-def _fast_2d(a, a_scale, a_zero_point, b, b_scale, b_zero_point, y_scale, y_zero_point, packed_b):
-    if (
-        type(a) is not np.ndarray
-        or a.ndim != 2
-        or a.dtype not in _INT8_DTYPES
-        or b.ndim != 2
-        or b.dtype not in _INT8_DTYPES
-        or a.shape[1] != b.shape[0]
-    ):
+def _per_tensor_a_y(a, a_scale, a_zero_point, y_scale, y_zero_point):
+    """(a_scale, a_zero_point, y_scale, y_zero_point) as Python numbers where a (int8 or uint8) and y have
+    one valid scale and zero point each and y's zero point is int8 or uint8, else None."""
+    if a.dtype not in _INT8_DTYPES or not isinstance(y_zero_point, (np.ndarray, np.generic)):
+        return None
+    if y_zero_point.dtype not in _INT8_DTYPES:
         return None
     sa, sy = _per_tensor_f32(a_scale), _per_tensor_f32(y_scale)
-    if (
-        sa is None
-        or sy is None
-        or not isinstance(y_zero_point, (np.ndarray, np.generic))
-        or y_zero_point.dtype not in _INT8_DTYPES
-    ):
+    if sa is None or sy is None:
         return None
     za = _per_tensor_int(a_zero_point, a.dtype, a_scale)
     zy = _per_tensor_int(y_zero_point, y_zero_point.dtype, y_scale)
-    if za is None or zy is None:
+    return None if za is None or zy is None else (sa, za, sy, zy)
+
+
+def _per_tensor_multiplier(sa: float, sb: float, sy: float):
+    """f32(f32(a_s * b_s) / y_s) with doubles (the product of two floats is exact in a double, and a double
+    quotient rounded to float32 is the float32 quotient: 53 >= 2 * 24 + 2), or None where it overflows."""
+    m = _f32(_f32(sa * sb) / sy)
+    return m if math.isfinite(m) else None
+
+
+def _fast_2d(a, a_scale, a_zero_point, b, b_scale, b_zero_point, y_scale, y_zero_point, packed_b):
+    if type(a) is not np.ndarray or a.ndim != 2 or b.ndim != 2 or b.dtype not in _INT8_DTYPES:
         return None
+    a_y = _per_tensor_a_y(a, a_scale, a_zero_point, y_scale, y_zero_point)
+    if a_y is None or a.shape[1] != b.shape[0]:
+        return None
+    sa, za, sy, zy = a_y
     N = b.shape[1]
     a_operand = np.ascontiguousarray(a)
     b_operand = packed_b if packed_b is not None else np.ascontiguousarray(b)  # packed per call, in cache
     a_signed, b_signed, y_signed = a.dtype == _I8, b.dtype == _I8, y_zero_point.dtype == _I8
     sb = _per_tensor_f32(b_scale)
     if sb is not None:
-        zb = _per_tensor_int(b_zero_point, b.dtype, b_scale)
-        if zb is None:
-            return None
-        # f32(f32(a_s * b_s) / y_s) with doubles: the product of two floats is exact in a double,
-        # and a double quotient rounded to float32 is the float32 quotient (53 >= 2 * 24 + 2).
-        m = _f32(_f32(sa * sb) / sy)
-        if not math.isfinite(m):
+        zb, m = _per_tensor_int(b_zero_point, b.dtype, b_scale), _per_tensor_multiplier(sa, sb, sy)
+        if zb is None or m is None:
             return None
         return _core.qlinear_matmul_2d_per_tensor(a_operand, a_signed, za, b_operand, b_signed, zb, m, zy, y_signed)
     elif (

@@ -51,12 +51,11 @@ _NUMERICS_ID = {name: i for i, name in enumerate(NUMERICS)}  # requantize_column
 MEMORY_FORMATS = ("contiguous", "channels_last")
 
 
-def _memory_format(fn: str, memory_format) -> str:
+def _memory_format(fn: str, memory_format) -> None:
     if memory_format not in MEMORY_FORMATS:
         raise ValueError(
             f"{fn}: memory_format must be one of {', '.join(map(repr, MEMORY_FORMATS))}, got {memory_format!r}"
         )
-    return memory_format
 
 
 class ConvWeight(NamedTuple):
