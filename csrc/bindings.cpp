@@ -13,6 +13,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdlib>
+#include <optional>
 #include <stdexcept>
 #include <string>
 #include <vector>
@@ -187,6 +188,25 @@ void bind_runtime(nb::module_& m) {
   m.def("set_num_threads", &qmm::set_num_threads);
   m.def("cgroup_cpu_quota", &qmm::cgroup_cpu_quota, nb::arg("root") = "");
   m.def("pool_spins", &qmm::pool_spins);
+  // A ParallelRegion (csrc/thread_pool.h) as a context manager: the pool's helpers stay awake between
+  // the jobs of the calls made inside it (a session's nodes), and sleep again when it ends.
+  struct Region {
+    std::optional<qmm::ParallelRegion> region;
+  };
+  nb::class_<Region>(m, "ParallelRegion")
+      .def(nb::init<>())
+      .def(
+          "__enter__",
+          [](Region& r) {
+            nb::gil_scoped_release release;  // (waits for a job another thread is running)
+            if (!r.region) r.region.emplace(qmm::get_num_threads());
+            return &r;
+          },
+          nb::rv_policy::reference)
+      .def("__exit__", [](Region& r, nb::args) {
+        nb::gil_scoped_release release;
+        r.region.reset();
+      });
   // Kernel levels by name: "portable", "avx2", "avx512_vnni", "amx", each also with "-emulated"
   // (the emulated entries of that level, for tests).
   auto parse_level = [](const std::string& name, qmm::Isa* isa, bool* emulated) {

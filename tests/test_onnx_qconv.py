@@ -465,6 +465,29 @@ def test_session_reports_a_bad_node_by_name():
         InferenceSession(model)
 
 
+def test_session_conv_with_constant_parameters_takes_each_x_shape():
+    """A node whose parameters are all initializers is checked and prepared once (QLinearConvCall), with each
+    x shape's geometry kept: inputs of other shapes, and back, give qlinear_conv's bits; a bad constant is
+    reported when the session is made."""
+    rng = np.random.default_rng(5)
+    args, attrs = random_case(rng, (np.uint8, np.int8, np.uint8), nd=2)
+    attrs = {k: v for k, v in attrs.items() if k != "auto_pad"}
+    model = _qlinear_conv_model(args, attrs)
+    model.graph.input[0].type.tensor_type.shape.dim[2].dim_param = "H"
+    model.graph.input[0].type.tensor_type.shape.dim[3].dim_param = "W"
+    session = InferenceSession(model)
+    x0 = args[0]
+    for extra in (0, 3, 0, 5, 3):
+        x = rng.integers(0, 256, (x0.shape[0], x0.shape[1], x0.shape[2] + extra, x0.shape[3] + 2 * extra), np.uint8)
+        ours = session.run(None, {"x": x})[0]
+        np.testing.assert_array_equal(ours, qlinear_conv(x, *args[1:], **attrs))
+        assert ours.flags.c_contiguous
+    bad = list(args)
+    bad[6] = np.float32(0)
+    with pytest.raises(ValueError, match=r"^InferenceSession: node 'conv' \(QLinearConv\): qlinear_conv: y_scale must"):
+        InferenceSession(_qlinear_conv_model(bad, attrs))
+
+
 def test_depthwise_loops_of_both_builds_give_the_oracles_sums():
     """The depthwise loop is compiled for every CPU and again in the AVX2 build (csrc/conv_loops.inc):
     both give the spec's sums (ConvInteger against the oracle), channel counts off the vector widths."""

@@ -163,3 +163,47 @@ def test_a_forked_child_gets_a_pool_of_its_own():
     threads, same = done.stdout.split()
     assert same == "True"
     assert int(threads) >= 2  # the child's caller and the helper its product woke
+
+
+def test_a_parallel_region_keeps_results_and_leaves_no_thread_spinning():
+    """_core.ParallelRegion (the session's run holds one): products inside give the same bits; regions nest,
+    end on an exception, and run beside another thread's products; a helper spins only briefly after each
+    job (about 100 us), so neither an idle region nor its end leaves a core busy."""
+    import threading
+    import time
+
+    import numpy as np
+
+    rng = np.random.default_rng(0)
+    a = rng.integers(0, 256, (96, 512), np.uint8)
+    b = rng.integers(-128, 128, (512, 256), np.int8)
+    held = qm.QLinearMatMul(b, np.float32(0.01), np.int8(0))
+    want = held(a, np.float32(0.02), np.uint8(3), np.float32(0.5), np.uint8(7))
+
+    def run():
+        return held(a, np.float32(0.02), np.uint8(3), np.float32(0.5), np.uint8(7))
+
+    def idle_cpu(seconds=0.2):
+        start = time.process_time()
+        time.sleep(seconds)
+        return time.process_time() - start
+
+    with _core.ParallelRegion():
+        assert np.array_equal(run(), want)
+        with _core.ParallelRegion():
+            assert np.array_equal(run(), want)
+        assert idle_cpu() < 0.05
+    assert idle_cpu() < 0.05
+    with pytest.raises(RuntimeError, match="raised inside"):
+        with _core.ParallelRegion():
+            run()
+            raise RuntimeError("raised inside")
+    results = []
+    other = threading.Thread(target=lambda: results.extend(run() for _ in range(20)))
+    other.start()
+    with _core.ParallelRegion():
+        for _ in range(20):
+            assert np.array_equal(run(), want)
+    other.join()
+    assert len(results) == 20 and all(np.array_equal(r, want) for r in results)
+    assert idle_cpu() < 0.05

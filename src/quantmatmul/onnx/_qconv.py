@@ -143,59 +143,17 @@ def qlinear_conv(
         raise ValueError(f"{fn}: numerics must be one of {', '.join(map(repr, NUMERICS))}, got {numerics!r}")
     if weight is None:
         weight = conv_weight(w, w_scale, w_zero_point, group, fn)
-    x_s = _scalar(x_scale, "x_scale", fn, _F32)
-    y_s = _scalar(y_scale, "y_scale", fn, _F32)
-    y_zp = np.asarray(y_zero_point)
-    if y_zp.dtype not in _INT8:
-        raise TypeError(f"{fn}: y_zero_point must be int8 or uint8 (it selects y's type), got {y_zp.dtype}")
-    y_zp = _scalar(y_zp, "y_zero_point", fn, y_zp.dtype)
-    for name, s in (("x_scale", x_s), ("y_scale", y_s)):  # (w_scale: checked with the weight)
-        if not math.isfinite(s) or s == 0:
-            raise ValueError(f"{fn}: {name} must be finite and nonzero")
-    M = weight.w.shape[0]
-    bias = None
-    if B is not None:
-        bias = np.asarray(B)
-        if bias.dtype != np.int32:
-            raise TypeError(f"{fn}: B must be int32, got {bias.dtype}")
-        if bias.shape != (M,):
-            raise ValueError(f"{fn}: B must have one value per output channel ([{M}]), got shape {bias.shape}")
-    multiplier = None  # float32 f32(f32(x_scale * w_scale[m]) / y_scale), as ORT forms it; exact: unused
-    if numerics != "exact":
-        with np.errstate(over="ignore", under="ignore"):
-            multiplier = (x_s * weight.scale) / y_s
-        if not np.all(np.isfinite(multiplier)):
-            raise ValueError(
-                f"{fn}: x_scale * w_scale / y_scale overflows float32; use numerics='exact' for such scales"
-            )
-    fused = None
-    if numerics == "onnxruntime":  # the GEMM's own epilogue requantizes, the bias added to its sums
-        Mg = M // weight.group
-        fused = _Requantization(
-            multiplier.reshape(weight.group, 1, Mg),
-            None if bias is None else np.ascontiguousarray(bias.reshape(weight.group, Mg)),
-            np.asarray(y_zp, np.int32).reshape(1, 1, 1),
-            y_zp.dtype,
-        )
-    acc, out_shape = _conv_sums(
-        x, x_zero_point, weight, auto_pad, dilations, kernel_shape, pads, strides, fn, requantize=fused
+    conv = QLinearConvCall(
+        weight,
+        x_scale,
+        x_zero_point,
+        y_scale,
+        y_zero_point,
+        B,
+        (auto_pad, dilations, kernel_shape, pads, strides),
+        numerics,
     )
-    if acc.dtype != np.int32:  # requantized already
-        return _channels_first(acc, out_shape, memory_format)
-    y = np.empty(acc.shape, y_zp.dtype)
-    _core.requantize_columns(
-        acc,
-        None if bias is None else np.ascontiguousarray(bias),
-        multiplier,
-        float(x_s),
-        weight.scale,
-        float(y_s),
-        int(y_zp),
-        y,
-        y.dtype == np.int8,
-        _NUMERICS_ID[numerics],
-    )
-    return _channels_first(y, out_shape, memory_format)
+    return conv(x, memory_format)
 
 
 def conv_integer(
@@ -218,8 +176,9 @@ def conv_integer(
     _memory_format(fn, memory_format)
     if weight is None:
         weight = conv_weight(w, None, w_zero_point, group, fn)
-    acc, out_shape = _conv_sums(x, x_zero_point, weight, auto_pad, dilations, kernel_shape, pads, strides, fn)
-    return _channels_first(acc, out_shape, memory_format)
+    conv = _Conv(fn, weight, (auto_pad, dilations, kernel_shape, pads, strides))
+    acc, shapes = conv.sums(x, x_zero_point)
+    return _channels_first(acc, shapes.out_shape, memory_format)
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -235,98 +194,214 @@ class _Requantization(NamedTuple):
     dtype: np.dtype
 
 
-def _conv_sums(
-    x, x_zero_point, weight: ConvWeight, auto_pad, dilations, kernel_shape, pads, strides, fn, requantize=None
-):
-    """The int32 sums [N * prod(out), M] (rows: positions, columns: output channels) and the output shape;
-    with requantize (and a GEMM: not depthwise), the 8-bit outputs instead, ONNX Runtime's bits."""
-    x = np.asarray(x)
-    if x.dtype not in _INT8:
-        raise TypeError(f"{fn}: x must be int8 or uint8, got {x.dtype}")
-    w = weight.w
-    if x.ndim != w.ndim:
-        raise ValueError(
-            f"{fn}: x {x.shape} and w {w.shape} must have the same rank ([N, C, D1, ...], [M, C/group, k1, ...])"
-        )
-    x_zp = 0 if x_zero_point is None else int(_scalar(x_zero_point, "x_zero_point", fn, x.dtype))
-    group, (N, C), spatial = weight.group, x.shape[:2], x.shape[2:]
-    if C != w.shape[1] * group:
-        raise ValueError(f"{fn}: x has {C} channels, w expects {w.shape[1]} per group x {group} groups")
-    kernel = tuple(w.shape[2:])
-    if kernel_shape is not None and tuple(int(k) for k in kernel_shape) != kernel:
-        raise ValueError(f"{fn}: kernel_shape {list(kernel_shape)} differs from w's spatial shape {list(kernel)}")
-    nd = len(spatial)
-    strides = _ints(strides, nd, "strides", fn, 1)
-    dilations = _ints(dilations, nd, "dilations", fn, 1)
-    extent = [(k - 1) * d + 1 for k, d in zip(kernel, dilations)]
-    begin, end = _padding(auto_pad, pads, spatial, extent, strides, fn)
-    padded = [s + b + e for s, b, e in zip(spatial, begin, end)]
-    out = [(p - e) // s + 1 if p >= e else 0 for p, e, s in zip(padded, extent, strides)]
-    if any(o < 1 for o in out):
-        raise ValueError(
-            f"{fn}: the kernel (extent {extent} with dilations) does not fit x's padded spatial shape {padded}"
-        )
-    M = w.shape[0]
-    rows = N * prod(out)
-    if rows == 0 or M == 0:
-        return np.zeros((rows, M), np.int32), (N, M, *out)
-    channels_last = _channels_last(x)
-    shape = [N, C, group]
-    geometry = [list(spatial), out, list(kernel), strides, dilations, begin]
-    if weight.depthwise is not None:  # one input and one output channel per group
-        acc = np.empty((rows, M), np.int32)
-        _core.conv_depthwise(channels_last, x.dtype == np.int8, shape, geometry, x_zp, weight.depthwise, acc)
-        return acc, (N, M, *out)
-    one_by_one = prod(kernel) == 1 and all(s == 1 for s in strides) and not any(begin) and not any(end)
-    if group == 1 and one_by_one and weight.operand.x.shape[1] == C:  # (C a multiple of 4: K unpadded)
-        columns = channels_last.reshape(1, rows, C)  # a 1x1 convolution: each pixel's channels are its row
-    else:
-        columns = np.empty((group, rows, weight.operand.x.shape[1]), x.dtype)  # K padded as the weight
-        _core.conv_columns(
-            channels_last.view(np.uint8),
-            shape,
-            geometry,
-            int(np.asarray(x_zp, x.dtype).view(np.uint8)),
-            columns.view(np.uint8),
-        )
-    w_matrices = weight.operand.x  # [group, taps * C/group, M/group]
-    if w_matrices.shape[1] == 0:  # no input channels: empty sums
-        return np.zeros((rows, M), np.int32), (N, M, *out)
-    a_zp = np.full((group, rows), x_zp, np.int32)
-    operands = (columns, x.dtype == np.int8, weight.index, a_zp, weight.operand.packed, w_matrices.dtype == np.int8)
-    operands += (weight.index, weight.operand.zp)
-    if requantize is None:  # [group, rows, M/group], the int8 GEMM kernels' exact sums (wrapping int32)
-        acc = _core.matmul_integer(*operands)
-    else:
-        acc = np.empty((group, rows, M // group), requantize.dtype)
-        view = (group, rows, M // group)
-        tail = (
-            np.broadcast_to(requantize.multiplier, view),
-            acc,
-            acc.dtype == np.int8,
-            np.broadcast_to(requantize.zero_point, view),
-        )
-        if requantize.bias is None:
-            _core.qlinear_matmul_onnxruntime(*operands, *tail)
+class _Shapes(NamedTuple):
+    """What a convolution's x shape gives (_Conv.shapes): the output [N, M, out...], the GEMM's rows
+    N * prod(out), [N, C, group] and the geometry the C++ loops take, and whether the convolution is a 1x1
+    one that reads x's channels-last rows as its columns."""
+
+    out_shape: tuple
+    rows: int
+    shape: list
+    geometry: list
+    one_by_one: bool
+
+
+class _Conv:
+    """One convolution's weight and attributes, checked once, with what each x shape seen gives (a session
+    node calls it with the same shape run after run: the attribute checks and shape arithmetic once)."""
+
+    def __init__(self, fn, weight: ConvWeight, attributes):
+        self.fn, self.weight, self.attributes = fn, weight, attributes
+        self._shapes = {}
+        self._kept_rows = None
+
+    def shapes(self, x: np.ndarray) -> _Shapes:
+        """x's output shape and geometry (x an int8 / uint8 array of w's rank), checked on x's first shape."""
+        found = self._shapes.get(x.shape)
+        if found is None:
+            if len(self._shapes) >= 16:  # (a node fed many shapes: keep the cache small)
+                self._shapes.clear()
+            found = self._shapes[x.shape] = self._checked_shapes(x)
+        return found
+
+    def _checked_shapes(self, x: np.ndarray) -> _Shapes:
+        fn, weight = self.fn, self.weight
+        auto_pad, dilations, kernel_shape, pads, strides = self.attributes
+        w, group, (N, C), spatial = weight.w, weight.group, x.shape[:2], x.shape[2:]
+        if C != w.shape[1] * group:
+            raise ValueError(f"{fn}: x has {C} channels, w expects {w.shape[1]} per group x {group} groups")
+        kernel = tuple(w.shape[2:])
+        if kernel_shape is not None and tuple(int(k) for k in kernel_shape) != kernel:
+            raise ValueError(f"{fn}: kernel_shape {list(kernel_shape)} differs from w's spatial shape {list(kernel)}")
+        nd = len(spatial)
+        strides = _ints(strides, nd, "strides", fn, 1)
+        dilations = _ints(dilations, nd, "dilations", fn, 1)
+        extent = [(k - 1) * d + 1 for k, d in zip(kernel, dilations)]
+        begin, end = _padding(auto_pad, pads, spatial, extent, strides, fn)
+        padded = [s + b + e for s, b, e in zip(spatial, begin, end)]
+        out = [(p - e) // s + 1 if p >= e else 0 for p, e, s in zip(padded, extent, strides)]
+        if any(o < 1 for o in out):
+            raise ValueError(
+                f"{fn}: the kernel (extent {extent} with dilations) does not fit x's padded spatial shape {padded}"
+            )
+        one_by_one = prod(kernel) == 1 and all(s == 1 for s in strides) and not any(begin) and not any(end)
+        one_by_one = one_by_one and group == 1 and weight.operand is not None and weight.operand.x.shape[1] == C
+        geometry = [list(spatial), out, list(kernel), strides, dilations, begin]
+        return _Shapes((N, w.shape[0], *out), N * prod(out), [N, C, group], geometry, one_by_one)
+
+    def checked_x(self, x, x_zero_point) -> tuple[np.ndarray, int]:
+        """x as an array and its zero point as an int, checked."""
+        fn = self.fn
+        x = np.asarray(x)
+        if x.dtype not in _INT8:
+            raise TypeError(f"{fn}: x must be int8 or uint8, got {x.dtype}")
+        if x.ndim != self.weight.w.ndim:
+            raise ValueError(
+                f"{fn}: x {x.shape} and w {self.weight.w.shape} must have the same rank ([N, C, D1, ...], [M, C/group, k1, ...])"
+            )
+        x_zp = 0 if x_zero_point is None else int(_scalar(x_zero_point, "x_zero_point", fn, x.dtype))
+        return x, x_zp
+
+    def sums(self, x, x_zero_point, requantize: _Requantization | None = None):
+        """The int32 sums [N * prod(out), M] (rows: positions, columns: output channels) and x's _Shapes; with
+        requantize (and a GEMM: not depthwise), the 8-bit outputs instead, ONNX Runtime's bits."""
+        x, x_zp = self.checked_x(x, x_zero_point)
+        shapes = self.shapes(x)
+        weight, rows = self.weight, shapes.rows
+        group, M = weight.group, weight.w.shape[0]
+        if rows == 0 or M == 0:
+            return np.zeros((rows, M), np.int32), shapes
+        channels_last = _channels_last(x)
+        if weight.depthwise is not None:  # one input and one output channel per group
+            acc = np.empty((rows, M), np.int32)
+            _core.conv_depthwise(
+                channels_last, x.dtype == np.int8, shapes.shape, shapes.geometry, x_zp, weight.depthwise, acc
+            )
+            return acc, shapes
+        w_matrices = weight.operand.x  # [group, taps * C/group, M/group]
+        if shapes.one_by_one:  # (C a multiple of 4: K unpadded) each pixel's channels are its row
+            columns = channels_last.reshape(1, rows, shapes.shape[1])
         else:
-            _core.qlinear_matmul_onnxruntime_bias(*operands, requantize.bias, *tail)
-    if group == 1:
-        return acc.reshape(rows, M), (N, M, *out)
-    return np.ascontiguousarray(acc.transpose(1, 0, 2)).reshape(rows, M), (N, M, *out)
+            columns = np.empty((group, rows, w_matrices.shape[1]), x.dtype)  # K padded as the weight
+            _core.conv_columns(
+                channels_last.view(np.uint8),
+                shapes.shape,
+                shapes.geometry,
+                int(np.asarray(x_zp, x.dtype).view(np.uint8)),
+                columns.view(np.uint8),
+            )
+        if w_matrices.shape[1] == 0:  # no input channels: empty sums
+            return np.zeros((rows, M), np.int32), shapes
+        a_zp, multiplier, zero_point = self._row_operands(shapes, x_zp, requantize)
+        operands = (columns, x.dtype == np.int8, weight.index, a_zp, weight.operand.packed, w_matrices.dtype == np.int8)
+        operands += (weight.index, weight.operand.zp)
+        if requantize is None:  # [group, rows, M/group], the int8 GEMM kernels' exact sums (wrapping int32)
+            acc = _core.matmul_integer(*operands)
+        else:
+            acc = np.empty((group, rows, M // group), requantize.dtype)
+            tail = (multiplier, acc, acc.dtype == np.int8, zero_point)
+            if requantize.bias is None:
+                _core.qlinear_matmul_onnxruntime(*operands, *tail)
+            else:
+                _core.qlinear_matmul_onnxruntime_bias(*operands, requantize.bias, *tail)
+        if group == 1:
+            return acc.reshape(rows, M), shapes
+        return np.ascontiguousarray(acc.transpose(1, 0, 2)).reshape(rows, M), shapes
+
+    def _row_operands(self, shapes: _Shapes, x_zp: int, requantize: _Requantization | None):
+        """The GEMM's per-row a zero points [group, rows] (int32), and with requantize its multiplier and zero
+        point broadcast to [group, rows, M/group]: read-only arrays, kept for the last shape and x zero point."""
+        kept = self._kept_rows
+        if kept is None or kept[0] != (shapes.rows, x_zp) or kept[1] is not requantize:
+            group, rows, Mg = self.weight.group, shapes.rows, self.weight.w.shape[0] // self.weight.group
+            a_zp = np.full((group, rows), x_zp, np.int32)
+            a_zp.flags.writeable = False
+            tail = (None, None)
+            if requantize is not None:
+                view = (group, rows, Mg)
+                tail = (np.broadcast_to(requantize.multiplier, view), np.broadcast_to(requantize.zero_point, view))
+            kept = self._kept_rows = ((rows, x_zp), requantize, a_zp, *tail)
+        return kept[2:]
+
+
+class QLinearConvCall(_Conv):
+    """One QLinearConv's parameters other than x, checked once (qlinear_conv's, whose checks these are): the
+    weight, x's scale and zero point, y's, the bias and the attributes; calls take x. The session holds one per
+    node whose parameters are all initializers."""
+
+    def __init__(self, weight: ConvWeight, x_scale, x_zero_point, y_scale, y_zero_point, B, attributes, numerics):
+        fn = "qlinear_conv"
+        super().__init__(fn, weight, attributes)
+        x_s = _scalar(x_scale, "x_scale", fn, _F32)
+        y_s = _scalar(y_scale, "y_scale", fn, _F32)
+        y_zp = np.asarray(y_zero_point)
+        if y_zp.dtype not in _INT8:
+            raise TypeError(f"{fn}: y_zero_point must be int8 or uint8 (it selects y's type), got {y_zp.dtype}")
+        y_zp = _scalar(y_zp, "y_zero_point", fn, y_zp.dtype)
+        for name, s in (("x_scale", x_s), ("y_scale", y_s)):  # (w_scale: checked with the weight)
+            if not math.isfinite(s) or s == 0:
+                raise ValueError(f"{fn}: {name} must be finite and nonzero")
+        M = weight.w.shape[0]
+        bias = None
+        if B is not None:
+            bias = np.asarray(B)
+            if bias.dtype != np.int32:
+                raise TypeError(f"{fn}: B must be int32, got {bias.dtype}")
+            if bias.shape != (M,):
+                raise ValueError(f"{fn}: B must have one value per output channel ([{M}]), got shape {bias.shape}")
+            bias = np.ascontiguousarray(bias)
+        multiplier = None  # float32 f32(f32(x_scale * w_scale[m]) / y_scale), as ORT forms it; exact: unused
+        if numerics != "exact":
+            with np.errstate(over="ignore", under="ignore"):
+                multiplier = (x_s * weight.scale) / y_s
+            if not np.all(np.isfinite(multiplier)):
+                raise ValueError(
+                    f"{fn}: x_scale * w_scale / y_scale overflows float32; use numerics='exact' for such scales"
+                )
+        self._fused = None
+        if numerics == "onnxruntime" and weight.depthwise is None:  # the GEMM's epilogue requantizes, B added first
+            Mg = M // weight.group
+            self._fused = _Requantization(
+                multiplier.reshape(weight.group, 1, Mg),
+                None if bias is None else np.ascontiguousarray(bias.reshape(weight.group, Mg)),
+                np.asarray(y_zp, np.int32).reshape(1, 1, 1),
+                y_zp.dtype,
+            )
+        self._x_zero_point, self._x_s, self._y_s, self._y_zp = x_zero_point, x_s, y_s, y_zp
+        self._bias, self._multiplier, self._numerics = bias, multiplier, _NUMERICS_ID[numerics]
+
+    def __call__(self, x, memory_format: str = "contiguous") -> np.ndarray:
+        acc, shapes = self.sums(x, self._x_zero_point, self._fused)
+        if acc.dtype != np.int32:  # requantized already
+            return _channels_first(acc, shapes.out_shape, memory_format)
+        y = np.empty(acc.shape, self._y_zp.dtype)
+        _core.requantize_columns(
+            acc,
+            self._bias,
+            self._multiplier,
+            float(self._x_s),
+            self.weight.scale,
+            float(self._y_s),
+            int(self._y_zp),
+            y,
+            y.dtype == np.int8,
+            self._numerics,
+        )
+        return _channels_first(y, shapes.out_shape, memory_format)
 
 
 def _channels_first(values: np.ndarray, out_shape, memory_format: str = "contiguous") -> np.ndarray:
     """[N * prod(out), M] -> [N, M, out...]: a copy in C order, or (channels_last) a view of values."""
     N, M, *out = out_shape
     if memory_format == "channels_last":
-        return np.moveaxis(values.reshape(N, *out, M), -1, 1)
+        return values.reshape(N, *out, M).transpose(0, len(out) + 1, *range(1, len(out) + 1))
     return _transposed(values.reshape(N, prod(out), M)).reshape(out_shape)
 
 
 def _channels_last(x: np.ndarray) -> np.ndarray:
     """x [N, C, D...] as a C-contiguous [N, D..., C]: a view where x's memory is so already (a channels_last
     result), else a copy (a blocked transpose in C++ from C order)."""
-    moved = np.moveaxis(x, 1, -1)
+    moved = x.transpose(0, *range(2, x.ndim), 1)
     if moved.flags.c_contiguous:
         return moved
     if not x.flags.c_contiguous:

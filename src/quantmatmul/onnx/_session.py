@@ -34,7 +34,7 @@ from ._fuse import fuse_qdq as _fuse_qdq
 from ._fuse import subgraph_reads
 from ._integer import _integer_operand, _matmul_integer, dynamic_quantize_linear, matmul_integer
 from ._pool import max_pool
-from ._qconv import conv_integer, conv_weight, qlinear_conv
+from ._qconv import QLinearConvCall, conv_integer, conv_weight, qlinear_conv
 from ._qgemm import qgemm, qgemm_weight
 from ._qlinear_ops import qlinear_add, qlinear_mul, qlinear_softmax
 from ._qlinear_pool import qlinear_average_pool, qlinear_global_average_pool
@@ -149,7 +149,7 @@ class InferenceSession:
                 )
         feed = check_feed(fn, self._model, input_feed)
         try:
-            with np.errstate(all="ignore"):
+            with np.errstate(all="ignore"), _core.ParallelRegion():
                 return _run_nodes(self._evaluator, self._released, output_names, feed)
         except _NodeError as error:
             raise error.public(fn) from None
@@ -489,7 +489,26 @@ class _ConvOp(_Op):
 class _QLinearConv(_ConvOp):
     _fn = "qlinear_conv"
 
+    def __init__(self, onnx_node, run_params, schema=None):
+        super().__init__(onnx_node, run_params, schema)
+        # Every parameter but x an initializer (as quantizers write them): checked and formed once (the
+        # multiplier, the requantization's arrays), and each x shape's geometry once, not per run.
+        self._call = None
+        params = [self._constant(i) for i in (1, 2, 6, 7, 8)]
+        if self._held is not None and all(p is not False for p in params) and all(p is not None for p in params[:4]):
+            attrs = self._attrs
+            geometry = (
+                attrs.get("auto_pad", "NOTSET"),
+                *(attrs.get(k) for k in ("dilations", "kernel_shape", "pads", "strides")),
+            )
+            try:
+                self._call = QLinearConvCall(self._held, *params[:4], params[4], geometry, self.numerics)
+            except (TypeError, ValueError) as error:
+                raise _NodeError(onnx_node, error) from error
+
     def _compute(self, x, x_scale, x_zero_point, w, w_scale, w_zero_point, y_scale, y_zero_point, B=None, **_):
+        if self._call is not None:
+            return (self._call(x, "channels_last"),)
         return (
             qlinear_conv(
                 x,
