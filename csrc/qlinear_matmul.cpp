@@ -232,7 +232,7 @@ void accumulate(const QGemmDispatch& q, const QGemmProblem& p, Epilogue&& epilog
     }
   }
   const int32_t* a_packed_data = a_in_place ? static_cast<const int32_t*>(p.a) : a_buffer;
-  std::vector<int64_t> rowsums(static_cast<size_t>(a_count * M));  // 0 where not needed
+  std::vector<int64_t> rowsums(need_rowsums ? static_cast<size_t>(a_count * M) : 0);  // (t unused without)
   // Tasks of one row group each (at M = 128, blocks of 64 rows gave the AMX layout's packing two
   // threads of 16), worth a thread at about 1 byte per nanosecond.
   const int64_t a_groups = (M + mr - 1) / mr;
@@ -258,7 +258,7 @@ void accumulate(const QGemmDispatch& q, const QGemmProblem& p, Epilogue&& epilog
     const int64_t ia = p.a_index[bt], ib = p.b_index[bt];
     const int64_t ldc = panels * nr;
     const int32_t* a_block = a_packed_data + (ia * m_padded + m0) * a_row;
-    const int64_t* rowsum = rowsums.data() + ia * M + m0;
+    const int64_t* rowsum = need_rowsums ? rowsums.data() + ia * M + m0 : nullptr;
 
     if (q.begin_task) q.begin_task();
     thread_local std::vector<int32_t> c32;
@@ -281,31 +281,36 @@ void accumulate(const QGemmDispatch& q, const QGemmProblem& p, Epilogue&& epilog
       if (kExact)
         for (int64_t i = 0; i < rows * ldc; ++i) c64[i] += c32[i];
     }
-    if constexpr (!kExact) {
-      if (p.column_bias) {  // the columns' bias, added as the int32 sums add (wrapping, through uint32)
-        const int32_t* bias = p.column_bias + ib * N + n0;
-        for (int64_t r = 0; r < rows; ++r) {
-          int32_t* c = c32.data() + r * ldc;
-          for (int64_t j = 0; j < cols; ++j)
-            c[j] = static_cast<int32_t>(static_cast<uint32_t>(c[j]) + static_cast<uint32_t>(bias[j]));
-        }
+    // The zero-point terms, in Acc: wrapped to int32 (the epilogue's arithmetic wraps), exact in int64.
+    // A column bias (int32 sums only) joins them: where every row of the block has the same za' (a
+    // per-tensor zero point: every convolution), the column term -za' * colsum(b') + bias is formed
+    // once per column, with za' then 1 in the row terms; else the bias is added to the sums here.
+    const int32_t* b_zp = p.b_zero_point + ib * N + n0;
+    const int32_t* bias = p.column_bias ? p.column_bias + ib * N + n0 : nullptr;
+    const int32_t* a_zp = p.a_zero_point + ia * M + m0;
+    const bool fold_bias = bias && std::all_of(a_zp, a_zp + rows, [&](int32_t z) { return z == a_zp[0]; });
+    if (bias && !fold_bias) {  // (added as the int32 sums add: wrapping, through uint32)
+      for (int64_t r = 0; r < rows; ++r) {
+        int32_t* c = c32.data() + r * ldc;
+        for (int64_t j = 0; j < cols; ++j)
+          c[j] = static_cast<int32_t>(static_cast<uint32_t>(c[j]) + static_cast<uint32_t>(bias[j]));
       }
     }
-
-    // The zero-point terms, in Acc: wrapped to int32 (the epilogue's arithmetic wraps), exact in int64.
-    const int32_t* b_zp = p.b_zero_point + ib * N + n0;
     zb_stored.resize(static_cast<size_t>(cols));
     colsum_stored.resize(static_cast<size_t>(cols));
     auto wrap = [](int64_t x) { return static_cast<Acc>(static_cast<std::make_unsigned_t<Acc>>(x)); };
+    const int64_t za0 = int64_t{a_zp[0]} + oa;
     for (int64_t j = 0; j < cols; ++j) {
       zb_stored[j] = wrap(int64_t{b_zp[j]} + ob);
       colsum_stored[j] = wrap(int64_t{colsum[j]} + K * ob);
+      // (wrapping: za' * colsum(b') - bias modulo 2^32, as the epilogue's za' * colsum and + bias would give)
+      if (fold_bias) colsum_stored[j] = wrap(za0 * int64_t{colsum_stored[j]} - bias[j]);
     }
     row_terms.resize(static_cast<size_t>(rows));
     for (int64_t r = 0; r < rows; ++r) {
-      const int64_t za = p.a_zero_point[ia * M + m0 + r] + oa;
-      row_terms[r] = {need_rowsums ? zb_stored.data() : nullptr, colsum_stored.data(), wrap(za),
-                      wrap(rowsum[r] + K * oa - K * za)};
+      const int64_t za = int64_t{a_zp[r]} + oa;
+      row_terms[r] = {need_rowsums ? zb_stored.data() : nullptr, colsum_stored.data(), fold_bias ? Acc{1} : wrap(za),
+                      wrap((rowsum ? rowsum[r] : 0) + K * oa - K * za)};
     }
     if constexpr (kExact) epilogue(bt, m0, rows, n0, cols, c64.data(), ldc, row_terms.data());
     else epilogue(bt, m0, rows, n0, cols, c32.data(), ldc, row_terms.data());

@@ -296,3 +296,38 @@ def test_qdq_gemm_groups_that_stay_as_written():
         assert session.fused == [] and "Gemm" in [n.op_type for n in session._evaluator.rt_nodes_], label
         (ours,) = session.run(None, feed)
         assert ours.tobytes() == qo.InferenceSession(model, fuse_qdq=False).run(None, feed)[0].tobytes(), label
+
+
+def test_a_column_bias_with_per_row_zero_points_is_the_per_row_result(isa):
+    """The GEMM driver folds a column bias into the per-column zero-point term where every row of a block
+    has the same zero point (QLinearConv, QGemm), and adds it to the sums where rows differ (a zero point
+    per row): both give the same bits, and the bits of each row computed alone."""
+    from quantmatmul import _core
+
+    rng = np.random.default_rng(3)
+    M, K, N = 37, 70, 45
+    a = rng.integers(0, 256, (1, M, K), np.uint8)
+    b = rng.integers(-128, 128, (1, K, N), np.int8)
+    bias = rng.integers(-(2**21), 2**21, (1, N)).astype(np.int32)
+    mult = np.broadcast_to(np.float32(4e-5) * (1 + rng.random(N, np.float32)), (1, M, N))
+    zp = np.broadcast_to(np.int32(9), (1, M, N))
+    index = np.zeros(1, np.int64)
+    b_zp = rng.integers(-3, 3, (1, N)).astype(np.int32)
+    packed = _core.pack_b(b, True)
+
+    def run(a_rows, a_zp):
+        y = np.empty((1, a_rows.shape[1], N), np.uint8)
+        sub = (1, a_rows.shape[1], N)
+        _core.qlinear_matmul_onnxruntime_bias(
+            a_rows, False, index, a_zp, packed, True, index, b_zp, bias, mult[:, : sub[1]], y, False, zp[:, : sub[1]]
+        )
+        return y
+
+    a_zp = rng.integers(0, 256, (1, M)).astype(np.int32)
+    mixed = run(a, a_zp)
+    for r in range(M):
+        np.testing.assert_array_equal(mixed[:, r], run(a[:, r : r + 1], a_zp[:, r : r + 1])[:, 0])
+    uniform = np.full((1, M), a_zp[0, 0], np.int32)
+    first = run(a, uniform)
+    np.testing.assert_array_equal(first[:, :1], mixed[:, :1])
+    assert len(np.unique(mixed)) > 100  # outputs spread over the range, not saturated
