@@ -397,6 +397,39 @@ void bind_qlinear_matmul(nb::module_& m) {
         nb::gil_scoped_release release;
         qmm::qlinear_matmul_onnxruntime(p, mult, out);
       });
+  // The same for a convolution read in place (QGemmProblem::a_offsets): x channels-last, its receptive
+  // fields offsets [M, taps] (conv_offsets), pad x's zero point; a_zp [1, M]. False, computing nothing,
+  // where the entry in use cannot read it (taps_usable): the caller forms an im2col instead.
+  m.def("qlinear_matmul_onnxruntime_taps",
+        [](const In& x, const In& offsets, int pad, const In& a_zp, nb::handle b, bool b_signed, const In& b_index,
+           const In& b_zp, const In& bias, const In& multiplier, Out y, bool y_signed, const In& y_zp) {
+          const int64_t M = static_cast<int64_t>(offsets.shape(0)), taps = static_cast<int64_t>(offsets.shape(1));
+          qmm::QGemmProblem p;
+          p.batch = 1;
+          p.M = M;
+          p.b_packed = nb::inst_ptr<qmm::PackedB>(b);
+          p.b_raw = nullptr;
+          p.N = p.b_packed->N;
+          p.K = p.b_packed->K;
+          p.a = x.data();
+          p.a_signed = false;
+          p.a_index = static_cast<const int64_t*>(b_index.data());  // (both [0])
+          p.a_zero_point = static_cast<const int32_t*>(a_zp.data());
+          p.b_signed = b_signed;
+          p.b_index = static_cast<const int64_t*>(b_index.data());
+          p.b_zero_point = static_cast<const int32_t*>(b_zp.data());
+          p.column_bias = bias.size() ? static_cast<const int32_t*>(bias.data()) : nullptr;
+          p.a_offsets = static_cast<const int32_t*>(offsets.data());
+          p.a_taps = taps;
+          if (!qmm::taps_usable(p)) return false;
+          const std::vector<uint8_t> pad_row(static_cast<size_t>(p.K / taps), static_cast<uint8_t>(pad));
+          p.a_pad = pad_row.data();
+          const auto out = output(y, y_signed, y_zp);
+          const auto mult = view3<float>(multiplier);
+          nb::gil_scoped_release release;
+          qmm::qlinear_matmul_onnxruntime(p, mult, out);
+          return true;
+        });
   m.def("qlinear_matmul_onnx_reference", qlinear_binding<double, qmm::qlinear_matmul_onnx_reference>);
 
   // MatMulInteger: (a - a_zp) x (b - b_zp) in wrapping int32, [batch, M, N]; the operands as the
@@ -742,6 +775,12 @@ void bind_onnx_ops(nb::module_& m) {
     nb::gil_scoped_release release;
     qmm::conv_columns(static_cast<const uint8_t*>(x.data()), s, static_cast<uint8_t>(pad), row_bytes,
                       static_cast<uint8_t*>(columns.data()));
+  });
+  m.def("conv_offsets", [conv_shape](const std::vector<int64_t>& shape,
+                                     const std::vector<std::vector<int64_t>>& geometry, Out offsets) {
+    const auto s = conv_shape(shape, geometry);
+    nb::gil_scoped_release release;
+    qmm::conv_offsets(s, static_cast<int32_t*>(offsets.data()));
   });
   m.def("conv_depthwise",
         [conv_shape](const In& x, bool x_signed, const std::vector<int64_t>& shape,

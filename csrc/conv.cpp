@@ -251,6 +251,20 @@ void columns_2d(const uint8_t* x, const ConvShape& s, uint8_t pad, int64_t row_b
 
 }  // namespace
 
+void conv_offsets(const ConvShape& s, int32_t* offsets) {
+  const int64_t positions = s.positions(), taps = s.taps(), C = s.C;
+  const int64_t task = rows_per_task(taps * 4);
+  parallel_ranges(positions, task, tasks_worth_a_thread(static_cast<double>(task * taps) * 2.0),
+                  [&](int64_t, int64_t r0, int64_t r1) {
+                    Field field(s);
+                    for (int64_t r = r0; r < r1; ++r) {
+                      const auto& pixel = field.at(r);
+                      for (int64_t t = 0; t < taps; ++t)
+                        offsets[r * taps + t] = pixel[t] < 0 ? -1 : static_cast<int32_t>(pixel[t] * C);
+                    }
+                  });
+}
+
 void conv_columns(const uint8_t* x, const ConvShape& s, uint8_t pad, int64_t row_bytes, uint8_t* columns) {
   const int64_t positions = s.positions(), taps = s.taps(), Cg = s.C / s.group;
   const int64_t task = rows_per_task(row_bytes * s.group);

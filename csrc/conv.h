@@ -21,6 +21,10 @@ struct ConvShape {
 // (>= taps * C / group); a tap outside x (padding) is `pad` too (x's zero point: a real 0). Over the
 // thread pool.
 void conv_columns(const uint8_t* x, const ConvShape& s, uint8_t pad, int64_t row_bytes, uint8_t* columns);
+// The receptive fields as a table, for a GEMM that reads x in place (QGemmProblem::a_offsets; one
+// group): offsets [positions, taps] (int32), each tap's byte offset in x of its pixel's C channels,
+// or -1 where it falls in the padding. x must be under 2 GiB (the caller checks). Over the thread pool.
+void conv_offsets(const ConvShape& s, int32_t* offsets);
 
 // Depthwise sums (C / group == 1, one output channel per group): acc [positions, C] (int32, wrapping)
 // = sum over taps of (x - x_zp) * w[tap, c], w [taps, C] already minus its zero point (int16). Taps

@@ -54,6 +54,9 @@ struct QGemmDispatch {
   // between (null: nothing to do). AMX loads its tile configuration here, once per task, not
   // per call: other code on the thread (ONNX Runtime's AMX kernels) may have changed it since.
   void (*begin_task)();
+  // The kernel over a table of receptive fields (csrc/qgemm.h), where the entry has one (null: the
+  // driver's caller forms the im2col instead).
+  QGemmTapsKernel kernel_taps = nullptr;
 };
 
 struct NBitsDispatch {

@@ -95,6 +95,14 @@ void pack_b_tiles(const void* b, bool b_signed, int64_t K, int64_t N, int64_t pa
 using QGemmKernel = void (*)(const int32_t* a, int64_t lda, int64_t rows, const int8_t* b_panel, int64_t g0, int64_t g1,
                              bool b_signed, bool accumulate, int32_t* c, int64_t ldc);
 
+// The same sums for an A read in place through a table of receptive fields (a convolution's, without
+// an im2col; kLayoutQuads only, uint8 a stored as given): rows [0, rows) of the table offsets
+// ([rows][taps] int32, row stride taps), row r's k-quads for tap t being the K / (4 taps) int32s at
+// x + offsets[r * taps + t] (bytes), or at pad where that offset is negative; the panel's k-quads in
+// the order of the taps, then the quads. All of K in one call; C written, not added to.
+using QGemmTapsKernel = void (*)(const uint8_t* x, const int32_t* offsets, int64_t taps, const uint8_t* pad,
+                                 int64_t rows, int64_t quads_per_tap, const int8_t* b_panel, int32_t* c, int64_t ldc);
+
 // One output row's zero-point terms in the layout's stored values (docs/quantization.md, csrc/qlinear_matmul.cpp):
 // acc[j] = raw[j] - zb[j] * t - za * colsum[j], in wrapping int32 arithmetic.
 struct RowTerms {

@@ -68,6 +68,12 @@ QGemmBlocking qgemm_blocking(const QGemmLayout& L) {
   return b;
 }
 
+bool taps_usable(const QGemmDispatch& q, bool a_signed, bool need_rowsums, int64_t batch, int64_t K, int64_t taps) {
+  const QGemmLayout& L = *q.layout;
+  return q.kernel_taps && L.id == kLayoutQuads && L.a_offset[a_signed] == 0 && !need_rowsums && batch == 1 &&
+         taps > 0 && K > 0 && K % (L.kc * taps) == 0;
+}
+
 namespace {
 
 constexpr int64_t kKPerChunk = 1 << 15;  // 2^15 products of at most 255^2 < 2^16: int32 cannot overflow
@@ -206,10 +212,16 @@ void accumulate(const QGemmDispatch& q, const QGemmProblem& p, Epilogue&& epilog
   // on the VNNI layout), and the row sums only where a column's zb' = zb + ob is not 0 (they are
   // multiplied by it: an int8 b with zero point 0, the usual weight, needs none).
   const int64_t a_count = *std::max_element(p.a_index, p.a_index + p.batch) + 1;
-  const bool a_in_place = L.a_row_major && oa == 0 && K % L.kc == 0 && reinterpret_cast<uintptr_t>(p.a) % 4 == 0;
   const int64_t b_count = *std::max_element(p.b_index, p.b_index + p.batch) + 1;
   const bool need_rowsums =
       std::any_of(p.b_zero_point, p.b_zero_point + b_count * N, [&](int32_t z) { return z + ob != 0; });
+  // A read through a table of receptive fields (a convolution without an im2col): the entry's
+  // kernel_taps reads it in place, no packing and no row sums (its caller checks taps_usable()).
+  const bool a_taps = p.a_offsets != nullptr;
+  if (a_taps && (kExact || !taps_usable(q, p.a_signed, need_rowsums, p.batch, K, p.a_taps)))
+    throw std::logic_error("a table of receptive fields on an entry that cannot read it");
+  const bool a_in_place =
+      a_taps || (L.a_row_major && oa == 0 && K % L.kc == 0 && reinterpret_cast<uintptr_t>(p.a) % 4 == 0);
   const int64_t m_padded = a_in_place ? M : (M + mr - 1) / mr * mr;
   // Uninitialized: pack_a writes every int32 the kernels read (padding rows too where they read
   // them). Kept by the calling thread for its next call (up to 64 MiB): a fresh buffer per call
@@ -267,7 +279,14 @@ void accumulate(const QGemmDispatch& q, const QGemmProblem& p, Epilogue&& epilog
     thread_local std::vector<TermsOf<Acc>> row_terms;
     c32.resize(static_cast<size_t>(rows * ldc));
     if (kExact) c64.assign(static_cast<size_t>(rows * ldc), 0);
-    for (int64_t c0 = 0; c0 < std::max<int64_t>(groups, 1); c0 += groups_per_chunk) {
+    if (a_taps) {  // all of K in one call per row group and panel
+      for (int64_t j = 0; j < panels; ++j)
+        for (int64_t r0 = 0; r0 < rows; r0 += mr)
+          q.kernel_taps(static_cast<const uint8_t*>(p.a), p.a_offsets + (m0 + r0) * p.a_taps, p.a_taps, p.a_pad,
+                        std::min(mr, rows - r0), groups / p.a_taps, b_panels + j * panel_bytes,
+                        c32.data() + r0 * ldc + j * nr, ldc);
+    }
+    for (int64_t c0 = 0; !a_taps && c0 < std::max<int64_t>(groups, 1); c0 += groups_per_chunk) {
       const int64_t c1 = std::min(groups, c0 + groups_per_chunk);
       int64_t g0 = c0;
       do {  // at least once: K = 0 still writes C
@@ -414,6 +433,15 @@ void qlinear_matmul_onnxruntime(const QGemmProblem& p, View3<float> multiplier, 
                           requantize_row(raw + r * ld, terms[r], mult, zp, cols, out.is_signed, y);
                         }
                       });
+}
+
+bool taps_usable(const QGemmProblem& p) {
+  const QGemmDispatch& q = call_entry(p);
+  const int32_t ob = q.layout->b_offset[p.b_packed ? p.b_packed->is_signed : p.b_signed];
+  const int64_t b_count = *std::max_element(p.b_index, p.b_index + p.batch) + 1;
+  const bool need_rowsums =
+      std::any_of(p.b_zero_point, p.b_zero_point + b_count * p.N, [&](int32_t z) { return z + ob != 0; });
+  return taps_usable(q, p.a_signed, need_rowsums, p.batch, p.K, p.a_taps);
 }
 
 void matmul_integer(const QGemmProblem& p, int32_t* y) {

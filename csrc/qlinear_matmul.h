@@ -65,7 +65,21 @@ struct QGemmProblem {
   // sum of that column before the epilogue, wrapping as the sums do (the exact int64 products refuse
   // it). A convolution's bias in ONNX Runtime's numerics (onnx/_qconv.py); null for none.
   const int32_t* column_bias = nullptr;
+  // Optional: a is x, read in place through a table of receptive fields instead of as a matrix (a
+  // convolution without an im2col, csrc/conv.cpp): row m's k-quads for tap t are the K / (4 a_taps)
+  // int32s at a + a_offsets[m * a_taps + t] (bytes), or at a_pad where that offset is negative. Only
+  // on an entry and problem for which taps_usable holds (int32 numerics).
+  const int32_t* a_offsets = nullptr;
+  int64_t a_taps = 0;
+  const uint8_t* a_pad = nullptr;
 };
+
+// Whether entry q reads such a table for this problem: its kernel_taps on the quads layout, a uint8
+// (stored as given), no row sums wanted (every column's b zero point plus the layout's offset 0), one
+// product, K whole quads per tap.
+bool taps_usable(const QGemmDispatch& q, bool a_signed, bool need_rowsums, int64_t batch, int64_t K, int64_t taps);
+// The same for problem p (a_taps set) on the entry a call would run it on now.
+bool taps_usable(const QGemmProblem& p);
 
 // The 8-bit integer output, contiguous [batch, M, N], and its (broadcast) zero point.
 struct QOutput {

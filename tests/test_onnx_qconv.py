@@ -488,6 +488,52 @@ def test_session_conv_with_constant_parameters_takes_each_x_shape():
         InferenceSession(_qlinear_conv_model(bad, attrs))
 
 
+@pytest.mark.parametrize("w_type", ["int8", "uint8 zero point 128", "uint8"])
+def test_a_convolution_read_in_place_gives_onnxruntimes_bits(isa, w_type):
+    """uint8 x with whole quads of channels and one group: on an entry with a kernel over receptive fields
+    (AVX-512 VNNI's kernel_taps) the GEMM reads x in place through the table of each position's taps
+    (padding from a row of x's zero point), without an im2col; where the b zero points need row sums (uint8 w
+    other than 128) or the entry has no such kernel, the im2col. Either way ONNX Runtime's bits, 1- to 3-D,
+    strides, dilations, padding, rows off the kernel's 8, with and without a bias."""
+    from quantmatmul.onnx._qconv import QLinearConvCall, _channels_last
+
+    rng = np.random.default_rng({"int8": 1, "uint8 zero point 128": 2, "uint8": 3}[w_type])
+    for case in range(9):
+        nd = 1 + case % 3
+        C, M = int(rng.choice([4, 8, 12, 64])), int(rng.choice([1, 5, 16, 33, 70]))
+        kernel = [int(rng.integers(1, 4)) for _ in range(nd)]
+        dilations = [int(rng.integers(1, 3)) for _ in range(nd)]
+        strides = [int(rng.integers(1, 3)) for _ in range(nd)]
+        pads = [int(rng.integers(0, k)) for k in kernel] * 2
+        spatial = [(k - 1) * d + int(rng.integers(1, 9 if nd < 3 else 4)) for k, d in zip(kernel, dilations)]
+        x = rng.integers(0, 256, (int(rng.integers(1, 3)), C, *spatial), np.uint8)
+        if w_type == "int8":
+            lo, hi = (-64, 64) if _narrow() else (-128, 128)
+            w, wz = rng.integers(lo, hi, (M, C, *kernel), np.int8), np.zeros(M, np.int8)
+        else:
+            w = rng.integers(0, 256, (M, C, *kernel), np.uint8)
+            wz = np.full(M, 128, np.uint8) if w_type.endswith("128") else rng.integers(0, 256, M, np.uint8)
+        ws = rng.uniform(0.001, 0.01, M).astype(np.float32)
+        B = rng.integers(-30000, 30000, M).astype(np.int32) if case % 2 else None
+        args = (x, np.float32(0.02), np.uint8(rng.integers(0, 256)), w, ws, wz, np.float32(0.5), np.uint8(9), B)
+        attrs = {"strides": strides, "pads": pads, "dilations": dilations, "kernel_shape": kernel}
+        ours = qlinear_conv(*args, **attrs)
+        np.testing.assert_array_equal(ours, ort_qlinear_conv(*args, **attrs))
+        conv = QLinearConvCall(
+            conv_weight(w, ws, wz, 1, "qlinear_conv"),
+            *args[1:3],
+            *args[6:9],
+            ("NOTSET", dilations, kernel, pads, strides),
+            "onnxruntime",
+        )
+        shapes = conv.shapes(x)
+        read = conv._read_in_place(_channels_last(x), int(args[2]), shapes, conv._fused)
+        one_by_one = shapes.offsets is None  # (a 1x1 convolution's rows are x's own pixels: no table)
+        assert (read is not None) == (isa.startswith("avx512_vnni") and w_type != "uint8" and not one_by_one)
+        if read is not None:
+            np.testing.assert_array_equal(read, np.moveaxis(ours, 1, -1).reshape(-1, M))
+
+
 def test_depthwise_loops_of_both_builds_give_the_oracles_sums():
     """The depthwise loop is compiled for every CPU and again in the AVX2 build (csrc/conv_loops.inc):
     both give the spec's sums (ConvInteger against the oracle), channel counts off the vector widths."""

@@ -43,6 +43,11 @@ void kernel_vnni(const int32_t* a, int64_t lda, int64_t rows, const int8_t* b_pa
   vnni_rows_upto8(a, QuadsA{lda}, rows, b_panel, g0, g1, accumulate, c, ldc);
 }
 
+void kernel_vnni_taps(const uint8_t* x, const int32_t* offsets, int64_t taps, const uint8_t* pad, int64_t rows,
+                      int64_t quads_per_tap, const int8_t* b_panel, int32_t* c, int64_t ldc) {
+  vnni_rows_taps_upto8(x, offsets, taps, pad, rows, quads_per_tap, b_panel, c, ldc);
+}
+
 #include "requantize_avx512.inc"
 
 #if defined(QMM_EMULATED)
@@ -60,6 +65,7 @@ const QGemmDispatch kQGemm = {
     .kernel = kernel_vnni,
     .requantize_onnxruntime = requantize_row_avx512,
     .begin_task = nullptr,
+    .kernel_taps = kernel_vnni_taps,
 };
 
 // MatMulNBits: level 4 on vpdpbusd (nbits_int8_avx512vnni.cpp), levels 0-3 on AVX-512F FMAs

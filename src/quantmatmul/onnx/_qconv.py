@@ -48,6 +48,7 @@ _INT8 = (np.dtype(np.int8), np.dtype(np.uint8))
 _F32 = np.dtype(np.float32)
 _AUTO_PAD = ("NOTSET", "SAME_UPPER", "SAME_LOWER", "VALID")
 _NUMERICS_ID = {name: i for i, name in enumerate(NUMERICS)}  # requantize_columns' numbers
+_NO_BIAS = np.zeros((1, 0), np.int32)
 MEMORY_FORMATS = ("contiguous", "channels_last")
 
 
@@ -204,6 +205,7 @@ class _Shapes(NamedTuple):
     shape: list
     geometry: list
     one_by_one: bool
+    offsets: np.ndarray | None  # the receptive fields [rows, taps] (_core.conv_offsets), where x can be read in place
 
 
 class _Conv:
@@ -247,7 +249,14 @@ class _Conv:
         one_by_one = prod(kernel) == 1 and all(s == 1 for s in strides) and not any(begin) and not any(end)
         one_by_one = one_by_one and group == 1 and weight.operand is not None and weight.operand.x.shape[1] == C
         geometry = [list(spatial), out, list(kernel), strides, dilations, begin]
-        return _Shapes((N, w.shape[0], *out), N * prod(out), [N, C, group], geometry, one_by_one)
+        rows, offsets = N * prod(out), None
+        # One group, channels in whole quads (K = taps * C unpadded), byte offsets in int32: the GEMM may
+        # read x in place through the receptive fields (qlinear_matmul_onnxruntime_taps), no im2col.
+        if group == 1 and not one_by_one and weight.depthwise is None and C % 4 == 0 and x.size < 2**31 and rows:
+            offsets = np.empty((rows, prod(kernel)), np.int32)
+            _core.conv_offsets([N, C, group], geometry, offsets)
+            offsets.flags.writeable = False
+        return _Shapes((N, w.shape[0], *out), rows, [N, C, group], geometry, one_by_one, offsets)
 
     def checked_x(self, x, x_zero_point) -> tuple[np.ndarray, int]:
         """x as an array and its zero point as an int, checked."""
@@ -279,6 +288,10 @@ class _Conv:
             )
             return acc, shapes
         w_matrices = weight.operand.x  # [group, taps * C/group, M/group]
+        if requantize is not None and x.dtype == np.uint8 and w_matrices.size:
+            acc = self._read_in_place(channels_last, x_zp, shapes, requantize)
+            if acc is not None:
+                return acc, shapes
         if shapes.one_by_one:  # (C a multiple of 4: K unpadded) each pixel's channels are its row
             columns = channels_last.reshape(1, rows, shapes.shape[1])
         else:
@@ -307,6 +320,33 @@ class _Conv:
         if group == 1:
             return acc.reshape(rows, M), shapes
         return np.ascontiguousarray(acc.transpose(1, 0, 2)).reshape(rows, M), shapes
+
+    def _read_in_place(self, channels_last, x_zp: int, shapes: _Shapes, requantize: _Requantization):
+        """The requantized outputs [rows, M] of the GEMM reading uint8 x in place through its receptive fields,
+        or None where the int8 kernels in use cannot (then an im2col)."""
+        if shapes.offsets is None or channels_last.ctypes.data % 4:  # (the kernel reads channels four at a time)
+            return None
+        weight, rows = self.weight, shapes.rows
+        M = weight.w.shape[0]
+        a_zp, multiplier, zero_point = self._row_operands(shapes, x_zp, requantize)
+        acc = np.empty((1, rows, M), requantize.dtype)
+        bias = requantize.bias if requantize.bias is not None else _NO_BIAS
+        done = _core.qlinear_matmul_onnxruntime_taps(
+            channels_last,
+            shapes.offsets,
+            x_zp,
+            a_zp,
+            weight.operand.packed,
+            weight.w.dtype == np.int8,
+            weight.index,
+            weight.operand.zp,
+            bias,
+            multiplier,
+            acc,
+            acc.dtype == np.int8,
+            zero_point,
+        )
+        return acc.reshape(rows, M) if done else None
 
     def _row_operands(self, shapes: _Shapes, x_zp: int, requantize: _Requantization | None):
         """The GEMM's per-row a zero points [group, rows] (int32), and with requantize its multiplier and zero
