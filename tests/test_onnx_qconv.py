@@ -488,17 +488,12 @@ def test_session_conv_with_constant_parameters_takes_each_x_shape():
         InferenceSession(_qlinear_conv_model(bad, attrs))
 
 
-@pytest.mark.parametrize("w_type", ["int8", "uint8 zero point 128", "uint8"])
-def test_a_convolution_read_in_place_gives_onnxruntimes_bits(isa, w_type):
-    """uint8 x with whole quads of channels and one group: on an entry with a kernel over receptive fields
-    (AVX-512 VNNI's kernel_taps) the GEMM reads x in place through the table of each position's taps
-    (padding from a row of x's zero point), without an im2col; where the b zero points need row sums (uint8 w
-    other than 128) or the entry has no such kernel, the im2col. Either way ONNX Runtime's bits, 1- to 3-D,
-    strides, dilations, padding, rows off the kernel's 8, with and without a bias."""
-    from quantmatmul.onnx._qconv import QLinearConvCall, _channels_last
-
+def _in_place_cases(w_type, count):
+    """QLinearConvs of uint8 x with whole quads of channels and one group (1- to 3-D, strides, dilations,
+    padding, rows off the kernel's 8, with and without a bias): (args, attrs, the attributes as
+    QLinearConvCall takes them)."""
     rng = np.random.default_rng({"int8": 1, "uint8 zero point 128": 2, "uint8": 3}[w_type])
-    for case in range(9):
+    for case in range(count):
         nd = 1 + case % 3
         C, M = int(rng.choice([4, 8, 12, 64])), int(rng.choice([1, 5, 16, 33, 70]))
         kernel = [int(rng.integers(1, 4)) for _ in range(nd)]
@@ -517,21 +512,37 @@ def test_a_convolution_read_in_place_gives_onnxruntimes_bits(isa, w_type):
         B = rng.integers(-30000, 30000, M).astype(np.int32) if case % 2 else None
         args = (x, np.float32(0.02), np.uint8(rng.integers(0, 256)), w, ws, wz, np.float32(0.5), np.uint8(9), B)
         attrs = {"strides": strides, "pads": pads, "dilations": dilations, "kernel_shape": kernel}
-        ours = qlinear_conv(*args, **attrs)
-        np.testing.assert_array_equal(ours, ort_qlinear_conv(*args, **attrs))
+        yield args, attrs, ("NOTSET", dilations, kernel, pads, strides)
+
+
+@pytest.mark.parametrize("w_type", ["int8", "uint8 zero point 128", "uint8"])
+def test_a_convolution_read_in_place_is_the_im2cols_result(isa, w_type):
+    """On an entry with a kernel over receptive fields (AVX-512 VNNI's kernel_taps) the GEMM reads such an x
+    in place through the table of each position's taps (padding from a row of x's zero point), without an
+    im2col; where the b zero points need row sums (uint8 w other than 128), for a 1x1 convolution (its rows
+    are x's pixels) or on an entry without such a kernel, the im2col. The two give the same bits."""
+    from quantmatmul.onnx._qconv import QLinearConvCall, _channels_last
+
+    for args, attrs, geometry in _in_place_cases(w_type, 12):
+        x, M = args[0], args[3].shape[0]
         conv = QLinearConvCall(
-            conv_weight(w, ws, wz, 1, "qlinear_conv"),
-            *args[1:3],
-            *args[6:9],
-            ("NOTSET", dilations, kernel, pads, strides),
-            "onnxruntime",
+            conv_weight(*args[3:6], 1, "qlinear_conv"), *args[1:3], *args[6:9], geometry, "onnxruntime"
         )
         shapes = conv.shapes(x)
         read = conv._read_in_place(_channels_last(x), int(args[2]), shapes, conv._fused)
-        one_by_one = shapes.offsets is None  # (a 1x1 convolution's rows are x's own pixels: no table)
+        one_by_one = shapes.offsets is None
         assert (read is not None) == (isa.startswith("avx512_vnni") and w_type != "uint8" and not one_by_one)
+        conv._shapes[x.shape] = shapes._replace(offsets=None)  # the im2col
+        im2col = conv(x)
         if read is not None:
-            np.testing.assert_array_equal(read, np.moveaxis(ours, 1, -1).reshape(-1, M))
+            np.testing.assert_array_equal(read, np.moveaxis(im2col, 1, -1).reshape(-1, M))
+        np.testing.assert_array_equal(qlinear_conv(*args, **attrs), im2col)
+
+
+@pytest.mark.parametrize("w_type", ["int8", "uint8 zero point 128"])
+def test_a_convolution_read_in_place_gives_onnxruntimes_bits(w_type):
+    for args, attrs, _ in _in_place_cases(w_type, 9):
+        np.testing.assert_array_equal(qlinear_conv(*args, **attrs), ort_qlinear_conv(*args, **attrs))
 
 
 def test_depthwise_loops_of_both_builds_give_the_oracles_sums():
