@@ -614,3 +614,37 @@ def test_softmax_rows_in_cpp_are_numpys(dtype, monkeypatch):
         monkeypatch.setattr(_qlinear_ops, "_NATIVE_FROM", 1 << 40)
         np.testing.assert_array_equal(native, qlinear_softmax(*args, axis=axis, opset=opset), err_msg=f"{shape}")
         monkeypatch.undo()
+
+
+@pytest.mark.parametrize("op", ["QLinearAdd", "QLinearMul"])
+def test_session_nodes_with_constant_scalars_check_them_once(op):
+    """A node whose scales and zero points are initializers (the quantizers' models) has them checked once
+    per type of A and B (BinaryScalars): the session gives the function's bits for both types and every
+    broadcast, and a bad constant is the function's error, raised when a run reaches it."""
+    import quantmatmul.onnx as qo
+
+    function = {"QLinearAdd": qlinear_add, "QLinearMul": qlinear_mul}[op]
+    rng = np.random.default_rng(8)
+    for dtype in (U8, S8):
+        info = np.iinfo(dtype)
+        scalars = {"as": F32(0.03), "az": dtype(3), "bs": F32(0.07), "bz": dtype(-5 if dtype == S8 else 250)}
+        scalars |= {"cs": F32(0.11), "cz": dtype(9)}
+        inits = [numpy_helper.from_array(np.asarray(v), k) for k, v in scalars.items()]
+        node = helper.make_node(op, ["A", "as", "az", "B", "bs", "bz", "cs", "cz"], ["C"], domain="com.microsoft")
+        elem = {U8: TensorProto.UINT8, S8: TensorProto.INT8}[dtype]
+        inputs = [helper.make_tensor_value_info(n, elem, None) for n in ("A", "B")]
+        session = qo.InferenceSession(_model(node, inputs, elem, inits))
+        for a_shape, b_shape in (((3, 70, 80), (80,)), ((1,), (5, 9)), ((2, 3, 40, 40), (2, 3, 40, 40))):
+            A = rng.integers(info.min, info.max + 1, a_shape).astype(dtype)
+            B = rng.integers(info.min, info.max + 1, b_shape).astype(dtype)
+            (ours,) = session.run(None, {"A": A, "B": B})
+            want = function(
+                A, scalars["as"], scalars["az"], B, scalars["bs"], scalars["bz"], scalars["cs"], scalars["cz"]
+            )
+            np.testing.assert_array_equal(ours, want)
+    bad = [numpy_helper.from_array(np.asarray(v), k) for k, v in scalars.items() if k != "bs"]
+    bad.append(numpy_helper.from_array(np.asarray(np.inf, F32), "bs"))
+    session = qo.InferenceSession(_model(node, inputs, elem, bad))
+    A = np.zeros((4, 4), S8)
+    with pytest.raises(ValueError, match=rf"^InferenceSession.run: .*{op}: B_scale must be finite"):
+        session.run(None, {"A": A, "B": A})

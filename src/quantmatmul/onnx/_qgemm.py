@@ -15,13 +15,16 @@ unidirectionally broadcast to ``[M, N]``: its scale is ``alpha * a_scale * b_sca
 by the operator's definition. a's scale and zero point per tensor; b's per tensor or per column
 (``[N]``); y's per tensor, both given (8-bit output, y_zero_point's type) or neither (float32).
 uint8 or int8 A and B in any combination (ONNX Runtime registers uint8 A with uint8 / int8 B, and
-int8 with int8). The sums are the int8 GEMM kernels' (a constant B packed once by the session).
+int8 with int8). The sums are the int8 GEMM kernels' (a constant B packed once by the session); an 8-bit
+output with C per column or per tensor (or none) is requantized in their own epilogue, C added to the
+sums there (the same float32 operations, one C++ call instead of a dozen numpy passes).
 """
 
 from __future__ import annotations
 
 import numpy as np
 
+from .. import _core
 from .._dtypes import names
 from ..qlinear import _fits
 from ._integer import _integer_operand, _IntegerOperand, _matmul_integer
@@ -75,31 +78,68 @@ def qgemm(
     if quantized and (y_scale is None or y_zero_point is None):
         raise ValueError(f"{_FN}: y_scale and y_zero_point come together (8-bit output) or not at all (float32)")
 
-    acc = _matmul_integer(a, b)  # int32 [M, N], wrapping
     if C is not None:
         C = np.asarray(C)
         if C.dtype != np.int32:
             raise TypeError(f"{_FN}: C must be int32, got {C.dtype}")
         if not _fits(C.shape, (M, N)):  # unidirectional broadcasting
             raise ValueError(f"{_FN}: C has shape {C.shape}, which does not broadcast to [M, N] = [{M}, {N}]")
-        with np.errstate(over="ignore"):
-            acc = np.add(acc, C, dtype=np.int32)  # int32 addition wraps, as the kernel's
     with np.errstate(over="ignore", under="ignore"):
         scale = (np.float32(alpha) * a_s) * b_s  # float32, in the kernel's order
         if quantized:
             y_s = _scale(y_scale, "y_scale")
             scale = scale / y_s
+    if quantized:
+        zp = np.asarray(y_zero_point)
+        if zp.dtype not in _INT8 or zp.size != 1 or zp.ndim > 1:
+            raise TypeError(f"{_FN}: y_zero_point must be one int8 or uint8 value, got {zp.dtype} {zp.shape}")
+        if not np.all(np.isfinite(scale)):
+            raise ValueError(f"{_FN}: alpha * a_scale * b_scale / y_scale overflows float32")
+        fused = _requantized_by_the_kernels(a, b, C, scale, zp)
+        if fused is not None:
+            return fused
+    acc = _matmul_integer(a, b)  # int32 [M, N], wrapping
+    if C is not None:
+        with np.errstate(over="ignore"):
+            acc = np.add(acc, C, dtype=np.int32)  # int32 addition wraps, as the kernel's
+    with np.errstate(over="ignore", under="ignore"):
         values = acc.astype(np.float32) * scale
     if not quantized:
         return values
-    zp = np.asarray(y_zero_point)
-    if zp.dtype not in _INT8 or zp.size != 1 or zp.ndim > 1:
-        raise TypeError(f"{_FN}: y_zero_point must be one int8 or uint8 value, got {zp.dtype} {zp.shape}")
-    if not np.all(np.isfinite(scale)):
-        raise ValueError(f"{_FN}: alpha * a_scale * b_scale / y_scale overflows float32")
     info, z = np.iinfo(zp.dtype), int(zp.reshape(-1)[0])
     clamped = np.clip(values, np.float32(info.min - z), np.float32(info.max - z))
     return (np.rint(clamped).astype(np.int32) + z).astype(zp.dtype)
+
+
+def _requantized_by_the_kernels(a: _IntegerOperand, b: _IntegerOperand, C, scale, zp) -> np.ndarray | None:
+    """The 8-bit output in the int8 GEMM's own epilogue (ONNX Runtime's requantization there: f32(acc) *
+    scale[n], clamped to [qmin - zp, qmax - zp], rounded half to even, + zp; the same operations as the
+    module's formula), C added to the sums as a column bias: for a packed B and a C that is per column or
+    per tensor (or none). None otherwise (the numpy epilogue)."""
+    (M, K), N = a.x.shape, b.x.shape[1]
+    if b.packed is None or M == 0 or K == 0 or N == 0 or (C is not None and C.size not in (1, N)):
+        return None
+    if C is not None and C.size == N and C.ndim == 2 and C.shape[0] != 1:
+        return None  # ([N, 1] with N = 1 is per tensor: size 1 above)
+    index = np.zeros(1, np.int64)
+    a_zp = np.broadcast_to(a.zp.astype(np.int32), (1, M))
+    b_zp = np.ascontiguousarray(np.broadcast_to(b.zp.astype(np.int32), (1, N)))
+    y = np.empty((1, M, N), zp.dtype)
+    operands = (np.ascontiguousarray(a.x)[None], a.x.dtype == np.int8, index, np.ascontiguousarray(a_zp))
+    operands += (b.packed, b.x.dtype == np.int8, index, b_zp)
+    tail = (
+        np.broadcast_to(scale.astype(np.float32), (1, M, N)),
+        y,
+        y.dtype == np.int8,
+        np.broadcast_to(zp.astype(np.int32).reshape(()), (1, M, N)),
+    )
+    if C is None:
+        _core.qlinear_matmul_onnxruntime(*operands, *tail)
+    else:
+        _core.qlinear_matmul_onnxruntime_bias(
+            *operands, np.ascontiguousarray(np.broadcast_to(C.reshape(-1), (1, N))), *tail
+        )
+    return y[0]
 
 
 def _matrix(x, name: str) -> np.ndarray:

@@ -71,7 +71,9 @@ def _zero_point(fn: str, name: str, z, dtype: np.dtype) -> int:
     return int(z.reshape(())[()])
 
 
-def _binary_operands(fn, A, A_scale, A_zero_point, B, B_scale, B_zero_point, C_scale, C_zero_point):
+def _binary_operands(fn, A, A_scale, A_zero_point, B, B_scale, B_zero_point, C_scale, C_zero_point, *, scalars=None):
+    """A and B checked, their broadcast shape, and the scales and zero points (_binary_scalars; scalars: a
+    BinaryScalars holding them, checked once for a session's node whose parameters are constants)."""
     A, B = _quantized(fn, "A", A), _quantized(fn, "B", B)
     if A.dtype != B.dtype:
         raise TypeError(f"{fn}: A and B must have one type, got {A.dtype} and {B.dtype}")
@@ -79,12 +81,39 @@ def _binary_operands(fn, A, A_scale, A_zero_point, B, B_scale, B_zero_point, C_s
         shape = np.broadcast_shapes(A.shape, B.shape)
     except ValueError:
         raise ValueError(f"{fn}: A {A.shape} and B {B.shape} do not broadcast") from None
+    if scalars is not None:
+        return A, B, shape, *scalars.checked(A.dtype)
+    return (
+        A,
+        B,
+        shape,
+        *_binary_scalars(fn, A.dtype, A_scale, A_zero_point, B_scale, B_zero_point, C_scale, C_zero_point),
+    )
+
+
+def _binary_scalars(fn, dtype, A_scale, A_zero_point, B_scale, B_zero_point, C_scale, C_zero_point):
+    """((A, B, C scales as float32), (their zero points as ints, each of the tensors' type dtype))."""
     scales = tuple(_scale(fn, n, s) for n, s in (("A_scale", A_scale), ("B_scale", B_scale), ("C_scale", C_scale)))
     zps = tuple(
-        _zero_point(fn, n, z, A.dtype)
+        _zero_point(fn, n, z, dtype)
         for n, z in (("A_zero_point", A_zero_point), ("B_zero_point", B_zero_point), ("C_zero_point", C_zero_point))
     )
-    return A, B, shape, scales, zps
+    return scales, zps
+
+
+class BinaryScalars:
+    """A QLinearAdd / QLinearMul node's scales and zero points when they are constants (the session's
+    initializers): checked once per type of A and B, with the same errors, at the first call that has it."""
+
+    def __init__(self, fn, A_scale, A_zero_point, B_scale, B_zero_point, C_scale, C_zero_point):
+        self._fn, self._values = fn, (A_scale, A_zero_point, B_scale, B_zero_point, C_scale, C_zero_point)
+        self._checked = {}
+
+    def checked(self, dtype):
+        found = self._checked.get(dtype)
+        if found is None:
+            found = self._checked[dtype] = _binary_scalars(self._fn, dtype, *self._values)
+        return found
 
 
 # --------------------------------------------------------------------------------------------------
@@ -158,7 +187,9 @@ def _operands(x: np.ndarray, y: np.ndarray, shape) -> tuple[np.ndarray, np.ndarr
     return x, y, out, out
 
 
-def qlinear_add(A, A_scale, A_zero_point, B, B_scale, B_zero_point, C_scale, C_zero_point) -> np.ndarray:
+def qlinear_add(
+    A, A_scale, A_zero_point, B, B_scale, B_zero_point, C_scale, C_zero_point, *, scalars: BinaryScalars | None = None
+) -> np.ndarray:
     """com.microsoft QLinearAdd as ONNX Runtime 1.32 computes it on x86-64 CPUs with AVX2 and FMA.
 
     The kernel is MLAS's ``MlasQLinearAdd{U8,S8}KernelAvx2`` (intrinsics/avx2/qladd_avx2.cpp), which
@@ -185,7 +216,7 @@ def qlinear_add(A, A_scale, A_zero_point, B, B_scale, B_zero_point, C_scale, C_z
     """
     fn = "QLinearAdd"
     A, B, shape, (a_s, b_s, c_s), (zpa, zpb, zpc) = _binary_operands(
-        fn, A, A_scale, A_zero_point, B, B_scale, B_zero_point, C_scale, C_zero_point
+        fn, A, A_scale, A_zero_point, B, B_scale, B_zero_point, C_scale, C_zero_point, scalars=scalars
     )
     if math.prod(shape) == 0:
         return np.empty(shape, A.dtype)
@@ -215,7 +246,9 @@ def _add_parameters(xs: float, xz: int, ys: float, yz: int, c_s: float, zpc: int
     return float(rx), float(ry), float(k)
 
 
-def qlinear_mul(A, A_scale, A_zero_point, B, B_scale, B_zero_point, C_scale, C_zero_point) -> np.ndarray:
+def qlinear_mul(
+    A, A_scale, A_zero_point, B, B_scale, B_zero_point, C_scale, C_zero_point, *, scalars: BinaryScalars | None = None
+) -> np.ndarray:
     """com.microsoft QLinearMul as ONNX Runtime 1.32 computes it on every x86-64 CPU.
 
     The kernel is MLAS's SSE2 ``MlasQLinearMulKernel`` (qlmul.cpp; no AVX2/AVX-512 variant exists, so
@@ -231,7 +264,7 @@ def qlinear_mul(A, A_scale, A_zero_point, B, B_scale, B_zero_point, C_scale, C_z
     """
     fn = "QLinearMul"
     A, B, shape, (a_s, b_s, c_s), (zpa, zpb, zpc) = _binary_operands(
-        fn, A, A_scale, A_zero_point, B, B_scale, B_zero_point, C_scale, C_zero_point
+        fn, A, A_scale, A_zero_point, B, B_scale, B_zero_point, C_scale, C_zero_point, scalars=scalars
     )
     if math.prod(shape) == 0:
         return np.empty(shape, A.dtype)

@@ -36,7 +36,7 @@ from ._integer import _integer_operand, _matmul_integer, dynamic_quantize_linear
 from ._pool import max_pool
 from ._qconv import QLinearConvCall, conv_integer, conv_weight, qlinear_conv
 from ._qgemm import qgemm, qgemm_weight
-from ._qlinear_ops import qlinear_add, qlinear_mul, qlinear_softmax
+from ._qlinear_ops import BinaryScalars, qlinear_add, qlinear_mul, qlinear_softmax
 from ._qlinear_pool import qlinear_average_pool, qlinear_global_average_pool
 from ._qlinear_unary import qlinear_concat, qlinear_leaky_relu, qlinear_sigmoid
 
@@ -547,22 +547,31 @@ class _ConvInteger(_ConvOp):
         return (sums,)
 
 
-class _QLinearAdd(_Op):
-    """com.microsoft QLinearAdd as ONNX Runtime computes it (onnx/_qlinear_ops.py)."""
+class _QLinearBinary(_Op):
+    """com.microsoft QLinearAdd / QLinearMul as ONNX Runtime computes them (onnx/_qlinear_ops.py): scales and
+    zero points that are all initializers (or absent) are checked once per type of A and B (BinaryScalars)."""
 
     op_domain = MS_DOMAIN
+    _fn, _function = "", None
+
+    def __init__(self, onnx_node, run_params, schema=None):
+        super().__init__(onnx_node, run_params, schema)
+        values = [self._constant(i) for i in (1, 2, 4, 5, 6, 7)]
+        self._scalars = None
+        if all(v is not False for v in values):
+            self._scalars = BinaryScalars(self._fn, *values)
 
     def _compute(self, A, A_scale, A_zero_point, B, B_scale, B_zero_point, C_scale, C_zero_point=None, **_):
-        return (qlinear_add(A, A_scale, A_zero_point, B, B_scale, B_zero_point, C_scale, C_zero_point),)
+        args = (A, A_scale, A_zero_point, B, B_scale, B_zero_point, C_scale, C_zero_point)
+        return (type(self)._function(*args, scalars=self._scalars),)
 
 
-class _QLinearMul(_Op):
-    """com.microsoft QLinearMul as ONNX Runtime computes it (onnx/_qlinear_ops.py)."""
+class _QLinearAdd(_QLinearBinary):
+    _fn, _function = "QLinearAdd", qlinear_add
 
-    op_domain = MS_DOMAIN
 
-    def _compute(self, A, A_scale, A_zero_point, B, B_scale, B_zero_point, C_scale, C_zero_point=None, **_):
-        return (qlinear_mul(A, A_scale, A_zero_point, B, B_scale, B_zero_point, C_scale, C_zero_point),)
+class _QLinearMul(_QLinearBinary):
+    _fn, _function = "QLinearMul", qlinear_mul
 
 
 class _QLinearSoftmax(_Op):
