@@ -177,6 +177,9 @@ def _operands(x: np.ndarray, y: np.ndarray, shape) -> tuple[np.ndarray, np.ndarr
     session's convolutions, say) are read as they are and the result takes their layout; else they are
     broadcast and copied into C order."""
     if x.shape == y.shape == tuple(shape) and x.strides == y.strides:
+        if x.flags.c_contiguous and y.flags.c_contiguous:  # (the common case, without the reordering below)
+            out = np.empty(shape, x.dtype)
+            return x, y, out, out
         order = np.argsort([-s for s in x.strides], kind="stable")  # axes from the outermost in memory
         xt, yt = x.transpose(order), y.transpose(order)
         if xt.flags.c_contiguous and yt.flags.c_contiguous:

@@ -122,7 +122,7 @@ class InferenceSession:
             raise error.public(self._FN) from None
         except Exception as error:  # onnx.reference refuses an operator or an attribute
             raise ValueError(f"{self._FN}: onnx.reference cannot run this model: {_first_line(error)}") from None
-        self._released = _release_plan(self._evaluator)
+        self._plan = _run_plan(self._evaluator)
         self._inputs = [node_arg(v) for v in graph_inputs(self._model)]
         self._outputs = [node_arg(v) for v in self._model.graph.output]
         _keep_heap()
@@ -150,7 +150,7 @@ class InferenceSession:
         feed = check_feed(fn, self._model, input_feed)
         try:
             with np.errstate(all="ignore"), _core.ParallelRegion():
-                return _run_nodes(self._evaluator, self._released, output_names, feed)
+                return _run_nodes(self._evaluator, self._plan, output_names, feed)
         except _NodeError as error:
             raise error.public(fn) from None
 
@@ -169,38 +169,42 @@ class InferenceSession:
 # every default op type 0.97-1.08x (8 x 16 and 36 x 19 tokens).
 
 
-def _release_plan(evaluator) -> list[list[str]]:
-    """For each node, the values no later node reads (graph outputs, initializers and feeds are kept).
+def _run_plan(evaluator) -> list[tuple]:
+    """For each node: (the node, its input names, its output names, whether it runs a subgraph that reads
+    the outer values, and the values no later node reads: graph outputs, initializers and feeds are kept).
     A node that runs a subgraph (If, Loop, Scan) reads outer values inside it: they count as its inputs."""
     last = {}
     for i, node in enumerate(evaluator.rt_nodes_):
         for name in [*node.onnx_node.input, *subgraph_reads(node.onnx_node)]:
             last[name] = i
     kept = set(evaluator.output_names) | set(evaluator.rt_inits_) | set(evaluator.input_names)
-    plan = [[] for _ in evaluator.rt_nodes_]
+    done = [[] for _ in evaluator.rt_nodes_]
     for name, i in last.items():
         if name and name not in kept:
-            plan[i].append(name)
-    return plan
+            done[i].append(name)
+    return [
+        (node, tuple(node.input), tuple(node.output), bool(node.need_context()), tuple(gone))
+        for node, gone in zip(evaluator.rt_nodes_, done)
+    ]
 
 
-def _run_nodes(evaluator, released, output_names, feed) -> list[np.ndarray]:
+def _run_nodes(evaluator, plan, output_names, feed) -> list[np.ndarray]:
     results = {"": None}  # an absent optional input
     results.update(evaluator.rt_inits_)
     results.update(feed)
-    for node, done in zip(evaluator.rt_nodes_, released):
+    for node, inputs_named, outputs_named, context, done in plan:
         try:
-            inputs = [results[name] for name in node.input]
+            inputs = [results[name] for name in inputs_named]
         except KeyError as error:  # a graph out of topological order, or an input never produced
             raise ValueError(
                 f"InferenceSession.run: node {node.onnx_node.name!r} ({node.op_type}) reads {error}, which no "
                 "node before it writes"
             ) from None
-        if node.need_context():  # If / Loop / Scan: the subgraph reads the outer values
+        if context:  # If / Loop / Scan: the subgraph reads the outer values
             outputs = node.run(*inputs, context=results, bindings=None)
         else:
             outputs = _call(node, inputs)
-        for name, value in zip(node.output, outputs):
+        for name, value in zip(outputs_named, outputs):
             results[name] = value
         for name in done:
             results.pop(name, None)
@@ -221,7 +225,10 @@ def _call(node, inputs) -> tuple:
         node._qmm_attributes = attributes
     if attributes is False:
         return node.run(*inputs)
-    return tuple(np.array(x) if np.isscalar(x) else x for x in node._run(*inputs, **attributes))
+    outputs = node._run(*inputs, **attributes)
+    if all(type(x) is np.ndarray for x in outputs):  # (the usual case: no numpy scalar to wrap)
+        return outputs
+    return tuple(np.array(x) if np.isscalar(x) else x for x in outputs)
 
 
 def _first_line(error: Exception) -> str:
