@@ -750,6 +750,13 @@ void bind_onnx_ops(nb::module_& m) {
         });
   m.def("qlinear_binary_path", &qmm::qlinear_binary_path);
   // QLinearSoftmax (onnx/_qlinear_ops.py): x and out contiguous [rows, D] codes, table float32 [256].
+  m.def("qlinear_global_average_pool_codes", [](const In& x, bool is_signed, int64_t N, int64_t S, int64_t C,
+                                                bool channels_last, int32_t x_zp, float scale, int32_t y_zp, Out y) {
+    if (static_cast<int64_t>(x.size()) != N * S * C || static_cast<int64_t>(y.size()) != N * C)
+      throw std::invalid_argument("qlinear_global_average_pool_codes: x of N * S * C codes, y of N * C");
+    nb::gil_scoped_release release;
+    qmm::qlinear_global_average_pool_codes(x.data(), is_signed, N, S, C, channels_last, x_zp, scale, y_zp, y.data());
+  });
   m.def("qlinear_softmax_rows", [](const In& x, bool is_signed, const In& table, double yd, int32_t y_zp, Out out) {
     if (x.ndim() != 2 || out.size() != x.size() || table.size() != 256)
       throw std::invalid_argument("qlinear_softmax_rows: x [rows, D], out of its size and a 256-entry table");

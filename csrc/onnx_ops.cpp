@@ -231,6 +231,47 @@ void qlinear_softmax_rows(const void* x, bool is_signed, int64_t rows, int64_t D
 
 namespace {
 
+// One image's channel sums of x, [S, C] (channels_last) or [C, S], into sums [C] (int64: exact).
+template <class T>
+void channel_sums(const T* x, int64_t S, int64_t C, bool channels_last, int64_t* sums) {
+  if (channels_last) {
+    std::fill(sums, sums + C, int64_t{0});
+    for (int64_t s = 0; s < S; ++s)
+      for (int64_t c = 0; c < C; ++c) sums[c] += x[s * C + c];
+  } else {
+    for (int64_t c = 0; c < C; ++c) {
+      int64_t sum = 0;
+      for (int64_t s = 0; s < S; ++s) sum += x[c * S + s];
+      sums[c] = sum;
+    }
+  }
+}
+
+}  // namespace
+
+void qlinear_global_average_pool_codes(const void* x, bool is_signed, int64_t N, int64_t S, int64_t C,
+                                       bool channels_last, int32_t x_zp, float scale, int32_t y_zp, void* y) {
+  const float lo = static_cast<float>((is_signed ? -128 : 0) - y_zp),
+              hi = static_cast<float>((is_signed ? 127 : 255) - y_zp);
+  std::vector<int64_t> sums(static_cast<size_t>(C));
+  for (int64_t n = 0; n < N; ++n) {
+    if (is_signed) channel_sums(static_cast<const int8_t*>(x) + n * S * C, S, C, channels_last, sums.data());
+    else channel_sums(static_cast<const uint8_t*>(x) + n * S * C, S, C, channels_last, sums.data());
+    for (int64_t c = 0; c < C; ++c) {
+      // MLAS's int32 accumulator: the sum less x_zp * S, wrapped to 32 bits
+      const auto acc = static_cast<int32_t>(static_cast<uint32_t>(sums[c] - int64_t{x_zp} * S));
+      float v = static_cast<float>(acc) * scale;
+      if (std::isnan(v) || v < lo) v = lo;
+      if (v > hi) v = hi;
+      const int32_t q = static_cast<int32_t>(std::nearbyint(v)) + y_zp;  // half to even (default rounding)
+      if (is_signed) static_cast<int8_t*>(y)[n * C + c] = static_cast<int8_t>(q);
+      else static_cast<uint8_t*>(y)[n * C + c] = static_cast<uint8_t>(q);
+    }
+  }
+}
+
+namespace {
+
 // The build's loop `name` (qlinear_binary_loops.inc): the avx2 one where it runs now, else the portable one.
 #if QMM_BINARY_AVX2
 #define QMM_BINARY_RANGE(name) (avx2_loops_usable() ? avx2::name : portable::name)

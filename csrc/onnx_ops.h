@@ -50,6 +50,12 @@ void qlinear_mul_codes(const void* x, const void* y, int64_t count, bool is_sign
 // (NaN: 0). Over the thread pool.
 void qlinear_softmax_rows(const void* x, bool is_signed, int64_t rows, int64_t D, const float* table, double yd,
                           int32_t y_zp, void* out);
+// QLinearGlobalAveragePool as MLAS computes it (onnx/_qlinear_pool.py): x N images of S pixels and C
+// channels, int8 (is_signed) or uint8, contiguous [N, S, C] (channels_last) or [N, C, S]; y [N, C] =
+// sat(rne(clamp(f32(acc) * scale, [qmin - y_zp, qmax - y_zp])) + y_zp) with acc = sum(x) - x_zp * S
+// wrapped to int32 (NaN: the lower bound). One thread (a network's last pool is a few thousand values).
+void qlinear_global_average_pool_codes(const void* x, bool is_signed, int64_t N, int64_t S, int64_t C,
+                                       bool channels_last, int32_t x_zp, float scale, int32_t y_zp, void* y);
 // The build qlinear_add_codes / qlinear_mul_codes run now: "avx2" (where built, the CPU has it and
 // the kernel level is avx2 or higher) or "portable".
 const char* qlinear_binary_path();

@@ -14,6 +14,7 @@ from peer_deviations import pinned_only
 from quantmatmul import peers
 from quantmatmul.onnx._qlinear_ops import _cvt_saturate
 from quantmatmul.onnx._qlinear_pool import (
+    _global_mean,
     _pool_geometry,
     _window_means,
     qlinear_average_pool,
@@ -127,6 +128,34 @@ def test_global_average_pool_int32_wraps():
         got = check_global(X, F32(1), np.array(x_zp, dtype), F32(1), np.array(0, dtype), channels_last)
         true_mean = x - x_zp
         assert int(got.ravel()[0]) != np.clip(true_mean, np.iinfo(dtype).min, np.iinfo(dtype).max)
+
+
+@pytest.mark.parametrize("dtype", [U8, S8])
+def test_global_average_pool_in_cpp_is_the_numpy_formula(dtype):
+    """The C++ loop (the codes as they lie: [N, S, C] or [N, C, S]) against the numpy formula it replaces
+    (_global_mean): C-order and channels-last views, the channels_last attribute with contiguous and strided
+    X, 1 to 3 spatial axes, scales whose product overflows (inf and NaN values: the lower bound)."""
+    rng = np.random.default_rng(4)
+    info = np.iinfo(dtype)
+    for case in range(24):
+        nd, channels_last = 1 + case % 3, case % 4 == 3
+        spatial = [int(rng.integers(1, 9)) for _ in range(nd)]
+        N, C = int(rng.integers(1, 3)), int(rng.integers(1, 70))
+        X = rng.integers(info.min, info.max + 1, (N, *spatial, C) if channels_last else (N, C, *spatial)).astype(dtype)
+        if not channels_last and case % 2:  # a channels-last view, as the session's convolutions pass
+            X = np.moveaxis(np.ascontiguousarray(np.moveaxis(X, 1, -1)), -1, 1)
+        if channels_last and case % 8 == 7:
+            X = X[..., ::2] if C > 1 else X[:, ::-1]
+        x_s, y_s = (F32(3e38), F32(1e-30)) if case % 5 == 4 else (F32(rng.uniform(0.01, 1)), F32(rng.uniform(0.01, 1)))
+        zps = (
+            np.array(rng.integers(info.min, info.max + 1), dtype),
+            np.array(rng.integers(info.min, info.max + 1), dtype),
+        )
+        got = qlinear_global_average_pool(X, x_s, zps[0], y_s, zps[1], channels_last=int(channels_last))
+        axes = tuple(range(1, X.ndim - 1)) if channels_last else tuple(range(2, X.ndim))
+        want = _global_mean(X, x_s, int(zps[0]), y_s, int(zps[1]), axes)
+        assert got.shape == want.shape and got.dtype == want.dtype
+        np.testing.assert_array_equal(got, want)
 
 
 @ORT_PINNED

@@ -62,6 +62,7 @@ import math
 
 import numpy as np
 
+from .. import _core
 from ._qlinear_ops import _cvt_saturate, _quantized, _scale, _zero_point
 
 _F32 = np.float32
@@ -204,7 +205,23 @@ def qlinear_global_average_pool(X, x_scale, x_zero_point, y_scale, y_zero_point,
     if X.ndim < 3:
         raise ValueError(f"{fn}: X must have at least 3 dimensions, got shape {X.shape}")
     axes = tuple(range(1, X.ndim - 1)) if channels_last else tuple(range(2, X.ndim))
-    return _global_mean(X, xs, xz, ys, yz, axes)
+    N, C = (X.shape[0], X.shape[-1]) if channels_last else X.shape[:2]
+    S = math.prod(X.shape[a] for a in axes)
+    # The same arithmetic in C++ on the codes as they lie: [N, S, C] memory (channels_last, or a
+    # channels-last view from the session's convolutions) or [N, C, S]; other layouts copied first.
+    if X.size == 0:
+        return _global_mean(X, xs, xz, ys, yz, axes)
+    last = X if channels_last else X.transpose(0, *range(2, X.ndim), 1)
+    in_channels_last = bool(channels_last) or last.flags.c_contiguous
+    codes = np.ascontiguousarray(last if in_channels_last else X)
+    with np.errstate(all="ignore"):
+        scale = _F32(xs / _F32(ys * _F32(S)))
+    y = np.empty((N, C), X.dtype)
+    _core.qlinear_global_average_pool_codes(
+        codes, X.dtype == np.int8, N, S, C, in_channels_last, int(xz), float(scale), int(yz), y
+    )
+    kept = [1] * (X.ndim - 2)
+    return y.reshape(N, *kept, C) if channels_last else y.reshape(N, C, *kept)
 
 
 def qlinear_average_pool(
