@@ -229,9 +229,10 @@ inline void copy_bytes(uint8_t* dst, const uint8_t* src, int64_t n) {
 void columns_2d(const uint8_t* x, const ConvShape& s, uint8_t pad, int64_t row_bytes, uint8_t* columns, int64_t r0,
                 int64_t r1) {
   const int64_t H = s.in[0], W = s.in[1], OH = s.out[0], OW = s.out[1], KH = s.kernel[0], KW = s.kernel[1], C = s.C;
-  const int64_t kw_bytes = KW * C;
-  for (int64_t r = r0; r < r1; ++r) {
-    const int64_t n = r / (OH * OW), oh = r / OW % OH, ow = r % OW;
+  const int64_t kw_bytes = KW * C, tail = row_bytes - KH * kw_bytes;
+  int64_t n = r0 / (OH * OW), oh = r0 / OW % OH, ow = r0 % OW;  // then counted along, not divided per row
+  for (int64_t r = r0; r < r1;
+       ++r, ow = ow + 1 < OW ? ow + 1 : 0, oh = ow ? oh : (oh + 1 < OH ? oh + 1 : 0), n = ow || oh ? n : n + 1) {
     const int64_t iw0 = ow * s.strides[1] - s.pad_begin[1];  // the input column of kernel column 0
     const int64_t lo = std::max<int64_t>(0, -iw0), hi = std::min<int64_t>(KW, W - iw0);  // columns inside x
     uint8_t* out = columns + r * row_bytes;
@@ -245,7 +246,7 @@ void columns_2d(const uint8_t* x, const ConvShape& s, uint8_t pad, int64_t row_b
       copy_bytes(out + lo * C, x + ((n * H + ih) * W + iw0 + lo) * C, (hi - lo) * C);
       if (hi < KW) std::memset(out + hi * C, pad, static_cast<size_t>((KW - hi) * C));
     }
-    std::memset(out, pad, static_cast<size_t>(row_bytes - KH * kw_bytes));  // the row's padding to row_bytes
+    for (int64_t i = 0; i < tail; ++i) out[i] = pad;  // the row's padding to row_bytes (a few bytes)
   }
 }
 
