@@ -797,6 +797,24 @@ void bind_onnx_ops(nb::module_& m) {
           qmm::conv_depthwise(x.data(), x_signed, s, x_zp, static_cast<const int16_t*>(w.data()),
                               static_cast<int32_t*>(acc.data()));
         });
+  m.def(
+      "conv_depthwise_requantized",
+      [conv_shape](const In& x, bool x_signed, const std::vector<int64_t>& shape,
+                   const std::vector<std::vector<int64_t>>& geometry, int32_t x_zp, const In& w, std::optional<In> bias,
+                   std::optional<In> multiplier, float a_scale, const In& b_scale, float y_scale, int32_t zp, Out y,
+                   bool y_signed, int numerics) {
+        const auto s = conv_shape(shape, geometry);
+        const auto* b = bias ? static_cast<const int32_t*>(bias->data()) : nullptr;
+        const auto* m = multiplier ? static_cast<const float*>(multiplier->data()) : nullptr;
+        if (!m && numerics != 2) throw std::invalid_argument("conv_depthwise_requantized: the multiplier is required");
+        nb::gil_scoped_release release;
+        qmm::conv_depthwise_requantized(x.data(), x_signed, s, x_zp, static_cast<const int16_t*>(w.data()), b, m,
+                                        a_scale, static_cast<const float*>(b_scale.data()), y_scale, zp, y_signed,
+                                        y.data(), numerics);
+      },
+      nb::arg("x"), nb::arg("x_signed"), nb::arg("shape"), nb::arg("geometry"), nb::arg("x_zp"), nb::arg("w"),
+      nb::arg("bias").none(), nb::arg("multiplier").none(), nb::arg("a_scale"), nb::arg("b_scale"), nb::arg("y_scale"),
+      nb::arg("zp"), nb::arg("y"), nb::arg("y_signed"), nb::arg("numerics"));
   m.def("conv_depthwise_path", [] { return std::string(qmm::conv_depthwise_path()); });
   m.def("max_pool_bytes", [conv_shape](const In& x, bool x_signed, const std::vector<int64_t>& shape,
                                        const std::vector<std::vector<int64_t>>& geometry, Out y) {

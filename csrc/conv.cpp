@@ -319,7 +319,37 @@ void conv_depthwise(const void* x, bool x_signed, const ConvShape& s, int32_t x_
   if (avx2_loops_usable()) range = avx2::depthwise_range;
 #endif
   parallel_ranges(positions, task, tasks_worth_a_thread(task_ns),
-                  [&](int64_t, int64_t r0, int64_t r1) { range(x, x_signed, s, x_zp, w, acc, r0, r1); });
+                  [&](int64_t, int64_t r0, int64_t r1) { range(x, x_signed, s, x_zp, w, acc + r0 * s.C, r0, r1); });
+}
+
+void conv_depthwise_requantized(const void* x, bool x_signed, const ConvShape& s, int32_t x_zp, const int16_t* w,
+                                const int32_t* bias, const float* multiplier, float a_scale, const float* b_scale,
+                                float y_scale, int32_t zp, bool y_signed, void* y, int numerics) {
+  const int64_t positions = s.positions(), C = s.C;
+  if (positions == 0 || C == 0) return;
+  const int64_t task = rows_per_task(C * 4 * std::max<int64_t>(1, s.taps() / 4));
+  const double task_ns = 0.3 * static_cast<double>(task * C * s.taps());
+  auto* range = portable::depthwise_range;
+#if QMM_CONV_AVX2
+  if (avx2_loops_usable()) range = avx2::depthwise_range;
+#endif
+  // Each task's rows in blocks of about 16 KB of int32 sums, requantized while they are in L1.
+  const int64_t block = std::max<int64_t>(1, 4096 / C);
+  parallel_ranges(positions, task, tasks_worth_a_thread(task_ns), [&](int64_t, int64_t r0, int64_t r1) {
+    thread_local std::vector<int32_t> sums;
+    sums.resize(static_cast<size_t>(std::min(block, r1 - r0) * C));
+    for (int64_t b0 = r0; b0 < r1; b0 += block) {
+      const int64_t b1 = std::min(r1, b0 + block);
+      range(x, x_signed, s, x_zp, w, sums.data(), b0, b1);
+      void* out = static_cast<uint8_t*>(y) + b0 * C;  // (one byte per output)
+      const float* m = multiplier;
+      if (numerics == 0)
+        requantize_task<0>(sums.data(), bias, 0, b1 - b0, C, m, a_scale, b_scale, y_scale, zp, y_signed, out);
+      else if (numerics == 1)
+        requantize_task<1>(sums.data(), bias, 0, b1 - b0, C, m, a_scale, b_scale, y_scale, zp, y_signed, out);
+      else requantize_task<2>(sums.data(), bias, 0, b1 - b0, C, m, a_scale, b_scale, y_scale, zp, y_signed, out);
+    }
+  });
 }
 
 void requantize_columns(const int32_t* acc, const int32_t* bias, int64_t rows, int64_t cols, const float* multiplier,

@@ -30,6 +30,12 @@ void conv_offsets(const ConvShape& s, int32_t* offsets);
 // = sum over taps of (x - x_zp) * w[tap, c], w [taps, C] already minus its zero point (int16). Taps
 // in the padding add nothing ((x_zp - x_zp) * w). x int8 (x_signed) or uint8. Over the thread pool.
 void conv_depthwise(const void* x, bool x_signed, const ConvShape& s, int32_t x_zp, const int16_t* w, int32_t* acc);
+// The same sums requantized as requantize_columns does (bias, multiplier, scales, zp, numerics as there)
+// into y [positions, C] (8-bit), a block of rows at a time while its sums are in cache: no int32
+// array of the whole output, no second pass. Over the thread pool.
+void conv_depthwise_requantized(const void* x, bool x_signed, const ConvShape& s, int32_t x_zp, const int16_t* w,
+                                const int32_t* bias, const float* multiplier, float a_scale, const float* b_scale,
+                                float y_scale, int32_t zp, bool y_signed, void* y, int numerics);
 // The depthwise loop conv_depthwise runs now: "avx2" (kernels/conv_avx2.cpp, where the avx2 build is
 // there, the CPU has AVX2 and the kernel level is avx2 or higher) or "portable" (csrc/conv_loops.inc).
 const char* conv_depthwise_path();

@@ -547,7 +547,9 @@ def test_a_convolution_read_in_place_gives_onnxruntimes_bits(w_type):
 
 def test_depthwise_loops_of_both_builds_give_the_oracles_sums():
     """The depthwise loop is compiled for every CPU and again in the AVX2 build (csrc/conv_loops.inc):
-    both give the spec's sums (ConvInteger against the oracle), channel counts off the vector widths."""
+    both give the spec's sums (ConvInteger against the oracle), channel counts off the vector widths, 1- and
+    2-D (the 2-D taps placed along the rows, others through Field); and QLinearConv's requantization of them
+    block by block (conv_depthwise_requantized) gives the exact numerics' oracle."""
     import quantmatmul as qm
     from quantmatmul import _core
 
@@ -568,9 +570,21 @@ def test_depthwise_loops_of_both_builds_give_the_oracles_sums():
                 wz = np.zeros((), w.dtype) if w.dtype == np.int8 else np.asarray(rng.integers(0, 256), w.dtype)
                 attrs = {**attrs, "group": channels}
                 geometry = {k: attrs[k] for k in ("group", "strides", "pads", "dilations")}
-                np.testing.assert_array_equal(
-                    conv_integer(x, w, xz, wz, **attrs), oracle_sums(x, xz, w, wz, **geometry)
-                )
+                sums = oracle_sums(x, xz, w, wz, **geometry)
+                np.testing.assert_array_equal(conv_integer(x, w, xz, wz, **attrs), sums)
+                B = rng.integers(-3000, 3000, channels).astype(np.int32)
+                ws = rng.uniform(0.001, 0.02, channels).astype(np.float32)
+                q = (x, np.float32(0.03), xz, w, ws, wz, np.float32(0.4), np.asarray(rng.integers(0, 256), np.uint8), B)
+                want = exact_output(sums, B, q[1], ws, q[6], q[7])
+                np.testing.assert_array_equal(qlinear_conv(*q, **attrs, numerics="exact"), want)
+                x1 = x[:, :, 0]  # a 1-D convolution along x's last axis: the taps through Field
+                attrs1 = {**attrs, "strides": attrs["strides"][1:], "dilations": attrs["dilations"][1:]}
+                attrs1 |= {"pads": attrs["pads"][1:2] + attrs["pads"][3:4], "kernel_shape": attrs["kernel_shape"][1:]}
+                w1 = w[:, :, 0]
+                geometry1 = {k: attrs1[k] for k in ("group", "strides", "pads", "dilations")}
+                want1 = exact_output(oracle_sums(x1, xz, w1, wz, **geometry1), B, q[1], ws, q[6], q[7])
+                got1 = qlinear_conv(x1, *q[1:3], w1, *q[4:], **attrs1, numerics="exact")
+                np.testing.assert_array_equal(got1, want1)
 
 
 def _is_channels_last(y: np.ndarray) -> bool:

@@ -411,6 +411,8 @@ class QLinearConvCall(_Conv):
         self._bias, self._multiplier, self._numerics = bias, multiplier, _NUMERICS_ID[numerics]
 
     def __call__(self, x, memory_format: str = "contiguous") -> np.ndarray:
+        if self.weight.depthwise is not None:
+            return self._depthwise(x, memory_format)
         acc, shapes = self.sums(x, self._x_zero_point, self._fused)
         if acc.dtype != np.int32:  # requantized already
             return _channels_first(acc, shapes.out_shape, memory_format)
@@ -427,6 +429,33 @@ class QLinearConvCall(_Conv):
             y.dtype == np.int8,
             self._numerics,
         )
+        return _channels_first(y, shapes.out_shape, memory_format)
+
+    def _depthwise(self, x, memory_format: str) -> np.ndarray:
+        """A depthwise convolution: its sums requantized block by block in C++ as they are formed (the numerics'
+        arithmetic of requantize_columns, without an int32 array of the whole output)."""
+        x, x_zp = self.checked_x(x, self._x_zero_point)
+        shapes = self.shapes(x)
+        rows, M = shapes.rows, self.weight.w.shape[0]
+        y = np.empty((rows, M), self._y_zp.dtype)
+        if y.size:
+            _core.conv_depthwise_requantized(
+                _channels_last(x),
+                x.dtype == np.int8,
+                shapes.shape,
+                shapes.geometry,
+                x_zp,
+                self.weight.depthwise,
+                self._bias,
+                self._multiplier,
+                float(self._x_s),
+                self.weight.scale,
+                float(self._y_s),
+                int(self._y_zp),
+                y,
+                y.dtype == np.int8,
+                self._numerics,
+            )
         return _channels_first(y, shapes.out_shape, memory_format)
 
 
