@@ -1,7 +1,7 @@
 """cnn.py: a ResNet-18-shaped CNN quantized by ONNX Runtime's quantize_static (QDQ and QOperator, uint8 / int8 activations) run in quantmatmul.onnx.InferenceSession against ONNX Runtime: time per image and the logits' agreement.
 
-Usage: python benchmarks/cnn.py THREADS ROUNDS [SIZE]
-       e.g. python benchmarks/cnn.py 2 7 224
+Usage: python benchmarks/cnn.py THREADS ROUNDS [SIZE] [MODEL]
+       e.g. python benchmarks/cnn.py 2 7 224 mobilenet_v2     (MODEL: resnet18, the default, or mobilenet_v2)
 
 The float model is ResNet-18's topology (a 7x7 stride-2 stem, max pooling, four stages of two basic
 blocks with 64-512 channels and 1x1 stride-2 shortcuts, global average pooling, a 1000-way Gemm; no
@@ -73,6 +73,76 @@ def resnet18(size: int, seed: int = 0) -> onnx.ModelProto:
     return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
 
 
+def mobilenet_v2(size: int, seed: int = 0) -> onnx.ModelProto:
+    """MobileNetV2's topology (a 3x3 stride-2 stem of 32 channels, 17 inverted residual blocks: a 1x1
+    expansion by 6 (none in the first), a 3x3 depthwise convolution, a 1x1 projection, the residual Add
+    where the stride is 1 and the channels stay; a 1x1 convolution to 1280, global average pooling and a
+    1000-way Gemm), ReLU for ReLU6, no batch normalization, random weights (He initialization)."""
+    rng = np.random.default_rng(seed)
+    inits, nodes = [], []
+
+    def conv(x, cin, cout, k, stride, name, group=1, relu=True):
+        w = (rng.normal(size=(cout, cin // group, k, k)) * np.sqrt(2.0 / (cin // group * k * k))).astype(np.float32)
+        b = (rng.normal(size=cout) * 0.05).astype(np.float32)
+        inits.extend([numpy_helper.from_array(w, f"{name}_w"), numpy_helper.from_array(b, f"{name}_b")])
+        pad = k // 2
+        nodes.append(
+            helper.make_node(
+                "Conv",
+                [x, f"{name}_w", f"{name}_b"],
+                [f"{name}_c"],
+                name=name,
+                pads=[pad] * 4,
+                strides=[stride] * 2,
+                group=group,
+            )
+        )
+        if not relu:
+            return f"{name}_c"
+        nodes.append(helper.make_node("Relu", [f"{name}_c"], [f"{name}_r"]))
+        return f"{name}_r"
+
+    x, cin = conv("x", 3, 32, 3, 2, "stem"), 32
+    settings = [
+        (1, 16, 1, 1),
+        (6, 24, 2, 2),
+        (6, 32, 3, 2),
+        (6, 64, 4, 2),
+        (6, 96, 3, 1),
+        (6, 160, 3, 2),
+        (6, 320, 1, 1),
+    ]
+    for i, (t, c, n, s) in enumerate(settings):
+        for j in range(n):
+            stride, name, hidden = (s if j == 0 else 1), f"b{i}_{j}", cin * t
+            h = conv(x, cin, hidden, 1, 1, f"{name}_expand") if t != 1 else x
+            h = conv(h, hidden, hidden, 3, stride, f"{name}_dw", group=hidden)
+            h = conv(h, hidden, c, 1, 1, f"{name}_project", relu=False)
+            if stride == 1 and cin == c:
+                nodes.append(helper.make_node("Add", [h, x], [f"{name}_sum"]))
+                h = f"{name}_sum"
+            x, cin = h, c
+    x = conv(x, cin, 1280, 1, 1, "head")
+    fc = (rng.normal(size=(1280, 1000)) * np.sqrt(1.0 / 1280)).astype(np.float32)
+    inits += [numpy_helper.from_array(fc, "fc_w"), numpy_helper.from_array(np.zeros(1000, np.float32), "fc_b")]
+    nodes += [
+        helper.make_node("GlobalAveragePool", [x], ["gap"]),
+        helper.make_node("Flatten", ["gap"], ["flat"]),
+        helper.make_node("Gemm", ["flat", "fc_w", "fc_b"], ["logits"]),
+    ]
+    graph = helper.make_graph(
+        nodes,
+        "mobilenet_v2",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 3, size, size])],
+        [helper.make_tensor_value_info("logits", TensorProto.FLOAT, [1, 1000])],
+        inits,
+    )
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
+
+
+MODELS = {"resnet18": resnet18, "mobilenet_v2": mobilenet_v2}
+
+
 def quantized(model: onnx.ModelProto, folder: Path, fmt: str, activations: str) -> onnx.ModelProto:
     from onnxruntime.quantization import QuantFormat, QuantType, quantize_static
 
@@ -101,7 +171,7 @@ def quantized(model: onnx.ModelProto, folder: Path, fmt: str, activations: str) 
     return onnx.load(dst)
 
 
-def main(threads: int, rounds: int, size: int = 224) -> None:
+def main(threads: int, rounds: int, size: int = 224, name: str = "resnet18") -> None:
     import onnxruntime as ort
 
     import quantmatmul
@@ -114,10 +184,11 @@ def main(threads: int, rounds: int, size: int = 224) -> None:
     options.log_severity_level = 3
     image = {"x": np.random.default_rng(2).normal(size=(1, 3, size, size)).astype(np.float32)}
     print(
-        f"{quantmatmul.cpu_info()['features']['brand']}, {threads} threads, ONNX Runtime {ort.__version__}, {size}x{size}"
+        f"{name}: {quantmatmul.cpu_info()['features']['brand']}, {threads} threads, ONNX Runtime {ort.__version__}, "
+        f"{size}x{size}"
     )
     with tempfile.TemporaryDirectory() as folder:
-        model = resnet18(size)
+        model = MODELS[name](size)
         for fmt in ("QDQ", "QOperator"):
             for activations in ("uint8", "int8"):
                 q = quantized(model, Path(folder), fmt, activations)
@@ -145,4 +216,4 @@ def main(threads: int, rounds: int, size: int = 224) -> None:
 
 
 if __name__ == "__main__":
-    main(int(sys.argv[1]), int(sys.argv[2]), *(int(a) for a in sys.argv[3:4]))
+    main(int(sys.argv[1]), int(sys.argv[2]), *(int(a) for a in sys.argv[3:4]), *sys.argv[4:5])
