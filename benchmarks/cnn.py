@@ -24,53 +24,60 @@ import onnx
 from onnx import TensorProto, helper, numpy_helper
 
 
-def resnet18(size: int, seed: int = 0) -> onnx.ModelProto:
-    rng = np.random.default_rng(seed)
-    inits, nodes = [], []
+class _Graph:
+    """A float CNN under construction: He-initialized convolutions (with bias, optional ReLU) appended in order,
+    finished by global average pooling and a 1000-way Gemm."""
 
-    def conv(x, cin, cout, k, stride, name, relu=True):
-        w = (rng.normal(size=(cout, cin, k, k)) * np.sqrt(2.0 / (cin * k * k))).astype(np.float32)
-        b = (rng.normal(size=cout) * 0.05).astype(np.float32)
-        inits.extend([numpy_helper.from_array(w, f"{name}_w"), numpy_helper.from_array(b, f"{name}_b")])
-        pad = k // 2
-        nodes.append(
-            helper.make_node(
-                "Conv", [x, f"{name}_w", f"{name}_b"], [f"{name}_c"], name=name, pads=[pad] * 4, strides=[stride] * 2
-            )
-        )
+    def __init__(self, seed: int):
+        self.rng = np.random.default_rng(seed)
+        self.inits, self.nodes = [], []
+
+    def conv(self, x, cin, cout, k, stride, name, group=1, relu=True):
+        fan_in = cin // group * k * k
+        w = (self.rng.normal(size=(cout, cin // group, k, k)) * np.sqrt(2.0 / fan_in)).astype(np.float32)
+        b = (self.rng.normal(size=cout) * 0.05).astype(np.float32)
+        self.inits.extend([numpy_helper.from_array(w, f"{name}_w"), numpy_helper.from_array(b, f"{name}_b")])
+        attrs = dict(pads=[k // 2] * 4, strides=[stride] * 2, **({"group": group} if group > 1 else {}))
+        self.nodes.append(helper.make_node("Conv", [x, f"{name}_w", f"{name}_b"], [f"{name}_c"], name=name, **attrs))
         if not relu:
             return f"{name}_c"
-        nodes.append(helper.make_node("Relu", [f"{name}_c"], [f"{name}_r"]))
+        self.nodes.append(helper.make_node("Relu", [f"{name}_c"], [f"{name}_r"]))
         return f"{name}_r"
 
-    x = conv("x", 3, 64, 7, 2, "stem")
-    nodes.append(helper.make_node("MaxPool", [x], ["pool"], kernel_shape=[3, 3], strides=[2, 2], pads=[1, 1, 1, 1]))
+    def model(self, x, channels: int, name: str, size: int) -> onnx.ModelProto:
+        fc = (self.rng.normal(size=(channels, 1000)) * np.sqrt(1.0 / channels)).astype(np.float32)
+        self.inits += [numpy_helper.from_array(fc, "fc_w"), numpy_helper.from_array(np.zeros(1000, np.float32), "fc_b")]
+        self.nodes += [
+            helper.make_node("GlobalAveragePool", [x], ["gap"]),
+            helper.make_node("Flatten", ["gap"], ["flat"]),
+            helper.make_node("Gemm", ["flat", "fc_w", "fc_b"], ["logits"]),
+        ]
+        graph = helper.make_graph(
+            self.nodes,
+            name,
+            [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 3, size, size])],
+            [helper.make_tensor_value_info("logits", TensorProto.FLOAT, [1, 1000])],
+            self.inits,
+        )
+        return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
+
+
+def resnet18(size: int, seed: int = 0) -> onnx.ModelProto:
+    g = _Graph(seed)
+    x = g.conv("x", 3, 64, 7, 2, "stem")
+    g.nodes.append(helper.make_node("MaxPool", [x], ["pool"], kernel_shape=[3, 3], strides=[2, 2], pads=[1, 1, 1, 1]))
     x, cin = "pool", 64
     for stage, cout in enumerate((64, 128, 256, 512)):
         for block in range(2):
             stride = 2 if stage > 0 and block == 0 else 1
             name = f"s{stage}b{block}"
-            h = conv(x, cin, cout, 3, stride, f"{name}_1")
-            h = conv(h, cout, cout, 3, 1, f"{name}_2", relu=False)
-            shortcut = conv(x, cin, cout, 1, stride, f"{name}_down", relu=False) if stride != 1 or cin != cout else x
-            nodes.append(helper.make_node("Add", [h, shortcut], [f"{name}_sum"]))
-            nodes.append(helper.make_node("Relu", [f"{name}_sum"], [f"{name}_out"]))
+            h = g.conv(x, cin, cout, 3, stride, f"{name}_1")
+            h = g.conv(h, cout, cout, 3, 1, f"{name}_2", relu=False)
+            shortcut = g.conv(x, cin, cout, 1, stride, f"{name}_down", relu=False) if stride != 1 or cin != cout else x
+            g.nodes.append(helper.make_node("Add", [h, shortcut], [f"{name}_sum"]))
+            g.nodes.append(helper.make_node("Relu", [f"{name}_sum"], [f"{name}_out"]))
             x, cin = f"{name}_out", cout
-    fc = (rng.normal(size=(512, 1000)) * np.sqrt(1.0 / 512)).astype(np.float32)
-    inits += [numpy_helper.from_array(fc, "fc_w"), numpy_helper.from_array(np.zeros(1000, np.float32), "fc_b")]
-    nodes += [
-        helper.make_node("GlobalAveragePool", [x], ["gap"]),
-        helper.make_node("Flatten", ["gap"], ["flat"]),
-        helper.make_node("Gemm", ["flat", "fc_w", "fc_b"], ["logits"]),
-    ]
-    graph = helper.make_graph(
-        nodes,
-        "resnet18",
-        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 3, size, size])],
-        [helper.make_tensor_value_info("logits", TensorProto.FLOAT, [1, 1000])],
-        inits,
-    )
-    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
+    return g.model(x, cin, "resnet18", size)
 
 
 def mobilenet_v2(size: int, seed: int = 0) -> onnx.ModelProto:
@@ -78,31 +85,8 @@ def mobilenet_v2(size: int, seed: int = 0) -> onnx.ModelProto:
     expansion by 6 (none in the first), a 3x3 depthwise convolution, a 1x1 projection, the residual Add
     where the stride is 1 and the channels stay; a 1x1 convolution to 1280, global average pooling and a
     1000-way Gemm), ReLU for ReLU6, no batch normalization, random weights (He initialization)."""
-    rng = np.random.default_rng(seed)
-    inits, nodes = [], []
-
-    def conv(x, cin, cout, k, stride, name, group=1, relu=True):
-        w = (rng.normal(size=(cout, cin // group, k, k)) * np.sqrt(2.0 / (cin // group * k * k))).astype(np.float32)
-        b = (rng.normal(size=cout) * 0.05).astype(np.float32)
-        inits.extend([numpy_helper.from_array(w, f"{name}_w"), numpy_helper.from_array(b, f"{name}_b")])
-        pad = k // 2
-        nodes.append(
-            helper.make_node(
-                "Conv",
-                [x, f"{name}_w", f"{name}_b"],
-                [f"{name}_c"],
-                name=name,
-                pads=[pad] * 4,
-                strides=[stride] * 2,
-                group=group,
-            )
-        )
-        if not relu:
-            return f"{name}_c"
-        nodes.append(helper.make_node("Relu", [f"{name}_c"], [f"{name}_r"]))
-        return f"{name}_r"
-
-    x, cin = conv("x", 3, 32, 3, 2, "stem"), 32
+    g = _Graph(seed)
+    x, cin = g.conv("x", 3, 32, 3, 2, "stem"), 32
     settings = [
         (1, 16, 1, 1),
         (6, 24, 2, 2),
@@ -115,29 +99,14 @@ def mobilenet_v2(size: int, seed: int = 0) -> onnx.ModelProto:
     for i, (t, c, n, s) in enumerate(settings):
         for j in range(n):
             stride, name, hidden = (s if j == 0 else 1), f"b{i}_{j}", cin * t
-            h = conv(x, cin, hidden, 1, 1, f"{name}_expand") if t != 1 else x
-            h = conv(h, hidden, hidden, 3, stride, f"{name}_dw", group=hidden)
-            h = conv(h, hidden, c, 1, 1, f"{name}_project", relu=False)
+            h = g.conv(x, cin, hidden, 1, 1, f"{name}_expand") if t != 1 else x
+            h = g.conv(h, hidden, hidden, 3, stride, f"{name}_dw", group=hidden)
+            h = g.conv(h, hidden, c, 1, 1, f"{name}_project", relu=False)
             if stride == 1 and cin == c:
-                nodes.append(helper.make_node("Add", [h, x], [f"{name}_sum"]))
+                g.nodes.append(helper.make_node("Add", [h, x], [f"{name}_sum"]))
                 h = f"{name}_sum"
             x, cin = h, c
-    x = conv(x, cin, 1280, 1, 1, "head")
-    fc = (rng.normal(size=(1280, 1000)) * np.sqrt(1.0 / 1280)).astype(np.float32)
-    inits += [numpy_helper.from_array(fc, "fc_w"), numpy_helper.from_array(np.zeros(1000, np.float32), "fc_b")]
-    nodes += [
-        helper.make_node("GlobalAveragePool", [x], ["gap"]),
-        helper.make_node("Flatten", ["gap"], ["flat"]),
-        helper.make_node("Gemm", ["flat", "fc_w", "fc_b"], ["logits"]),
-    ]
-    graph = helper.make_graph(
-        nodes,
-        "mobilenet_v2",
-        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 3, size, size])],
-        [helper.make_tensor_value_info("logits", TensorProto.FLOAT, [1, 1000])],
-        inits,
-    )
-    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
+    return g.model(g.conv(x, cin, 1280, 1, 1, "head"), 1280, "mobilenet_v2", size)
 
 
 MODELS = {"resnet18": resnet18, "mobilenet_v2": mobilenet_v2}

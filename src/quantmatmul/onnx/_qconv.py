@@ -417,19 +417,13 @@ class QLinearConvCall(_Conv):
         if acc.dtype != np.int32:  # requantized already
             return _channels_first(acc, shapes.out_shape, memory_format)
         y = np.empty(acc.shape, self._y_zp.dtype)
-        _core.requantize_columns(
-            acc,
-            self._bias,
-            self._multiplier,
-            float(self._x_s),
-            self.weight.scale,
-            float(self._y_s),
-            int(self._y_zp),
-            y,
-            y.dtype == np.int8,
-            self._numerics,
-        )
+        _core.requantize_columns(acc, *self._requantization(y))
         return _channels_first(y, shapes.out_shape, memory_format)
+
+    def _requantization(self, y: np.ndarray) -> tuple:
+        """requantize_columns' arguments after the sums (conv_depthwise_requantized's too), writing y."""
+        scales = (float(self._x_s), self.weight.scale, float(self._y_s))
+        return (self._bias, self._multiplier, *scales, int(self._y_zp), y, y.dtype == np.int8, self._numerics)
 
     def _depthwise(self, x, memory_format: str) -> np.ndarray:
         """A depthwise convolution: its sums requantized block by block in C++ as they are formed (the numerics'
@@ -439,23 +433,9 @@ class QLinearConvCall(_Conv):
         rows, M = shapes.rows, self.weight.w.shape[0]
         y = np.empty((rows, M), self._y_zp.dtype)
         if y.size:
-            _core.conv_depthwise_requantized(
-                _channels_last(x),
-                x.dtype == np.int8,
-                shapes.shape,
-                shapes.geometry,
-                x_zp,
-                self.weight.depthwise,
-                self._bias,
-                self._multiplier,
-                float(self._x_s),
-                self.weight.scale,
-                float(self._y_s),
-                int(self._y_zp),
-                y,
-                y.dtype == np.int8,
-                self._numerics,
-            )
+            cl = _channels_last(x)
+            args = (cl, x.dtype == np.int8, shapes.shape, shapes.geometry, x_zp, self.weight.depthwise)
+            _core.conv_depthwise_requantized(*args, *self._requantization(y))
         return _channels_first(y, shapes.out_shape, memory_format)
 
 
