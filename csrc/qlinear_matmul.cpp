@@ -68,6 +68,17 @@ QGemmBlocking qgemm_blocking(const QGemmLayout& L) {
   return b;
 }
 
+namespace {
+
+// Whether a column's zb' = zb + ob is not 0 for some b matrix of the problem (the row sums of a are then
+// multiplied by it; an int8 b with zero point 0, the usual weight, needs none).
+bool needs_row_sums(const QGemmProblem& p, int32_t ob) {
+  const int64_t b_count = *std::max_element(p.b_index, p.b_index + p.batch) + 1;
+  return std::any_of(p.b_zero_point, p.b_zero_point + b_count * p.N, [&](int32_t z) { return z + ob != 0; });
+}
+
+}  // namespace
+
 bool taps_usable(const QGemmDispatch& q, bool a_signed, bool need_rowsums, int64_t batch, int64_t K, int64_t taps) {
   const QGemmLayout& L = *q.layout;
   return q.kernel_taps && L.id == kLayoutQuads && L.a_offset[a_signed] == 0 && !need_rowsums && batch == 1 &&
@@ -212,9 +223,7 @@ void accumulate(const QGemmDispatch& q, const QGemmProblem& p, Epilogue&& epilog
   // on the VNNI layout), and the row sums only where a column's zb' = zb + ob is not 0 (they are
   // multiplied by it: an int8 b with zero point 0, the usual weight, needs none).
   const int64_t a_count = *std::max_element(p.a_index, p.a_index + p.batch) + 1;
-  const int64_t b_count = *std::max_element(p.b_index, p.b_index + p.batch) + 1;
-  const bool need_rowsums =
-      std::any_of(p.b_zero_point, p.b_zero_point + b_count * N, [&](int32_t z) { return z + ob != 0; });
+  const bool need_rowsums = needs_row_sums(p, ob);
   // A read through a table of receptive fields (a convolution without an im2col): the entry's
   // kernel_taps reads it in place, no packing and no row sums (its caller checks taps_usable()).
   const bool a_taps = p.a_offsets != nullptr;
@@ -438,10 +447,7 @@ void qlinear_matmul_onnxruntime(const QGemmProblem& p, View3<float> multiplier, 
 bool taps_usable(const QGemmProblem& p) {
   const QGemmDispatch& q = call_entry(p);
   const int32_t ob = q.layout->b_offset[p.b_packed ? p.b_packed->is_signed : p.b_signed];
-  const int64_t b_count = *std::max_element(p.b_index, p.b_index + p.batch) + 1;
-  const bool need_rowsums =
-      std::any_of(p.b_zero_point, p.b_zero_point + b_count * p.N, [&](int32_t z) { return z + ob != 0; });
-  return taps_usable(q, p.a_signed, need_rowsums, p.batch, p.K, p.a_taps);
+  return taps_usable(q, p.a_signed, needs_row_sums(p, ob), p.batch, p.K, p.a_taps);
 }
 
 void matmul_integer(const QGemmProblem& p, int32_t* y) {
