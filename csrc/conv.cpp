@@ -124,8 +124,38 @@ inline void transpose16x16(const uint8_t* in, int64_t in_stride, uint8_t* out, i
 }
 #endif
 
+// [rows, cols] -> [cols, rows] for a few rows (an image's 1-4 channels to channels-last): each
+// column's R values written together from R row pointers, no per-element index arithmetic.
+template <int R, class T>
+void transpose_few_rows(const T* in, int64_t cols, int64_t c0, int64_t c1, T* out) {
+  const T* row[R];
+  for (int r = 0; r < R; ++r) row[r] = in + r * cols;
+  for (int64_t c = c0; c < c1; ++c)
+    for (int r = 0; r < R; ++r) out[c * R + r] = row[r][c];
+}
+
 template <class T>
 void transpose_planes(const T* src, int64_t batch, int64_t rows, int64_t cols, T* dst) {
+  if (rows <= 0 || cols <= 0 || batch <= 0) return;
+  if (rows <= 4) {  // (columns in tasks of 16 K)
+    constexpr int64_t kColumns = 16384;
+    const int64_t per_batch = (cols + kColumns - 1) / kColumns;
+    parallel_for(
+        batch * per_batch,
+        [&](int64_t t) {
+          const int64_t b = t / per_batch, c0 = t % per_batch * kColumns, c1 = std::min(cols, c0 + kColumns);
+          const T* in = src + b * rows * cols;
+          T* out = dst + b * rows * cols;
+          switch (rows) {
+            case 1: return transpose_few_rows<1>(in, cols, c0, c1, out);
+            case 2: return transpose_few_rows<2>(in, cols, c0, c1, out);
+            case 3: return transpose_few_rows<3>(in, cols, c0, c1, out);
+            default: return transpose_few_rows<4>(in, cols, c0, c1, out);
+          }
+        },
+        tasks_worth_a_thread(static_cast<double>(kColumns * rows) * 0.5));
+    return;
+  }
   constexpr int64_t kTile = 64;
   const int64_t row_tiles = (rows + kTile - 1) / kTile, col_tiles = (cols + kTile - 1) / kTile;
   const int64_t tiles = batch * row_tiles * col_tiles;

@@ -657,3 +657,15 @@ def test_the_two_dimensional_im2col_edges(C, spatial, kernel, strides, pads, dil
     xz = np.uint8(77)
     geometry = {"strides": list(strides), "pads": list(pads), "dilations": list(dilations)}
     np.testing.assert_array_equal(conv_integer(x, w, xz, **geometry), oracle_sums(x, xz, w, 0, **geometry))
+
+
+def test_planes_transpose_as_numpy():
+    """The blocked C++ transpose between channels-first and channels-last ([B, R, C] -> [B, C, R]), 1- and
+    4-byte elements: a few rows (an image's channels: per column) and many (16 x 16 byte blocks, edges)."""
+    from quantmatmul.onnx._qconv import _transposed
+
+    rng = np.random.default_rng(12)
+    for dtype in (np.uint8, np.int8, np.int32, np.float32):
+        for B, R, C in ((1, 1, 7), (2, 3, 50_000), (1, 4, 16_385), (3, 2, 1), (1, 5, 33), (2, 17, 70), (1, 64, 3)):
+            x = rng.integers(-100, 100, (B, R, C)).astype(dtype)
+            np.testing.assert_array_equal(_transposed(x), x.transpose(0, 2, 1))
