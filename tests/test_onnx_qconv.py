@@ -488,11 +488,12 @@ def test_session_conv_with_constant_parameters_takes_each_x_shape():
         InferenceSession(_qlinear_conv_model(bad, attrs))
 
 
-def _in_place_cases(w_type, count):
-    """QLinearConvs of uint8 x with whole quads of channels and one group (1- to 3-D, strides, dilations,
-    padding, rows off the kernel's 8, with and without a bias): (args, attrs, the attributes as
-    QLinearConvCall takes them)."""
-    rng = np.random.default_rng({"int8": 1, "uint8 zero point 128": 2, "uint8": 3}[w_type])
+def _in_place_cases(w_type, count, x_type=np.uint8):
+    """QLinearConvs of 8-bit x (uint8 unless x_type) with whole quads of channels and one group (1- to 3-D,
+    strides, dilations, padding, rows off the kernel's 8, with and without a bias): (args, attrs, the
+    attributes as QLinearConvCall takes them)."""
+    rng = np.random.default_rng({"int8": 1, "uint8 zero point 128": 2, "uint8": 3}[w_type] + 10 * (x_type == np.int8))
+    xi = np.iinfo(x_type)
     for case in range(count):
         nd = 1 + case % 3
         C, M = int(rng.choice([4, 8, 12, 64])), int(rng.choice([1, 5, 16, 33, 70]))
@@ -501,7 +502,7 @@ def _in_place_cases(w_type, count):
         strides = [int(rng.integers(1, 3)) for _ in range(nd)]
         pads = [int(rng.integers(0, k)) for k in kernel] * 2
         spatial = [(k - 1) * d + int(rng.integers(1, 9 if nd < 3 else 4)) for k, d in zip(kernel, dilations)]
-        x = rng.integers(0, 256, (int(rng.integers(1, 3)), C, *spatial), np.uint8)
+        x = rng.integers(xi.min, xi.max + 1, (int(rng.integers(1, 3)), C, *spatial)).astype(x_type)
         if w_type == "int8":
             lo, hi = (-64, 64) if _narrow() else (-128, 128)
             w, wz = rng.integers(lo, hi, (M, C, *kernel), np.int8), np.zeros(M, np.int8)
@@ -510,38 +511,47 @@ def _in_place_cases(w_type, count):
             wz = np.full(M, 128, np.uint8) if w_type.endswith("128") else rng.integers(0, 256, M, np.uint8)
         ws = rng.uniform(0.001, 0.01, M).astype(np.float32)
         B = rng.integers(-30000, 30000, M).astype(np.int32) if case % 2 else None
-        args = (x, np.float32(0.02), np.uint8(rng.integers(0, 256)), w, ws, wz, np.float32(0.5), np.uint8(9), B)
+        x_zp = np.asarray(rng.integers(xi.min, xi.max + 1), x_type)
+        args = (x, np.float32(0.02), x_zp, w, ws, wz, np.float32(0.5), np.asarray(9, x_type), B)  # (ORT: y as x)
         attrs = {"strides": strides, "pads": pads, "dilations": dilations, "kernel_shape": kernel}
         yield args, attrs, ("NOTSET", dilations, kernel, pads, strides)
 
 
+@pytest.mark.parametrize("x_type", [np.uint8, np.int8], ids=["u8x", "s8x"])
 @pytest.mark.parametrize("w_type", ["int8", "uint8 zero point 128", "uint8"])
-def test_a_convolution_read_in_place_is_the_im2cols_result(isa, w_type):
+def test_a_convolution_read_in_place_is_the_im2cols_result(isa, w_type, x_type, monkeypatch):
     """On an entry with a kernel over receptive fields (AVX-512 VNNI's kernel_taps) the GEMM reads such an x
-    in place through the table of each position's taps (padding from a row of x's zero point), without an
-    im2col; where the b zero points need row sums (uint8 w other than 128), for a 1x1 convolution (its rows
-    are x's pixels) or on an entry without such a kernel, the im2col. The two give the same bits."""
-    from quantmatmul.onnx._qconv import QLinearConvCall, _channels_last
+    in place through the table of each position's taps (padding from a row of x's zero point; int8 x as
+    uint8 x + 128), without an im2col; where the b zero points need row sums (uint8 w other than 128), for a
+    1x1 convolution (its rows are x's pixels) or on an entry without such a kernel, the im2col. The two give
+    the same bits."""
+    from quantmatmul import _core
+    from quantmatmul.onnx._qconv import QLinearConvCall
 
-    for args, attrs, geometry in _in_place_cases(w_type, 12):
-        x, M = args[0], args[3].shape[0]
+    read = []
+    taps = _core.qlinear_matmul_onnxruntime_taps
+    monkeypatch.setattr(_core, "qlinear_matmul_onnxruntime_taps", lambda *a: read.append(taps(*a)) or read[-1])
+    for args, attrs, geometry in _in_place_cases(w_type, 12, x_type):
+        x = args[0]
         conv = QLinearConvCall(
             conv_weight(*args[3:6], 1, "qlinear_conv"), *args[1:3], *args[6:9], geometry, "onnxruntime"
         )
+        read.clear()
+        ours = conv(x)
         shapes = conv.shapes(x)
-        read = conv._read_in_place(_channels_last(x), int(args[2]), shapes, conv._fused)
-        one_by_one = shapes.offsets is None
-        assert (read is not None) == (isa.startswith("avx512_vnni") and w_type != "uint8" and not one_by_one)
+        one_by_one = shapes.offsets is None  # (a 1x1 convolution's rows are x's own pixels: no table)
+        assert read == ([] if one_by_one else [isa.startswith("avx512_vnni") and w_type != "uint8"])
         conv._shapes[x.shape] = shapes._replace(offsets=None)  # the im2col
-        im2col = conv(x)
-        if read is not None:
-            np.testing.assert_array_equal(read, np.moveaxis(im2col, 1, -1).reshape(-1, M))
-        np.testing.assert_array_equal(qlinear_conv(*args, **attrs), im2col)
+        np.testing.assert_array_equal(ours, conv(x))
+        np.testing.assert_array_equal(qlinear_conv(*args, **attrs), ours)
 
 
+@pytest.mark.parametrize("x_type", [np.uint8, np.int8], ids=["u8x", "s8x"])
 @pytest.mark.parametrize("w_type", ["int8", "uint8 zero point 128"])
-def test_a_convolution_read_in_place_gives_onnxruntimes_bits(w_type):
-    for args, attrs, _ in _in_place_cases(w_type, 9):
+def test_a_convolution_read_in_place_gives_onnxruntimes_bits(w_type, x_type):
+    if x_type == np.int8 and w_type != "int8":
+        pytest.skip("ONNX Runtime has no int8 x with uint8 w QLinearConv")
+    for args, attrs, _ in _in_place_cases(w_type, 9, x_type):
         np.testing.assert_array_equal(qlinear_conv(*args, **attrs), ort_qlinear_conv(*args, **attrs))
 
 

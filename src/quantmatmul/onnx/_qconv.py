@@ -288,8 +288,11 @@ class _Conv:
             )
             return acc, shapes
         w_matrices = weight.operand.x  # [group, taps * C/group, M/group]
-        if requantize is not None and x.dtype == np.uint8 and w_matrices.size:
-            acc = self._read_in_place(channels_last, x_zp, shapes, requantize)
+        if requantize is not None and shapes.offsets is not None and w_matrices.size:
+            codes, zp = channels_last, x_zp
+            if x.dtype == np.int8:  # as uint8 x + 128 with zero point x_zp + 128: the same differences
+                codes, zp = np.bitwise_xor(channels_last.view(np.uint8), np.uint8(0x80)), x_zp + 128
+            acc = self._read_in_place(codes, zp, shapes, requantize)
             if acc is not None:
                 return acc, shapes
         if shapes.one_by_one:  # (C a multiple of 4: K unpadded) each pixel's channels are its row
@@ -322,8 +325,9 @@ class _Conv:
         return np.ascontiguousarray(acc.transpose(1, 0, 2)).reshape(rows, M), shapes
 
     def _read_in_place(self, channels_last, x_zp: int, shapes: _Shapes, requantize: _Requantization):
-        """The requantized outputs [rows, M] of the GEMM reading uint8 x in place through its receptive fields,
-        or None where the int8 kernels in use cannot (then an im2col)."""
+        """The requantized outputs [rows, M] of the GEMM reading uint8 x (channels_last, with its zero point
+        x_zp) in place through its receptive fields, or None where the int8 kernels in use cannot (then an
+        im2col)."""
         if shapes.offsets is None or channels_last.ctypes.data % 4:  # (the kernel reads channels four at a time)
             return None
         weight, rows = self.weight, shapes.rows
