@@ -679,3 +679,22 @@ def test_planes_transpose_as_numpy():
         for B, R, C in ((1, 1, 7), (2, 3, 50_000), (1, 4, 16_385), (3, 2, 1), (1, 5, 33), (2, 17, 70), (1, 64, 3)):
             x = rng.integers(-100, 100, (B, R, C)).astype(dtype)
             np.testing.assert_array_equal(_transposed(x), x.transpose(0, 2, 1))
+
+
+def test_depthwise_with_more_weights_than_the_pair_buffer():
+    """The AVX2 depthwise loop interleaves a task's weights once into a 32 KB stack buffer; a 3x3 kernel
+    over more than 1,638 channels does not fit, and the weights are interleaved as the taps go: the same
+    sums (ConvInteger against the oracle, on both builds)."""
+    import quantmatmul as qm
+
+    rng = np.random.default_rng(77)
+    C = 1664 + 5  # 104 blocks of 16 (5 tap pairs: 16,640 > 16,384 int16s) and a tail of 5
+    x = rng.integers(0, 256, (1, C, 4, 5)).astype(np.uint8)
+    w = rng.integers(-128, 128, (C, 1, 3, 3)).astype(np.int8)
+    xz, wz = np.uint8(77), np.int8(0)
+    attrs = {"group": C, "pads": [1, 1, 1, 1], "strides": [1, 1], "dilations": [1, 1]}
+    want = oracle_sums(x, xz, w, wz, **attrs)
+    for isa in ("portable", "avx2"):
+        if isa in qm.available_isas():
+            with kernel_entry("qgemm", isa):
+                np.testing.assert_array_equal(conv_integer(x, w, xz, wz, **attrs), want)
