@@ -5,6 +5,8 @@ from __future__ import annotations
 from fractions import Fraction
 
 import ml_dtypes
+import itertools
+
 import numpy as np
 import pytest
 
@@ -12,7 +14,7 @@ import quantmatmul as qm
 from quantmatmul import _core
 from quantmatmul.reference import qlinear_matmul as oracle
 
-from conftest import kernel_levels
+from conftest import kernel_entry, kernel_levels
 from peer_deviations import deviation
 from quantmatmul.peers import onnxruntime_u8s8_saturates, run_onnx_reference, run_onnxruntime
 
@@ -599,3 +601,24 @@ def test_leading_dimensions_fold_into_rows_with_a_matrix_b(numerics):
     want = qm.qlinear_matmul(np.ascontiguousarray(a).reshape(-1, 37), params[0], params[1], b, b_scale, b_zp,
                              *params[2:], numerics=numerics)
     assert np.array_equal(y.reshape(-1, 19), want)
+
+
+def test_output_zero_points_per_column_and_per_row_on_every_table(isa):
+    """The AVX-512 epilogue forms its clamp bounds once for a row whose output zero points are one value and
+    drops the column-sum multiply where za' is 1 (a folded bias); rows with zero points per column, per row
+    or one per tensor give the portable table's bits on every table, with and without a's zero point."""
+    import quantmatmul as qm
+
+    rng = np.random.default_rng(6)
+    M, K, N = 21, 40, 53  # columns off the 16 lanes
+    a = rng.integers(0, 256, (M, K), np.uint8)
+    b = rng.integers(-128, 128, (K, N), np.int8)
+    cases = [np.uint8(7), rng.integers(0, 256, N).astype(np.uint8), rng.integers(0, 256, (M, 1)).astype(np.uint8)]
+    for y_zp, a_zp in itertools.product(cases, (np.uint8(0), np.uint8(131))):
+        y_scale = np.full(y_zp.shape, 0.9, np.float32)  # (y's scale and zero point share a shape)
+        args = (a, np.float32(0.03), a_zp, b, np.float32(0.02), np.int8(0), y_scale, y_zp)
+        got = qm.qlinear_matmul(*args)
+        with kernel_entry("qgemm", "portable"):
+            want = qm.qlinear_matmul(*args)
+        np.testing.assert_array_equal(got, want)
+        assert len(np.unique(got)) > 50
