@@ -131,8 +131,9 @@ void kernel_avx2(const int32_t* a, int64_t, int64_t rows, const int8_t* b_panel,
   else kernel_avx2_t<false>(a, rows, b_panel, p0, p1, accumulate, c, ldc);
 }
 
-// Zb null (every column's zb' 0) drops a multiply per lane, as in requantize_avx512.inc.
-template <bool WithZb>
+// Zb null (every column's zb' 0) drops a multiply per lane, za' = 1 another, and a row of one output
+// zero point has its clamp bounds formed once, as in requantize_avx512.inc.
+template <bool WithZb, bool UnitZa, bool UniformZp>
 void requantize_row_avx2_t(const int32_t* raw, const RowTerms& terms, const float* multiplier, const int32_t* zp,
                            int64_t count, bool y_signed, void* y) {
   const int32_t qmin = y_signed ? -128 : 0, qmax = y_signed ? 127 : 255;
@@ -140,15 +141,19 @@ void requantize_row_avx2_t(const int32_t* raw, const RowTerms& terms, const floa
   const int32_t* const colsum = terms.colsum;
   const __m256i vqmin = _mm256_set1_epi32(qmin), vqmax = _mm256_set1_epi32(qmax);
   const __m256i za = _mm256_set1_epi32(terms.za), t = _mm256_set1_epi32(terms.t);
+  const __m256i z0 = _mm256_set1_epi32(zp[0]);
+  const __m256 lo0 = _mm256_cvtepi32_ps(_mm256_sub_epi32(vqmin, z0)),
+               hi0 = _mm256_cvtepi32_ps(_mm256_sub_epi32(vqmax, z0));
   auto* out = static_cast<uint8_t*>(y);
   int64_t j = 0;
   for (; j + 8 <= count; j += 8) {
     auto load = [&](const int32_t* p) { return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p + j)); };
-    __m256i acc = _mm256_sub_epi32(load(raw), _mm256_mullo_epi32(za, load(colsum)));
+    const __m256i cs = load(colsum);
+    __m256i acc = _mm256_sub_epi32(load(raw), UnitZa ? cs : _mm256_mullo_epi32(za, cs));
     if constexpr (WithZb) acc = _mm256_sub_epi32(acc, _mm256_mullo_epi32(load(zb), t));  // wrapping
-    const __m256i z = load(zp);
-    const __m256 lo = _mm256_cvtepi32_ps(_mm256_sub_epi32(vqmin, z));
-    const __m256 hi = _mm256_cvtepi32_ps(_mm256_sub_epi32(vqmax, z));
+    const __m256i z = UniformZp ? z0 : load(zp);
+    const __m256 lo = UniformZp ? lo0 : _mm256_cvtepi32_ps(_mm256_sub_epi32(vqmin, z));
+    const __m256 hi = UniformZp ? hi0 : _mm256_cvtepi32_ps(_mm256_sub_epi32(vqmax, z));
     __m256 v = _mm256_mul_ps(_mm256_cvtepi32_ps(acc), _mm256_loadu_ps(multiplier + j));
     v = _mm256_max_ps(v, lo);  // operand order as MLAS: a NaN becomes the lower bound
     v = _mm256_min_ps(v, hi);
@@ -162,10 +167,34 @@ void requantize_row_avx2_t(const int32_t* raw, const RowTerms& terms, const floa
     out[j] = static_cast<uint8_t>(y_signed ? static_cast<uint8_t>(static_cast<int8_t>(q)) : q);
   }
 }
+
+// Whether zp[0 .. count) are all zp[0].
+bool uniform_row_avx2(const int32_t* zp, int64_t count) {
+  const __m256i z0 = _mm256_set1_epi32(zp[0]);
+  int64_t j = 0;
+  for (; j + 8 <= count; j += 8) {
+    const __m256i z = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(zp + j));
+    if (_mm256_movemask_epi8(_mm256_cmpeq_epi32(z, z0)) != -1) return false;
+  }
+  for (; j < count; ++j)
+    if (zp[j] != zp[0]) return false;
+  return true;
+}
+
+template <bool WithZb>
+void requantize_row_avx2_zb(const int32_t* raw, const RowTerms& terms, const float* multiplier, const int32_t* zp,
+                            int64_t count, bool y_signed, void* y) {
+  const bool unit_za = terms.za == 1, uniform = count > 0 && uniform_row_avx2(zp, count);
+  if (unit_za && uniform) requantize_row_avx2_t<WithZb, true, true>(raw, terms, multiplier, zp, count, y_signed, y);
+  else if (unit_za) requantize_row_avx2_t<WithZb, true, false>(raw, terms, multiplier, zp, count, y_signed, y);
+  else if (uniform) requantize_row_avx2_t<WithZb, false, true>(raw, terms, multiplier, zp, count, y_signed, y);
+  else requantize_row_avx2_t<WithZb, false, false>(raw, terms, multiplier, zp, count, y_signed, y);
+}
+
 void requantize_row_avx2(const int32_t* raw, const RowTerms& terms, const float* multiplier, const int32_t* zp,
                          int64_t count, bool y_signed, void* y) {
-  if (terms.zb) requantize_row_avx2_t<true>(raw, terms, multiplier, zp, count, y_signed, y);
-  else requantize_row_avx2_t<false>(raw, terms, multiplier, zp, count, y_signed, y);
+  if (terms.zb) requantize_row_avx2_zb<true>(raw, terms, multiplier, zp, count, y_signed, y);
+  else requantize_row_avx2_zb<false>(raw, terms, multiplier, zp, count, y_signed, y);
 }
 
 // The float8 path's float32 GEMM (contract: kernels/sgemm_rows.inc): one fused multiply-add per k,
