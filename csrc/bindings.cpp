@@ -373,6 +373,10 @@ void bind_qlinear_matmul(nb::module_& m) {
       .def_ro("N", &qmm::PackedB::N)
       .def_ro("is_signed", &qmm::PackedB::is_signed)
       .def_prop_ro("layout", [](const qmm::PackedB& p) { return static_cast<int>(p.layout->id); })
+      // Whether products with it can read a convolution's x in place (QGemmDispatch::kernel_taps): the
+      // entry that packed it, or one of the same layout, has a kernel over receptive fields.
+      .def_prop_ro("reads_receptive_fields",
+                   [](const qmm::PackedB& p) { return p.entry != nullptr && p.entry->kernel_taps != nullptr; })
       .def_prop_ro("nbytes", &qmm::PackedB::bytes);
 
   m.def("pack_b", [](const In& b, bool is_signed) {

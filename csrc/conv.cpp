@@ -17,13 +17,13 @@
 namespace qmm {
 
 namespace portable {  // conv_loops.inc, included at the end of this file
-void depthwise_range(const void* x, bool x_signed, const ConvShape& s, int32_t x_zp, const int16_t* w, int32_t* acc,
-                     int64_t r0, int64_t r1);
+void depthwise_range(const void* x, bool x_signed, const ConvShape& s, int32_t x_zp, const int16_t* w,
+                     const DepthwiseSink& sink, int64_t r0, int64_t r1);
 }  // namespace portable
 #if QMM_CONV_AVX2
 namespace avx2 {  // kernels/conv_avx2.cpp
-void depthwise_range(const void* x, bool x_signed, const ConvShape& s, int32_t x_zp, const int16_t* w, int32_t* acc,
-                     int64_t r0, int64_t r1);
+void depthwise_range(const void* x, bool x_signed, const ConvShape& s, int32_t x_zp, const int16_t* w,
+                     const DepthwiseSink& sink, int64_t r0, int64_t r1);
 }  // namespace avx2
 #endif
 
@@ -340,45 +340,69 @@ const char* conv_depthwise_path() {
   return "portable";
 }
 
-void conv_depthwise(const void* x, bool x_signed, const ConvShape& s, int32_t x_zp, const int16_t* w, int32_t* acc) {
-  const int64_t positions = s.positions();
-  const int64_t task = rows_per_task(s.C * 4 * std::max<int64_t>(1, s.taps() / 4));
-  const double task_ns = 0.3 * static_cast<double>(task * s.C * s.taps());  // about 0.3 ns per product
-  auto* range = portable::depthwise_range;
+namespace {
+
+// The depthwise loop of the build in use, with its rows per task and a task's time.
+struct DepthwiseLoop {
+  void (*range)(const void*, bool, const ConvShape&, int32_t, const int16_t*, const DepthwiseSink&, int64_t, int64_t);
+  int64_t task;
+  double task_ns;
+};
+DepthwiseLoop depthwise_loop(const ConvShape& s) {
+  DepthwiseLoop loop{portable::depthwise_range, rows_per_task(s.C * 4 * std::max<int64_t>(1, s.taps() / 4)), 0.0};
 #if QMM_CONV_AVX2
-  if (avx2_loops_usable()) range = avx2::depthwise_range;
+  if (avx2_loops_usable()) loop.range = avx2::depthwise_range;
 #endif
-  parallel_ranges(positions, task, tasks_worth_a_thread(task_ns),
-                  [&](int64_t, int64_t r0, int64_t r1) { range(x, x_signed, s, x_zp, w, acc + r0 * s.C, r0, r1); });
+  loop.task_ns = 0.3 * static_cast<double>(loop.task * s.C * s.taps());  // about 0.3 ns per product
+  return loop;
+}
+
+// Rows [r0, r1) of acc requantized into y (rows from r0) in one of requantize_columns' numerics.
+void requantize_range(int numerics, const int32_t* acc, const int32_t* bias, int64_t r0, int64_t r1, int64_t cols,
+                      const float* m, float a_scale, const float* b_scale, float y_scale, int32_t zp, bool y_signed,
+                      void* y) {
+  if (numerics == 0) requantize_task<0>(acc, bias, r0, r1, cols, m, a_scale, b_scale, y_scale, zp, y_signed, y);
+  else if (numerics == 1) requantize_task<1>(acc, bias, r0, r1, cols, m, a_scale, b_scale, y_scale, zp, y_signed, y);
+  else requantize_task<2>(acc, bias, r0, r1, cols, m, a_scale, b_scale, y_scale, zp, y_signed, y);
+}
+
+}  // namespace
+
+void conv_depthwise(const void* x, bool x_signed, const ConvShape& s, int32_t x_zp, const int16_t* w, int32_t* acc) {
+  const DepthwiseLoop loop = depthwise_loop(s);
+  parallel_ranges(s.positions(), loop.task, tasks_worth_a_thread(loop.task_ns), [&](int64_t, int64_t r0, int64_t r1) {
+    loop.range(x, x_signed, s, x_zp, w, DepthwiseSink{acc + r0 * s.C}, r0, r1);
+  });
 }
 
 void conv_depthwise_requantized(const void* x, bool x_signed, const ConvShape& s, int32_t x_zp, const int16_t* w,
                                 const int32_t* bias, const float* multiplier, float a_scale, const float* b_scale,
                                 float y_scale, int32_t zp, bool y_signed, void* y, int numerics) {
-  const int64_t positions = s.positions(), C = s.C;
-  if (positions == 0 || C == 0) return;
-  const int64_t task = rows_per_task(C * 4 * std::max<int64_t>(1, s.taps() / 4));
-  const double task_ns = 0.3 * static_cast<double>(task * C * s.taps());
-  auto* range = portable::depthwise_range;
-#if QMM_CONV_AVX2
-  if (avx2_loops_usable()) range = avx2::depthwise_range;
-#endif
-  // Each task's rows in blocks of about 16 KB of int32 sums, requantized while they are in L1.
+  const int64_t C = s.C;
+  if (s.positions() == 0 || C == 0) return;
+  const DepthwiseLoop loop = depthwise_loop(s);
+  // The loop hands over blocks of about 16 KB of int32 sums, requantized while they are in L1 (its
+  // per-task setup, the weights' interleaving and the taps' placement, once per task, not per block).
+  struct Requantize {
+    const int32_t* bias;
+    const float *multiplier, *b_scale;
+    float a_scale, y_scale;
+    int32_t zp, numerics;
+    int64_t C;
+    bool y_signed;
+    void* y;
+  } params{bias, multiplier, b_scale, a_scale, y_scale, zp, numerics, C, y_signed, y};
+  auto done = [](void* context, const int32_t* sums, int64_t b0, int64_t b1) {
+    const auto& p = *static_cast<const Requantize*>(context);
+    void* out = static_cast<uint8_t*>(p.y) + b0 * p.C;  // (one byte per output)
+    requantize_range(p.numerics, sums, p.bias, 0, b1 - b0, p.C, p.multiplier, p.a_scale, p.b_scale, p.y_scale, p.zp,
+                     p.y_signed, out);
+  };
   const int64_t block = std::max<int64_t>(1, 4096 / C);
-  parallel_ranges(positions, task, tasks_worth_a_thread(task_ns), [&](int64_t, int64_t r0, int64_t r1) {
+  parallel_ranges(s.positions(), loop.task, tasks_worth_a_thread(loop.task_ns), [&](int64_t, int64_t r0, int64_t r1) {
     thread_local std::vector<int32_t> sums;
     sums.resize(static_cast<size_t>(std::min(block, r1 - r0) * C));
-    for (int64_t b0 = r0; b0 < r1; b0 += block) {
-      const int64_t b1 = std::min(r1, b0 + block);
-      range(x, x_signed, s, x_zp, w, sums.data(), b0, b1);
-      void* out = static_cast<uint8_t*>(y) + b0 * C;  // (one byte per output)
-      const float* m = multiplier;
-      if (numerics == 0)
-        requantize_task<0>(sums.data(), bias, 0, b1 - b0, C, m, a_scale, b_scale, y_scale, zp, y_signed, out);
-      else if (numerics == 1)
-        requantize_task<1>(sums.data(), bias, 0, b1 - b0, C, m, a_scale, b_scale, y_scale, zp, y_signed, out);
-      else requantize_task<2>(sums.data(), bias, 0, b1 - b0, C, m, a_scale, b_scale, y_scale, zp, y_signed, out);
-    }
+    loop.range(x, x_signed, s, x_zp, w, DepthwiseSink{sums.data(), block, done, &params}, r0, r1);
   });
 }
 
@@ -390,15 +414,8 @@ void requantize_columns(const int32_t* acc, const int32_t* bias, int64_t rows, i
   const int64_t task = rows_per_task(cols * (numerics == 2 ? 80 : 4));
   // about 0.7 ns per element (the exact numerics' 128-bit arithmetic: 40)
   const double task_ns = static_cast<double>(task * cols) * (numerics == 2 ? 40.0 : 0.7);
-  const float* m = multiplier;
   parallel_ranges(rows, task, tasks_worth_a_thread(task_ns), [&](int64_t, int64_t r0, int64_t r1) {
-    if (numerics == 0) {
-      requantize_task<0>(acc, bias, r0, r1, cols, m, a_scale, b_scale, y_scale, zp, y_signed, y);
-    } else if (numerics == 1) {
-      requantize_task<1>(acc, bias, r0, r1, cols, m, a_scale, b_scale, y_scale, zp, y_signed, y);
-    } else {
-      requantize_task<2>(acc, bias, r0, r1, cols, m, a_scale, b_scale, y_scale, zp, y_signed, y);
-    }
+    requantize_range(numerics, acc, bias, r0, r1, cols, multiplier, a_scale, b_scale, y_scale, zp, y_signed, y);
   });
 }
 

@@ -30,6 +30,15 @@ void conv_offsets(const ConvShape& s, int32_t* offsets);
 // = sum over taps of (x - x_zp) * w[tap, c], w [taps, C] already minus its zero point (int16). Taps
 // in the padding add nothing ((x_zp - x_zp) * w). x int8 (x_signed) or uint8. Over the thread pool.
 void conv_depthwise(const void* x, bool x_signed, const ConvShape& s, int32_t x_zp, const int16_t* w, int32_t* acc);
+// Where the depthwise loop (csrc/conv_loops.inc, both builds) puts a range of rows' sums: all of rows
+// [r0, r1) at acc (row r at acc + (r - r0) * C); or, with done set, blocks of up to `block` rows at acc,
+// each handed to done(context, acc, b0, b1) as soon as it is formed (then acc holds block rows).
+struct DepthwiseSink {
+  int32_t* acc;
+  int64_t block = 0;
+  void (*done)(void* context, const int32_t* sums, int64_t b0, int64_t b1) = nullptr;
+  void* context = nullptr;
+};
 // The same sums requantized as requantize_columns does (bias, multiplier, scales, zp, numerics as there)
 // into y [positions, C] (8-bit), a block of rows at a time while its sums are in cache: no int32
 // array of the whole output, no second pass. Over the thread pool.

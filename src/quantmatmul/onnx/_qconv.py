@@ -250,9 +250,11 @@ class _Conv:
         one_by_one = one_by_one and group == 1 and weight.operand is not None and weight.operand.x.shape[1] == C
         geometry = [list(spatial), out, list(kernel), strides, dilations, begin]
         rows, offsets = N * prod(out), None
-        # One group, channels in whole quads (K = taps * C unpadded), byte offsets in int32: the GEMM may
-        # read x in place through the receptive fields (qlinear_matmul_onnxruntime_taps), no im2col.
-        if group == 1 and not one_by_one and weight.depthwise is None and C % 4 == 0 and x.size < 2**31 and rows:
+        # One group, channels in whole quads (K = taps * C unpadded), byte offsets in int32, a weight packed
+        # for a kernel over receptive fields: the GEMM may read x in place (qlinear_matmul_onnxruntime_taps).
+        packed = weight.operand.packed if weight.operand is not None else None
+        in_place = packed is not None and packed.reads_receptive_fields and group == 1 and not one_by_one
+        if in_place and C % 4 == 0 and x.size < 2**31 and rows:
             offsets = np.empty((rows, prod(kernel)), np.int32)
             _core.conv_offsets([N, C, group], geometry, offsets)
             offsets.flags.writeable = False
