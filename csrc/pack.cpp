@@ -33,10 +33,10 @@ constexpr int64_t kPairsMr = 4, kPairsNr = 16;
 
 #if defined(__SSE2__)
 // Column sums of 16 columns, row by row: int16 partial sums, flushed into int32 totals before
-// 128 rows of 255 could overflow them.
+// 128 rows of 255 could overflow them. No array members: the struct stays in registers.
 struct PanelSums {
   __m128i lo16 = _mm_setzero_si128(), hi16 = _mm_setzero_si128();  // int16 partial sums, 8 columns each
-  int32_t total[16] = {};
+  __m128i t0 = _mm_setzero_si128(), t1 = t0, t2 = t0, t3 = t0;  // int32 totals, columns 0-3, 4-7, 8-11, 12-15
   int pending = 0;
 
   void add(__m128i row, bool is_signed) {
@@ -50,13 +50,22 @@ struct PanelSums {
     hi16 = _mm_add_epi16(hi16, hi);
     if (++pending == 120) flush();
   }
-  void flush() {
-    alignas(16) int16_t parts[16];
-    _mm_store_si128(reinterpret_cast<__m128i*>(parts), lo16);
-    _mm_store_si128(reinterpret_cast<__m128i*>(parts + 8), hi16);
-    for (int j = 0; j < 16; ++j) total[j] += parts[j];
+  void flush() {  // int16 lanes sign-extended to int32: unpack with themselves, shift right by 16
+    t0 = _mm_add_epi32(t0, _mm_srai_epi32(_mm_unpacklo_epi16(lo16, lo16), 16));
+    t1 = _mm_add_epi32(t1, _mm_srai_epi32(_mm_unpackhi_epi16(lo16, lo16), 16));
+    t2 = _mm_add_epi32(t2, _mm_srai_epi32(_mm_unpacklo_epi16(hi16, hi16), 16));
+    t3 = _mm_add_epi32(t3, _mm_srai_epi32(_mm_unpackhi_epi16(hi16, hi16), 16));
     lo16 = hi16 = _mm_setzero_si128();
     pending = 0;
+  }
+  // The column sums so far (flushed) into out[0 .. 16).
+  void store(int32_t* out) {
+    flush();
+    auto* o = reinterpret_cast<__m128i*>(out);
+    _mm_storeu_si128(o, t0);
+    _mm_storeu_si128(o + 1, t1);
+    _mm_storeu_si128(o + 2, t2);
+    _mm_storeu_si128(o + 3, t3);
   }
 };
 #endif
@@ -114,8 +123,8 @@ void pack_b_pairs_rows(const void* b, bool b_signed, int64_t K, int64_t N, int64
     sums.add(r0, b_signed);
     sums.add(r1, b_signed);
   }
-  sums.flush();
-  const int32_t* total = sums.total;
+  int32_t total[kPairsNr];
+  sums.store(total);
 #else
   int32_t total[kPairsNr] = {};
   for (int64_t p = p_begin; p < p_end; ++p) {
@@ -189,6 +198,10 @@ void pack_b_quads_rows(const void* b, bool b_signed, int64_t K, int64_t N, int64
   for (int64_t half = 0; half < 2; ++half) {
     const int64_t n0 = panel * 32 + half * 16;
     const int64_t cols = std::max<int64_t>(0, std::min<int64_t>(16, N - n0));
+    if (cols == 0) {  // a half past N (b of at most 16 columns): zeros, no sums
+      for (int64_t g = g_begin; g < g_end; ++g) std::memset(out + g * 128 + half * 64, 0, 64);
+      continue;
+    }
     uint8_t buffers[4][16];
 #if defined(__SSE2__)
     PanelSums sums;
@@ -212,8 +225,8 @@ void pack_b_quads_rows(const void* b, bool b_signed, int64_t K, int64_t N, int64
       _mm_storeu_si128(dst + 2, _mm_unpacklo_epi16(t01hi, t23hi));  // 8..11
       _mm_storeu_si128(dst + 3, _mm_unpackhi_epi16(t01hi, t23hi));  // 12..15
     }
-    sums.flush();
-    const int32_t* total = sums.total;
+    int32_t total[16];
+    sums.store(total);
 #else
     int32_t total[16] = {};
     const uint8_t flip = b_signed ? 0 : 0x80;

@@ -106,16 +106,19 @@ using QGemmTapsKernel = void (*)(const uint8_t* x, const int32_t* offsets, int64
 // One output row's zero-point terms in the layout's stored values (docs/quantization.md, csrc/qlinear_matmul.cpp):
 // acc[j] = raw[j] - zb[j] * t - za * colsum[j], in wrapping int32 arithmetic.
 struct RowTerms {
-  const int32_t* zb;      // per column: b's zero point + the layout's b offset; null where every one is 0
-  const int32_t* colsum;  // per column: colsum(b) + K * b offset
-  int32_t za, t;          // a's zero point + a offset; rowsum(a) + K * a offset - K * za (unused where zb is null)
+  const int32_t* zb;      // per column: zb' = b's zero point + the layout's b offset; null where all are one value
+  const int32_t* colsum;  // per column: colsum(b) + K * b offset (times za', where za is 1)
+  // za: a's zero point + a offset (1 where colsum holds the product); t: the row's term rowsum(a) + K *
+  // a offset - K * za', which each column multiplies by its zb', or, where zb is null, that product
+  // already (every column's zb' alike; 0 where they are 0). acc = raw - zb' * t - za * colsum.
+  int32_t za, t;
 };
 
 // y[j] = saturate(rne(max/min-clamped(f32(acc[j]) * multiplier[j])) + zp[j]) for j < count, acc
 // the raw kernel sums with the row's zero-point terms (RowTerms): the ONNX Runtime epilogue of
 // csrc/requantize.h, vectorized, in one pass over the row.
 static inline int32_t row_terms_applied(const int32_t* raw, const RowTerms& terms, int64_t j) {
-  const uint32_t zb = terms.zb ? static_cast<uint32_t>(terms.zb[j]) : 0;
+  const uint32_t zb = terms.zb ? static_cast<uint32_t>(terms.zb[j]) : 1;
   const uint32_t wrapped = static_cast<uint32_t>(raw[j]) - zb * static_cast<uint32_t>(terms.t) -
                            static_cast<uint32_t>(terms.za) * static_cast<uint32_t>(terms.colsum[j]);
   return static_cast<int32_t>(wrapped);

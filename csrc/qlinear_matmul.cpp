@@ -116,11 +116,22 @@ int64_t row_sum(const uint8_t* row, int64_t K, bool is_signed) {
 
 template <class Acc>
 using TermsOf = std::conditional_t<std::is_same_v<Acc, int64_t>, RowTerms64, RowTerms>;
+
+// A task's buffers, one set per thread, fetched once per task (not once per vector and block).
+template <class Acc>
+struct TaskScratch {
+  std::vector<int32_t> c32;
+  std::vector<int64_t> c64, rowsums;
+  std::vector<Acc> zb_stored, colsum_stored;
+  std::vector<TermsOf<Acc>> row_terms;
+  std::vector<int8_t> b_block;  // b's panels, packed per call
+  std::vector<int32_t> b_colsum;
+};
 inline int32_t terms_applied(const int32_t* raw, const RowTerms& terms, int64_t j) {
   return row_terms_applied(raw, terms, j);
 }
 inline int64_t terms_applied(const int64_t* raw, const RowTerms64& terms, int64_t j) {
-  return raw[j] - (terms.zb ? terms.zb[j] * terms.t : 0) - terms.za * terms.colsum[j];
+  return raw[j] - (terms.zb ? terms.zb[j] * terms.t : terms.t) - terms.za * terms.colsum[j];
 }
 
 // The entry a call runs on, read once: the one in use, unless b was packed in a layout it does not
@@ -253,18 +264,21 @@ void accumulate(const QGemmDispatch& q, const QGemmProblem& p, Epilogue&& epilog
     }
   }
   const int32_t* a_packed_data = a_in_place ? static_cast<const int32_t*>(p.a) : a_buffer;
-  std::vector<int64_t> rowsums(need_rowsums ? static_cast<size_t>(a_count * M) : 0);  // (t unused without)
+  // The row sums, where needed: with the packing (below), or by each task for its own rows where a is
+  // read in place (no job of its own to wake the helpers for: a row sum is one addition per byte of a
+  // row that the task then multiplies by a block of columns).
+  std::vector<int64_t> rowsums(need_rowsums && !a_in_place ? static_cast<size_t>(a_count * M) : 0);
   // Tasks of one row group each (at M = 128, blocks of 64 rows gave the AMX layout's packing two
   // threads of 16), worth a thread at about 1 byte per nanosecond.
   const int64_t a_groups = (M + mr - 1) / mr;
-  if (!a_in_place || need_rowsums)
+  if (!a_in_place)
     parallel_for(
         a_count * a_groups,
         [&](int64_t task) {
           const int64_t ia = task / a_groups, m0 = task % a_groups * mr;
           const int64_t rows = std::min(mr, M - m0);
           const auto* a_bytes = static_cast<const uint8_t*>(p.a) + (ia * M + m0) * K;
-          if (!a_in_place) q.pack_a(a_bytes, p.a_signed, rows, K, K, a_buffer + (ia * m_padded + m0) * a_row);
+          q.pack_a(a_bytes, p.a_signed, rows, K, K, a_buffer + (ia * m_padded + m0) * a_row);
           if (need_rowsums)
             for (int64_t r = 0; r < rows; ++r) rowsums[ia * M + m0 + r] = row_sum(a_bytes + r * K, K, p.a_signed);
         },
@@ -272,20 +286,27 @@ void accumulate(const QGemmDispatch& q, const QGemmProblem& p, Epilogue&& epilog
 
   // One block of the output: rows [m0, m0 + rows) x panels [panel0, panel0 + panels) of matrix bt,
   // given those panels of b packed at b_panels (panel stride panel_bytes) and their column sums.
-  auto compute_block = [&](int64_t bt, int64_t m0, int64_t panel0, const int8_t* b_panels, const int32_t* colsum) {
+  auto compute_block = [&](TaskScratch<Acc>& scratch, int64_t bt, int64_t m0, int64_t panel0, const int8_t* b_panels,
+                           const int32_t* colsum) {
+    auto &c32 = scratch.c32, &block_rowsums = scratch.rowsums;
+    auto& c64 = scratch.c64;
+    auto &zb_stored = scratch.zb_stored, &colsum_stored = scratch.colsum_stored;
+    auto& row_terms = scratch.row_terms;
     const int64_t rows = std::min(block_rows, M - m0);
     const int64_t panels = std::min(panels_per_task, panels_total - panel0);
     const int64_t n0 = panel0 * nr, cols = std::min(panels * nr, N - n0);
     const int64_t ia = p.a_index[bt], ib = p.b_index[bt];
     const int64_t ldc = panels * nr;
     const int32_t* a_block = a_packed_data + (ia * m_padded + m0) * a_row;
-    const int64_t* rowsum = need_rowsums ? rowsums.data() + ia * M + m0 : nullptr;
+    const int64_t* rowsum = need_rowsums && !a_in_place ? rowsums.data() + ia * M + m0 : nullptr;
+    if (need_rowsums && a_in_place) {
+      block_rowsums.resize(static_cast<size_t>(rows));
+      const auto* a_bytes = static_cast<const uint8_t*>(p.a) + (ia * M + m0) * K;
+      for (int64_t r = 0; r < rows; ++r) block_rowsums[r] = row_sum(a_bytes + r * K, K, p.a_signed);
+      rowsum = block_rowsums.data();
+    }
 
     if (q.begin_task) q.begin_task();
-    thread_local std::vector<int32_t> c32;
-    thread_local std::vector<int64_t> c64;
-    thread_local std::vector<Acc> zb_stored, colsum_stored;
-    thread_local std::vector<TermsOf<Acc>> row_terms;
     c32.resize(static_cast<size_t>(rows * ldc));
     if (kExact) c64.assign(static_cast<size_t>(rows * ldc), 0);
     if (a_taps) {  // all of K in one call per row group and panel
@@ -310,14 +331,17 @@ void accumulate(const QGemmDispatch& q, const QGemmProblem& p, Epilogue&& epilog
         for (int64_t i = 0; i < rows * ldc; ++i) c64[i] += c32[i];
     }
     // The zero-point terms, in Acc: wrapped to int32 (the epilogue's arithmetic wraps), exact in int64.
-    // A column bias (int32 sums only) joins them: where every row of the block has the same za' (a
-    // per-tensor zero point: every convolution), the column term -za' * colsum(b') + bias is formed
-    // once per column, with za' then 1 in the row terms; else the bias is added to the sums here.
+    // Where every row of the block has the same za' (a per-tensor zero point: every convolution, most
+    // products), the column term za' * colsum(b') is formed once per column, with za' then 1 in the
+    // row terms (no multiply per output in the epilogue); a column bias (int32 sums only) joins it
+    // there, else it is added to the sums here. Where every column has the same zb' (a per-tensor
+    // zero point), the row term zb' * t is formed once per row (RowTerms' zb null).
     const int32_t* b_zp = p.b_zero_point + ib * N + n0;
     const int32_t* bias = p.column_bias ? p.column_bias + ib * N + n0 : nullptr;
     const int32_t* a_zp = p.a_zero_point + ia * M + m0;
-    const bool fold_bias = bias && std::all_of(a_zp, a_zp + rows, [&](int32_t z) { return z == a_zp[0]; });
-    if (bias && !fold_bias) {  // (added as the int32 sums add: wrapping, through uint32)
+    const bool uniform_za = std::all_of(a_zp, a_zp + rows, [&](int32_t z) { return z == a_zp[0]; });
+    const bool uniform_zb = std::all_of(b_zp, b_zp + cols, [&](int32_t z) { return z == b_zp[0]; });
+    if (bias && !uniform_za) {  // (added as the int32 sums add: wrapping, through uint32)
       for (int64_t r = 0; r < rows; ++r) {
         int32_t* c = c32.data() + r * ldc;
         for (int64_t j = 0; j < cols; ++j)
@@ -327,49 +351,60 @@ void accumulate(const QGemmDispatch& q, const QGemmProblem& p, Epilogue&& epilog
     zb_stored.resize(static_cast<size_t>(cols));
     colsum_stored.resize(static_cast<size_t>(cols));
     auto wrap = [](int64_t x) { return static_cast<Acc>(static_cast<std::make_unsigned_t<Acc>>(x)); };
-    const int64_t za0 = int64_t{a_zp[0]} + oa;
+    const int64_t za0 = int64_t{a_zp[0]} + oa, zb0 = int64_t{b_zp[0]} + ob;
     for (int64_t j = 0; j < cols; ++j) {
       zb_stored[j] = wrap(int64_t{b_zp[j]} + ob);
       colsum_stored[j] = wrap(int64_t{colsum[j]} + K * ob);
       // (wrapping: za' * colsum(b') - bias modulo 2^32, as the epilogue's za' * colsum and + bias would give)
-      if (fold_bias) colsum_stored[j] = wrap(za0 * int64_t{colsum_stored[j]} - bias[j]);
+      if (uniform_za) colsum_stored[j] = wrap(za0 * int64_t{colsum_stored[j]} - (bias ? bias[j] : 0));
     }
     row_terms.resize(static_cast<size_t>(rows));
     for (int64_t r = 0; r < rows; ++r) {
       const int64_t za = int64_t{a_zp[r]} + oa;
-      row_terms[r] = {need_rowsums ? zb_stored.data() : nullptr, colsum_stored.data(), fold_bias ? Acc{1} : wrap(za),
-                      wrap((rowsum ? rowsum[r] : 0) + K * oa - K * za)};
+      // t = rowsum(a') - K * za'; without row sums every zb' is 0, and so is the row's term
+      const Acc t = need_rowsums ? wrap(rowsum[r] + K * oa - K * za) : Acc{0};
+      const bool per_column = need_rowsums && !uniform_zb;
+      row_terms[r] = {per_column ? zb_stored.data() : nullptr, colsum_stored.data(), uniform_za ? Acc{1} : wrap(za),
+                      per_column ? t : wrap(zb0 * int64_t{t})};
     }
     if constexpr (kExact) epilogue(bt, m0, rows, n0, cols, c64.data(), ldc, row_terms.data());
     else epilogue(bt, m0, rows, n0, cols, c32.data(), ldc, row_terms.data());
   };
 
-  parallel_for(
-      have * runs,
-      [&](int64_t task) {
-        const int64_t bt = task / (col_blocks * runs), ib = p.b_index[bt];
-        const int64_t panel0 = (task / runs) % col_blocks * panels_per_task;
-        const int64_t block0 = task % runs * run_blocks, block1 = std::min(row_blocks, block0 + run_blocks);
-        const int8_t* b_panels;
-        const int32_t* colsum;
-        if (p.b_packed) {
-          b_panels = p.b_packed->matrix(ib) + panel0 * panel_bytes;
-          colsum = p.b_packed->colsum.data() + ib * N + panel0 * nr;
-        } else {
-          thread_local std::vector<int8_t> b_block;
-          thread_local std::vector<int32_t> b_colsum;
-          const int64_t panels = std::min(panels_per_task, panels_total - panel0);
-          b_block.resize(static_cast<size_t>(panels * panel_bytes));
-          b_colsum.resize(static_cast<size_t>(N));
-          const auto* b_matrix = static_cast<const uint8_t*>(p.b_raw) + ib * K * N;
-          q.pack_b_panels(b_matrix, b_signed, K, N, panel0, panel0 + panels, b_block.data(), b_colsum.data());
-          b_panels = b_block.data();
-          colsum = b_colsum.data() + panel0 * nr;
-        }
-        for (int64_t block = block0; block < block1; ++block)
-          compute_block(bt, block * block_rows, panel0, b_panels, colsum);
-      },
-      tasks_worth_a_thread(task_ns));
+  // Tasks of less than about 2 us (attention's batches of small products: 96 of 16 x 32 x 16) come
+  // in runs of several per pool task, keeping 4 pool tasks per thread where there are that many.
+  const int64_t tasks = have * runs;
+  const int64_t per_pool_task = std::clamp<int64_t>(
+      std::min<int64_t>(static_cast<int64_t>(2000.0 / std::max(task_ns, 1.0)), tasks / (4 * threads)), 1, tasks);
+  auto run_task = [&](TaskScratch<Acc>& scratch, int64_t task) {
+    const int64_t bt = task / (col_blocks * runs), ib = p.b_index[bt];
+    const int64_t panel0 = (task / runs) % col_blocks * panels_per_task;
+    const int64_t block0 = task % runs * run_blocks, block1 = std::min(row_blocks, block0 + run_blocks);
+    const int8_t* b_panels;
+    const int32_t* colsum;
+    if (p.b_packed) {
+      b_panels = p.b_packed->matrix(ib) + panel0 * panel_bytes;
+      colsum = p.b_packed->colsum.data() + ib * N + panel0 * nr;
+    } else {
+      const int64_t panels = std::min(panels_per_task, panels_total - panel0);
+      scratch.b_block.resize(static_cast<size_t>(panels * panel_bytes));
+      scratch.b_colsum.resize(static_cast<size_t>(N));
+      const auto* b_matrix = static_cast<const uint8_t*>(p.b_raw) + ib * K * N;
+      q.pack_b_panels(b_matrix, b_signed, K, N, panel0, panel0 + panels, scratch.b_block.data(),
+                      scratch.b_colsum.data());
+      b_panels = scratch.b_block.data();
+      colsum = scratch.b_colsum.data() + panel0 * nr;
+    }
+    for (int64_t block = block0; block < block1; ++block)
+      compute_block(scratch, bt, block * block_rows, panel0, b_panels, colsum);
+  };
+  parallel_for((tasks + per_pool_task - 1) / per_pool_task,
+               [&](int64_t pool_task) {
+                 thread_local TaskScratch<Acc> scratch;
+                 const int64_t t0 = pool_task * per_pool_task, t1 = std::min(tasks, t0 + per_pool_task);
+                 for (int64_t task = t0; task < t1; ++task) run_task(scratch, task);
+               },
+               tasks_worth_a_thread(task_ns * static_cast<double>(per_pool_task)));
 }
 
 // Runs the accumulation (Acc: see accumulate) and writes requantize(acc, b, m, n, zp, qmin, qmax)

@@ -131,8 +131,8 @@ void kernel_avx2(const int32_t* a, int64_t, int64_t rows, const int8_t* b_panel,
   else kernel_avx2_t<false>(a, rows, b_panel, p0, p1, accumulate, c, ldc);
 }
 
-// Zb null (every column's zb' 0) drops a multiply per lane, za' = 1 another, and a row of one output
-// zero point has its clamp bounds formed once, as in requantize_avx512.inc.
+// Zb null (every column's zb' alike: t holds zb' * t) drops a multiply per lane, za' = 1 another, and a row of one
+// output zero point has its clamp bounds formed once, as in requantize_avx512.inc.
 template <bool WithZb, bool UnitZa, bool UniformZp>
 void requantize_row_avx2_t(const int32_t* raw, const RowTerms& terms, const float* multiplier, const int32_t* zp,
                            int64_t count, bool y_signed, void* y) {
@@ -150,7 +150,7 @@ void requantize_row_avx2_t(const int32_t* raw, const RowTerms& terms, const floa
     auto load = [&](const int32_t* p) { return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p + j)); };
     const __m256i cs = load(colsum);
     __m256i acc = _mm256_sub_epi32(load(raw), UnitZa ? cs : _mm256_mullo_epi32(za, cs));
-    if constexpr (WithZb) acc = _mm256_sub_epi32(acc, _mm256_mullo_epi32(load(zb), t));  // wrapping
+    acc = _mm256_sub_epi32(acc, WithZb ? _mm256_mullo_epi32(load(zb), t) : t);  // wrapping
     const __m256i z = UniformZp ? z0 : load(zp);
     const __m256 lo = UniformZp ? lo0 : _mm256_cvtepi32_ps(_mm256_sub_epi32(vqmin, z));
     const __m256 hi = UniformZp ? hi0 : _mm256_cvtepi32_ps(_mm256_sub_epi32(vqmax, z));
