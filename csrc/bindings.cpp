@@ -13,6 +13,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdlib>
+#include <numeric>
 #include <optional>
 #include <stdexcept>
 #include <string>
@@ -465,6 +466,40 @@ void bind_qlinear_matmul(nb::module_& m) {
   m.def("qlinear_matmul_2d_per_tensor", [](const In& a, bool a_signed, int32_t a_zp, nb::handle b, bool b_signed,
                                            int32_t b_zp, float multiplier, int32_t y_zp, bool y_signed) {
     return qlinear_matmul_2d(a, a_signed, a_zp, b, b_signed, &b_zp, true, &multiplier, true, y_zp, y_signed);
+  });
+
+  // Batches of products with every parameter per tensor, a [B, M, K] and b [B, K, N] contiguous
+  // (attention's): y [B, M, N], the index maps and zero-point arrays built here, not in Python.
+  m.def("qlinear_matmul_batched_per_tensor", [](const In& a, bool a_signed, int32_t a_zp, const In& b, bool b_signed,
+                                                int32_t b_zp, float multiplier, int32_t y_zp, bool y_signed) {
+    if (a.ndim() != 3 || b.ndim() != 3 || b.shape(0) != a.shape(0) || b.shape(1) != a.shape(2))
+      throw std::invalid_argument("qlinear_matmul_batched_per_tensor: a [B, M, K] and b [B, K, N] expected");
+    const int64_t B = static_cast<int64_t>(a.shape(0)), M = static_cast<int64_t>(a.shape(1));
+    const int64_t K = static_cast<int64_t>(a.shape(2)), N = static_cast<int64_t>(b.shape(2));
+    NewArray<uint8_t> y({B, M, N});
+    {
+      nb::gil_scoped_release release;
+      std::vector<int64_t> index(static_cast<size_t>(B));
+      std::iota(index.begin(), index.end(), int64_t{0});
+      std::vector<int32_t> a_zps(static_cast<size_t>(B * M), a_zp), b_zps(static_cast<size_t>(B * N), b_zp);
+      qmm::QGemmProblem p{B,
+                          M,
+                          N,
+                          K,
+                          a.data(),
+                          a_signed,
+                          index.data(),
+                          a_zps.data(),
+                          nullptr,
+                          b.data(),
+                          b_signed,
+                          index.data(),
+                          b_zps.data()};
+      const qmm::View3<float> mult_view{&multiplier, 0, 0, 0};
+      const qmm::View3<int32_t> zp_view{&y_zp, 0, 0, 0};
+      qmm::qlinear_matmul_onnxruntime(p, mult_view, {y.data(), y_signed, zp_view});
+    }
+    return y.array(y_signed ? nb::dtype<int8_t>() : nb::dtype<uint8_t>());
   });
 
   m.def("qlinear_matmul_exact", [](const In& a, bool a_signed, const In& a_index, const In& a_zp, nb::handle b,

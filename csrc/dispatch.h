@@ -57,6 +57,8 @@ struct QGemmDispatch {
   // The kernel over a table of receptive fields (csrc/qgemm.h), where the entry has one (null: the
   // driver's caller forms the im2col instead).
   QGemmTapsKernel kernel_taps = nullptr;
+  // Small products read in place (csrc/qgemm.h), where the entry has them (null: always packed).
+  QGemmSmallProduct small_product = nullptr;
 };
 
 struct NBitsDispatch {

@@ -77,6 +77,16 @@ bool needs_row_sums(const QGemmProblem& p, int32_t ob) {
   return std::any_of(p.b_zero_point, p.b_zero_point + b_count * p.N, [&](int32_t z) { return z + ob != 0; });
 }
 
+// Whether every zero point lies in its 8-bit operand's range (a small product's differences then fit int16).
+bool zero_points_in_range(const int32_t* zp, int64_t count, bool is_signed) {
+  const int32_t lo = is_signed ? -128 : 0, hi = is_signed ? 127 : 255;
+  return std::all_of(zp, zp + count, [&](int32_t z) { return z >= lo && z <= hi; });
+}
+
+// Products of at most this many multiply-adds per matrix (with K and N within the small-product kernels'
+// limits) go to the entry's small_product (csrc/qgemm.h) where b comes per call.
+constexpr int64_t kSmallProductWork = int64_t{1} << 16;
+
 }  // namespace
 
 bool taps_usable(const QGemmDispatch& q, bool a_signed, bool need_rowsums, int64_t batch, int64_t K, int64_t taps) {
@@ -180,6 +190,16 @@ void accumulate(const QGemmDispatch& q, const QGemmProblem& p, Epilogue&& epilog
   const int64_t panels_total = L.n_panels(N);
   const int64_t panel_bytes = L.panel_bytes(K);
   const int64_t threads = get_num_threads();
+  const int64_t a_count = *std::max_element(p.a_index, p.a_index + p.batch) + 1;
+  const int64_t b_count = *std::max_element(p.b_index, p.b_index + p.batch) + 1;
+  // Small products with b per call (attention's batches, 16 x 32 x 16 each): the entry's small_product
+  // reads a and b in place, zero points first, no packing, no row or column sums; a matrix's rows in
+  // one block (its b's k-pairs formed once).
+  const bool small = !kExact && q.small_product && !p.b_packed && !p.a_offsets && K <= kSmallProductMaxK &&
+                     N <= kSmallProductMaxCols && M * K * N <= kSmallProductWork &&
+                     zero_points_in_range(p.a_zero_point, a_count * M, p.a_signed) &&
+                     zero_points_in_range(p.b_zero_point, b_count * N, p.b_signed);
+  if (small) block_rows = M;
   // Panels per task: the layout's cache-sized block of b; with b given per call, fewer where that
   // leaves a thread that the call's work is worth (20 us each at about 100 multiply-adds per
   // nanosecond, as below) without a column block: each such task packs its own columns, and at
@@ -233,15 +253,14 @@ void accumulate(const QGemmDispatch& q, const QGemmProblem& p, Epilogue&& epilog
   // packed form (a row-major layout, a stored as given, K whole k-groups: the common uint8 a x int8 b
   // on the VNNI layout), and the row sums only where a column's zb' = zb + ob is not 0 (they are
   // multiplied by it: an int8 b with zero point 0, the usual weight, needs none).
-  const int64_t a_count = *std::max_element(p.a_index, p.a_index + p.batch) + 1;
-  const bool need_rowsums = needs_row_sums(p, ob);
+  const bool need_rowsums = !small && needs_row_sums(p, ob);
   // A read through a table of receptive fields (a convolution without an im2col): the entry's
   // kernel_taps reads it in place, no packing and no row sums (its caller checks taps_usable()).
   const bool a_taps = p.a_offsets != nullptr;
   if (a_taps && (kExact || !taps_usable(q, p.a_signed, need_rowsums, p.batch, K, p.a_taps)))
     throw std::logic_error("a table of receptive fields on an entry that cannot read it");
   const bool a_in_place =
-      a_taps || (L.a_row_major && oa == 0 && K % L.kc == 0 && reinterpret_cast<uintptr_t>(p.a) % 4 == 0);
+      small || a_taps || (L.a_row_major && oa == 0 && K % L.kc == 0 && reinterpret_cast<uintptr_t>(p.a) % 4 == 0);
   const int64_t m_padded = a_in_place ? M : (M + mr - 1) / mr * mr;
   // Uninitialized: pack_a writes every int32 the kernels read (padding rows too where they read
   // them). Kept by the calling thread for its next call (up to 64 MiB): a fresh buffer per call
@@ -306,9 +325,16 @@ void accumulate(const QGemmDispatch& q, const QGemmProblem& p, Epilogue&& epilog
       rowsum = block_rowsums.data();
     }
 
+    const int32_t* b_zp = p.b_zero_point + ib * N + n0;
+    const int32_t* bias = p.column_bias ? p.column_bias + ib * N + n0 : nullptr;
+    const int32_t* a_zp = p.a_zero_point + ia * M + m0;
     if (q.begin_task) q.begin_task();
     c32.resize(static_cast<size_t>(rows * ldc));
     if (kExact) c64.assign(static_cast<size_t>(rows * ldc), 0);
+    if (small)
+      q.small_product(static_cast<const uint8_t*>(p.a) + (ia * M + m0) * K, p.a_signed, K, a_zp,
+                      static_cast<const uint8_t*>(p.b_raw) + ib * K * N + n0, b_signed, N, b_zp, rows, K, cols,
+                      c32.data(), ldc);
     if (a_taps) {  // all of K in one call per row group and panel
       for (int64_t j = 0; j < panels; ++j)
         for (int64_t r0 = 0; r0 < rows; r0 += mr)
@@ -316,7 +342,7 @@ void accumulate(const QGemmDispatch& q, const QGemmProblem& p, Epilogue&& epilog
                         std::min(mr, rows - r0), groups / p.a_taps, b_panels + j * panel_bytes,
                         c32.data() + r0 * ldc + j * nr, ldc);
     }
-    for (int64_t c0 = 0; !a_taps && c0 < std::max<int64_t>(groups, 1); c0 += groups_per_chunk) {
+    for (int64_t c0 = 0; !a_taps && !small && c0 < std::max<int64_t>(groups, 1); c0 += groups_per_chunk) {
       const int64_t c1 = std::min(groups, c0 + groups_per_chunk);
       int64_t g0 = c0;
       do {  // at least once: K = 0 still writes C
@@ -330,42 +356,45 @@ void accumulate(const QGemmDispatch& q, const QGemmProblem& p, Epilogue&& epilog
       if (kExact)
         for (int64_t i = 0; i < rows * ldc; ++i) c64[i] += c32[i];
     }
-    // The zero-point terms, in Acc: wrapped to int32 (the epilogue's arithmetic wraps), exact in int64.
-    // Where every row of the block has the same za' (a per-tensor zero point: every convolution, most
-    // products), the column term za' * colsum(b') is formed once per column, with za' then 1 in the
-    // row terms (no multiply per output in the epilogue); a column bias (int32 sums only) joins it
-    // there, else it is added to the sums here. Where every column has the same zb' (a per-tensor
-    // zero point), the row term zb' * t is formed once per row (RowTerms' zb null).
-    const int32_t* b_zp = p.b_zero_point + ib * N + n0;
-    const int32_t* bias = p.column_bias ? p.column_bias + ib * N + n0 : nullptr;
-    const int32_t* a_zp = p.a_zero_point + ia * M + m0;
-    const bool uniform_za = std::all_of(a_zp, a_zp + rows, [&](int32_t z) { return z == a_zp[0]; });
-    const bool uniform_zb = std::all_of(b_zp, b_zp + cols, [&](int32_t z) { return z == b_zp[0]; });
-    if (bias && !uniform_za) {  // (added as the int32 sums add: wrapping, through uint32)
-      for (int64_t r = 0; r < rows; ++r) {
-        int32_t* c = c32.data() + r * ldc;
-        for (int64_t j = 0; j < cols; ++j)
-          c[j] = static_cast<int32_t>(static_cast<uint32_t>(c[j]) + static_cast<uint32_t>(bias[j]));
-      }
-    }
-    zb_stored.resize(static_cast<size_t>(cols));
-    colsum_stored.resize(static_cast<size_t>(cols));
     auto wrap = [](int64_t x) { return static_cast<Acc>(static_cast<std::make_unsigned_t<Acc>>(x)); };
-    const int64_t za0 = int64_t{a_zp[0]} + oa, zb0 = int64_t{b_zp[0]} + ob;
-    for (int64_t j = 0; j < cols; ++j) {
-      zb_stored[j] = wrap(int64_t{b_zp[j]} + ob);
-      colsum_stored[j] = wrap(int64_t{colsum[j]} + K * ob);
-      // (wrapping: za' * colsum(b') - bias modulo 2^32, as the epilogue's za' * colsum and + bias would give)
-      if (uniform_za) colsum_stored[j] = wrap(za0 * int64_t{colsum_stored[j]} - (bias ? bias[j] : 0));
-    }
-    row_terms.resize(static_cast<size_t>(rows));
-    for (int64_t r = 0; r < rows; ++r) {
-      const int64_t za = int64_t{a_zp[r]} + oa;
-      // t = rowsum(a') - K * za'; without row sums every zb' is 0, and so is the row's term
-      const Acc t = need_rowsums ? wrap(rowsum[r] + K * oa - K * za) : Acc{0};
-      const bool per_column = need_rowsums && !uniform_zb;
-      row_terms[r] = {per_column ? zb_stored.data() : nullptr, colsum_stored.data(), uniform_za ? Acc{1} : wrap(za),
-                      per_column ? t : wrap(zb0 * int64_t{t})};
+    if (small) {  // the sums are final: the bias (if any) is the column term, with za 1, and no row term
+      colsum_stored.resize(static_cast<size_t>(cols));
+      for (int64_t j = 0; j < cols; ++j) colsum_stored[j] = bias ? wrap(-int64_t{bias[j]}) : Acc{0};
+      row_terms.assign(static_cast<size_t>(rows), TermsOf<Acc>{nullptr, colsum_stored.data(), Acc{1}, Acc{0}});
+    } else {
+      // The zero-point terms, in Acc: wrapped to int32 (the epilogue's arithmetic wraps), exact in int64.
+      // Where every row of the block has the same za' (a per-tensor zero point: every convolution, most
+      // products), the column term za' * colsum(b') is formed once per column, with za' then 1 in the
+      // row terms (no multiply per output in the epilogue); a column bias (int32 sums only) joins it
+      // there, else it is added to the sums here. Where every column has the same zb' (a per-tensor
+      // zero point), the row term zb' * t is formed once per row (RowTerms' zb null).
+      const bool uniform_za = std::all_of(a_zp, a_zp + rows, [&](int32_t z) { return z == a_zp[0]; });
+      const bool uniform_zb = std::all_of(b_zp, b_zp + cols, [&](int32_t z) { return z == b_zp[0]; });
+      if (bias && !uniform_za) {  // (added as the int32 sums add: wrapping, through uint32)
+        for (int64_t r = 0; r < rows; ++r) {
+          int32_t* c = c32.data() + r * ldc;
+          for (int64_t j = 0; j < cols; ++j)
+            c[j] = static_cast<int32_t>(static_cast<uint32_t>(c[j]) + static_cast<uint32_t>(bias[j]));
+        }
+      }
+      zb_stored.resize(static_cast<size_t>(cols));
+      colsum_stored.resize(static_cast<size_t>(cols));
+      const int64_t za0 = int64_t{a_zp[0]} + oa, zb0 = int64_t{b_zp[0]} + ob;
+      for (int64_t j = 0; j < cols; ++j) {
+        zb_stored[j] = wrap(int64_t{b_zp[j]} + ob);
+        colsum_stored[j] = wrap(int64_t{colsum[j]} + K * ob);
+        // (wrapping: za' * colsum(b') - bias modulo 2^32, as the epilogue's za' * colsum and + bias would give)
+        if (uniform_za) colsum_stored[j] = wrap(za0 * int64_t{colsum_stored[j]} - (bias ? bias[j] : 0));
+      }
+      row_terms.resize(static_cast<size_t>(rows));
+      for (int64_t r = 0; r < rows; ++r) {
+        const int64_t za = int64_t{a_zp[r]} + oa;
+        // t = rowsum(a') - K * za'; without row sums every zb' is 0, and so is the row's term
+        const Acc t = need_rowsums ? wrap(rowsum[r] + K * oa - K * za) : Acc{0};
+        const bool per_column = need_rowsums && !uniform_zb;
+        row_terms[r] = {per_column ? zb_stored.data() : nullptr, colsum_stored.data(), uniform_za ? Acc{1} : wrap(za),
+                        per_column ? t : wrap(zb0 * int64_t{t})};
+      }
     }
     if constexpr (kExact) epilogue(bt, m0, rows, n0, cols, c64.data(), ldc, row_terms.data());
     else epilogue(bt, m0, rows, n0, cols, c32.data(), ldc, row_terms.data());
@@ -385,6 +414,9 @@ void accumulate(const QGemmDispatch& q, const QGemmProblem& p, Epilogue&& epilog
     if (p.b_packed) {
       b_panels = p.b_packed->matrix(ib) + panel0 * panel_bytes;
       colsum = p.b_packed->colsum.data() + ib * N + panel0 * nr;
+    } else if (small) {  // read in place by the small products
+      b_panels = nullptr;
+      colsum = nullptr;
     } else {
       const int64_t panels = std::min(panels_per_task, panels_total - panel0);
       scratch.b_block.resize(static_cast<size_t>(panels * panel_bytes));

@@ -101,6 +101,36 @@ def test_uint8_a_read_in_place_and_row_sums_skipped(isa):
                                       oracle.onnxruntime(*args)), context
 
 
+def test_small_products_read_in_place_match_the_oracles(isa):
+    """Products of at most 2^16 multiply-adds a matrix with K <= 128 and N <= 64 and b per call take the
+    entry's small-product kernels (a and b read in place, zero points subtracted first: vpdpwssd on
+    AVX-512, vpmaddwd on AVX2, no packing, no row or column sums). Their edges against the oracle: K
+    odd, 1 and 128 (and 129, past the limit: the packed path), N across the 16- and 8-column strips up
+    to 64 (and 65), rows not a multiple of 4; every signedness with operands and zero points at the
+    types' ends; a zero point per row of a and per column of b; batches through the per-tensor path
+    (attention's products); and the same b as a constant weight (packed) gives the same bits."""
+    rng = np.random.default_rng(sum(map(ord, isa)) + 11)
+    shapes = [(1, 1, 1), (3, 2, 15), (4, 31, 16), (5, 127, 17), (7, 128, 64), (13, 33, 63), (6, 129, 8), (2, 64, 65),
+              (17, 16, 33)]
+    for (M, K, N), combo in zip(shapes * 2, COMBOS * 3):
+        a_t, b_t, y_t = combo
+        for extreme in (False, True):
+            a, a_s, a_zp, b, b_s, b_zp, y_s, y_zp = random_problem(rng, combo, M, K, N, per_column=True, extreme=extreme)
+            per_row_zp = random_problem(rng, combo, M, 1, 1, extreme=extreme)[0]  # [M, 1]
+            cases = [
+                (a, a_s, a_zp, b, b_s, b_zp, y_s, y_zp),
+                (a, np.full((M, 1), a_s, f32), per_row_zp, b, b_s, b_zp, y_s, y_zp),
+                (np.stack([a, a[::-1]]), a_s, a_zp, np.stack([b, b[::-1]]), b_s[0], b_zp[0], y_s, y_zp),
+            ]
+            for args in cases:
+                context = (isa, M, K, N, combo, extreme, np.ndim(args[2]), args[0].ndim)
+                expected = oracle.onnxruntime(*args)
+                assert np.array_equal(qm.qlinear_matmul(*args), expected), context
+                if args[0].ndim == 2:
+                    packed = qm.QLinearMatMul(args[3], args[4], args[5])
+                    assert np.array_equal(packed(*args[:3], *args[6:]), expected), context
+
+
 def test_deep_k_wraps_identically_on_every_path(isa):
     """K = 70001 > 2^16 pairs: the kernels' int32 chunks must fold into the same wrapped/exact sums."""
     K = 70001

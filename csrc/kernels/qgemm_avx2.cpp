@@ -11,6 +11,7 @@
 // any signedness (|pair| <= 65280), unlike vpmaddubsw, whose int16 pair sums saturate.
 #include <immintrin.h>
 
+#include <algorithm>
 #include <cstring>
 
 #include "dispatch.h"
@@ -238,6 +239,9 @@ void sgemm_rows_avx2(const float* a, const float* b_panels, float* y, int64_t ld
   }
 }
 
+#include "small_product_a.inc"
+#include "small_product_avx2.inc"
+
 constexpr EntryInfo kInfo = {.name = "avx2", .isa = Isa::kAvx2, .needs = kAvx2Features, .emulated = false};
 
 const QGemmDispatch kQGemm = {
@@ -248,6 +252,7 @@ const QGemmDispatch kQGemm = {
     .kernel = kernel_avx2,
     .requantize_onnxruntime = requantize_row_avx2,
     .begin_task = nullptr,
+    .small_product = small_product_avx2,
 };
 const NBitsDispatch kNBits = {
     .info = kInfo,

@@ -18,7 +18,9 @@
 // portable AVX-512 intrinsics for the tests on CPUs without AVX-512.
 #include "avx512_intrinsics.h"
 
+#include <algorithm>
 #include <cstdint>
+#include <cstring>
 
 #include "dispatch.h"
 #include "nbits_avx2.h"
@@ -49,6 +51,8 @@ void kernel_vnni_taps(const uint8_t* x, const int32_t* offsets, int64_t taps, co
 }
 
 #include "requantize_avx512.inc"
+#include "small_product_a.inc"
+#include "small_product_avx512.inc"
 
 #if defined(QMM_EMULATED)
 constexpr EntryInfo kInfo = {.name = "avx512_vnni", .isa = Isa::kAvx512Vnni, .needs = kAvx2Features, .emulated = true};
@@ -66,6 +70,7 @@ const QGemmDispatch kQGemm = {
     .requantize_onnxruntime = requantize_row_avx512,
     .begin_task = nullptr,
     .kernel_taps = kernel_vnni_taps,
+    .small_product = small_product_avx512,
 };
 
 // MatMulNBits: level 4 on vpdpbusd (nbits_int8_avx512vnni.cpp), levels 0-3 on AVX-512F FMAs

@@ -46,6 +46,23 @@ void kernel_portable(const int32_t* a, int64_t, int64_t rows, const int8_t* b_pa
   else kernel_portable_t<uint8_t>(a, rows, b_panel, p0, p1, accumulate, c, ldc);
 }
 
+// Small products read in place (csrc/qgemm.h): one row of int32 sums at a time, k outer.
+void small_product_portable(const void* a, bool a_signed, int64_t lda, const int32_t* za, const void* b, bool b_signed,
+                            int64_t ldb, const int32_t* zb, int64_t rows, int64_t K, int64_t cols, int32_t* c,
+                            int64_t ldc) {
+  auto value = [](const void* x, bool is_signed, int64_t i) {
+    return is_signed ? int32_t{static_cast<const int8_t*>(x)[i]} : int32_t{static_cast<const uint8_t*>(x)[i]};
+  };
+  for (int64_t r = 0; r < rows; ++r) {
+    int32_t* out = c + r * ldc;
+    std::fill(out, out + cols, 0);
+    for (int64_t k = 0; k < K; ++k) {
+      const int32_t x = value(a, a_signed, r * lda + k) - za[r];
+      for (int64_t j = 0; j < cols; ++j) out[j] += x * (value(b, b_signed, k * ldb + j) - zb[j]);
+    }
+  }
+}
+
 void requantize_row_portable(const int32_t* raw, const RowTerms& terms, const float* multiplier, const int32_t* zp,
                              int64_t count, bool y_signed, void* y) {
   const int32_t qmin = y_signed ? -128 : 0, qmax = y_signed ? 127 : 255;
@@ -115,6 +132,7 @@ const QGemmDispatch kPortableQGemm = {
     .kernel = kernel_portable,
     .requantize_onnxruntime = requantize_row_portable,
     .begin_task = nullptr,
+    .small_product = small_product_portable,
 };
 const NBitsDispatch kPortableNBits = {
     .info = {.name = "portable", .isa = Isa::kPortable, .needs = 0, .emulated = false},

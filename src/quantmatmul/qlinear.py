@@ -637,21 +637,8 @@ def _fast_batched(a, a_scale, a_zero_point, b, b_scale, b_zero_point, y_scale, y
     if count == 0 or M == 0 or N == 0 or K == 0:
         return None
     a3, b3 = np.ascontiguousarray(a).reshape(count, M, K), np.ascontiguousarray(b).reshape(count, K, N)
-    index = np.arange(count, dtype=np.int64)
-    y = np.empty((count, M, N), y_zero_point.dtype)
-    _core.qlinear_matmul_onnxruntime(
-        a3,
-        a.dtype == _I8,
-        index,
-        np.full((count, M), za, np.int32),
-        b3,
-        b.dtype == _I8,
-        index,
-        np.full((count, N), zb, np.int32),
-        np.broadcast_to(np.float32(m), (count, M, N)),
-        y,
-        y.dtype == _I8,
-        np.broadcast_to(np.int32(zy), (count, M, N)),
+    y = _core.qlinear_matmul_batched_per_tensor(
+        a3, a.dtype == _I8, za, b3, b.dtype == _I8, zb, m, zy, y_zero_point.dtype == _I8
     )
     return y.reshape(a.shape[:-1] + (N,))
 
