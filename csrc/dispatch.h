@@ -49,7 +49,7 @@ struct QGemmDispatch {
   PackA pack_a;
   PackBPanels pack_b_panels;
   QGemmKernel kernel;
-  RequantizeRow requantize_onnxruntime;
+  RequantizeRows requantize_onnxruntime;
   // Called on a thread before it runs a series of kernel calls (a task) with nothing else in
   // between (null: nothing to do). AMX loads its tile configuration here, once per task, not
   // per call: other code on the thread (ONNX Runtime's AMX kernels) may have changed it since.

@@ -135,8 +135,12 @@ static inline int32_t row_terms_applied(const int32_t* raw, const RowTerms& term
                            static_cast<uint32_t>(terms.za) * static_cast<uint32_t>(terms.colsum[j]);
   return static_cast<int32_t>(wrapped);
 }
-using RequantizeRow = void (*)(const int32_t* raw, const RowTerms& terms, const float* multiplier, const int32_t* zp,
-                               int64_t count, bool y_signed, void* y);
+// A block's rows at once: row r's sums at raw + r * ld with terms[r], its multipliers and zero points
+// at multiplier + r * multiplier_ld and zp + r * zp_ld (an ld of 0: one row of them for every row,
+// checked once), its output at y + r * ldy.
+using RequantizeRows = void (*)(const int32_t* raw, int64_t ld, const RowTerms* terms, int64_t rows,
+                                const float* multiplier, int64_t multiplier_ld, const int32_t* zp, int64_t zp_ld,
+                                int64_t count, bool y_signed, uint8_t* y, int64_t ldy);
 
 // y[r * ldy + n] = sum_k a[r, k] * b[k, n] for rows r < rows and columns n < cols, float32 fused
 // multiply-adds in order of k from +0 (kernels/sgemm_rows.inc): the float8 path. b comes in panels

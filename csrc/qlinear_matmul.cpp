@@ -5,6 +5,7 @@
 #include <atomic>
 #include <memory>
 #include <new>
+#include <optional>
 #include <stdexcept>
 #include <string>
 #include <type_traits>
@@ -491,24 +492,36 @@ std::atomic<uint64_t> calls{0};
 
 void qlinear_matmul_onnxruntime(const QGemmProblem& p, View3<float> multiplier, QOutput out) {
   const QGemmDispatch& q = call_entry(p);  // one entry for the products and the epilogue
-  const RequantizeRow requantize_row = q.requantize_onnxruntime;
+  const RequantizeRows requantize_rows = q.requantize_onnxruntime;
   const int64_t M = p.M, N = p.N;
   const uint64_t call = ++calls;
-  accumulate<int32_t>(q, p,
-                      [&](int64_t bt, int64_t m0, int64_t rows, int64_t n0, int64_t cols, const int32_t* raw,
-                          int64_t ld, const RowTerms* terms) {
-                        thread_local RowOf<int32_t> zp_row;
-                        thread_local RowOf<float> multiplier_row;
-                        RowOf<int32_t>& zp_of = zp_row;
-                        RowOf<float>& multiplier_of = multiplier_row;
-                        for (int64_t r = 0; r < rows; ++r) {
-                          const int64_t m = m0 + r;
-                          const float* mult = multiplier_of(multiplier, call, bt, m, n0, cols);
-                          const int32_t* zp = zp_of(out.zero_point, call, bt, m, n0, cols);
-                          auto* y = static_cast<uint8_t*>(out.data) + (bt * M + m) * N + n0;
-                          requantize_row(raw + r * ld, terms[r], mult, zp, cols, out.is_signed, y);
-                        }
-                      });
+  // A parameter contiguous along n, or the same for every row (per tensor, per column): one call for the
+  // block's rows, the parameter's rows ld apart (0: one row for all); else (per row, broadcast along n)
+  // a call per row, each with its row of copies.
+  auto row_step = [](const auto& view) -> std::optional<int64_t> {
+    if (view.stride_n == 1) return view.stride_m;
+    if (view.stride_m == 0) return 0;
+    return std::nullopt;
+  };
+  const auto multiplier_ld = row_step(multiplier), zp_ld = row_step(out.zero_point);
+  accumulate<int32_t>(
+      q, p,
+      [&](int64_t bt, int64_t m0, int64_t rows, int64_t n0, int64_t cols, const int32_t* raw, int64_t ld,
+          const RowTerms* terms) {
+        thread_local RowOf<int32_t> zp_row;
+        thread_local RowOf<float> multiplier_row;
+        RowOf<int32_t>& zp_of = zp_row;
+        RowOf<float>& multiplier_of = multiplier_row;
+        auto* y = static_cast<uint8_t*>(out.data) + (bt * M + m0) * N + n0;
+        if (multiplier_ld && zp_ld) {
+          requantize_rows(raw, ld, terms, rows, multiplier_of(multiplier, call, bt, m0, n0, cols), *multiplier_ld,
+                          zp_of(out.zero_point, call, bt, m0, n0, cols), *zp_ld, cols, out.is_signed, y, N);
+          return;
+        }
+        for (int64_t r = 0; r < rows; ++r)
+          requantize_rows(raw + r * ld, ld, terms + r, 1, multiplier_of(multiplier, call, bt, m0 + r, n0, cols), 0,
+                          zp_of(out.zero_point, call, bt, m0 + r, n0, cols), 0, cols, out.is_signed, y + r * N, N);
+      });
 }
 
 bool taps_usable(const QGemmProblem& p) {

@@ -149,7 +149,7 @@ const QGemmDispatch kQGemm = {
     .pack_a = pack_a_tiles,
     .pack_b_panels = pack_b_tiles,
     .kernel = kernel_amx,
-    .requantize_onnxruntime = requantize_row_avx512,
+    .requantize_onnxruntime = requantize_rows_avx512,
     .begin_task = configure_tiles,
     .small_product = small_product_avx512,  // (on vpdpwssd: no tiles, no configuration)
 };

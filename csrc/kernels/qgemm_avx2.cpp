@@ -136,7 +136,7 @@ void kernel_avx2(const int32_t* a, int64_t, int64_t rows, const int8_t* b_panel,
 // output zero point has its clamp bounds formed once, as in requantize_avx512.inc.
 template <bool WithZb, bool UnitZa, bool UniformZp>
 void requantize_row_avx2_t(const int32_t* raw, const RowTerms& terms, const float* multiplier, const int32_t* zp,
-                           int64_t count, bool y_signed, void* y) {
+                           int64_t count, bool y_signed, uint8_t* y) {
   const int32_t qmin = y_signed ? -128 : 0, qmax = y_signed ? 127 : 255;
   const int32_t* const zb = terms.zb;  // locals: the uint8 stores could alias terms
   const int32_t* const colsum = terms.colsum;
@@ -145,7 +145,7 @@ void requantize_row_avx2_t(const int32_t* raw, const RowTerms& terms, const floa
   const __m256i z0 = _mm256_set1_epi32(zp[0]);
   const __m256 lo0 = _mm256_cvtepi32_ps(_mm256_sub_epi32(vqmin, z0)),
                hi0 = _mm256_cvtepi32_ps(_mm256_sub_epi32(vqmax, z0));
-  auto* out = static_cast<uint8_t*>(y);
+  uint8_t* const out = y;
   int64_t j = 0;
   for (; j + 8 <= count; j += 8) {
     auto load = [&](const int32_t* p) { return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p + j)); };
@@ -182,20 +182,32 @@ bool uniform_row_avx2(const int32_t* zp, int64_t count) {
   return true;
 }
 
-template <bool WithZb>
-void requantize_row_avx2_zb(const int32_t* raw, const RowTerms& terms, const float* multiplier, const int32_t* zp,
-                            int64_t count, bool y_signed, void* y) {
-  const bool unit_za = terms.za == 1, uniform = count > 0 && uniform_row_avx2(zp, count);
-  if (unit_za && uniform) requantize_row_avx2_t<WithZb, true, true>(raw, terms, multiplier, zp, count, y_signed, y);
-  else if (unit_za) requantize_row_avx2_t<WithZb, true, false>(raw, terms, multiplier, zp, count, y_signed, y);
-  else if (uniform) requantize_row_avx2_t<WithZb, false, true>(raw, terms, multiplier, zp, count, y_signed, y);
-  else requantize_row_avx2_t<WithZb, false, false>(raw, terms, multiplier, zp, count, y_signed, y);
+// One row, its zero points' uniformity known.
+void requantize_row_avx2(const int32_t* raw, const RowTerms& terms, const float* multiplier, const int32_t* zp,
+                         int64_t count, bool uniform, bool y_signed, uint8_t* y) {
+  const bool with_zb = terms.zb != nullptr, unit_za = terms.za == 1;
+  auto row = [&](auto kernel) { kernel(raw, terms, multiplier, zp, count, y_signed, y); };
+  if (with_zb) {
+    if (unit_za) uniform ? row(requantize_row_avx2_t<true, true, true>) : row(requantize_row_avx2_t<true, true, false>);
+    else uniform ? row(requantize_row_avx2_t<true, false, true>) : row(requantize_row_avx2_t<true, false, false>);
+  } else {
+    if (unit_za)
+      uniform ? row(requantize_row_avx2_t<false, true, true>) : row(requantize_row_avx2_t<false, true, false>);
+    else uniform ? row(requantize_row_avx2_t<false, false, true>) : row(requantize_row_avx2_t<false, false, false>);
+  }
 }
 
-void requantize_row_avx2(const int32_t* raw, const RowTerms& terms, const float* multiplier, const int32_t* zp,
-                         int64_t count, bool y_signed, void* y) {
-  if (terms.zb) requantize_row_avx2_zb<true>(raw, terms, multiplier, zp, count, y_signed, y);
-  else requantize_row_avx2_zb<false>(raw, terms, multiplier, zp, count, y_signed, y);
+// A block's rows (RequantizeRows, csrc/qgemm.h): zero points shared by the rows checked once.
+void requantize_rows_avx2(const int32_t* raw, int64_t ld, const RowTerms* terms, int64_t rows, const float* multiplier,
+                          int64_t multiplier_ld, const int32_t* zp, int64_t zp_ld, int64_t count, bool y_signed,
+                          uint8_t* y, int64_t ldy) {
+  const bool shared_uniform = zp_ld == 0 && count > 0 && uniform_row_avx2(zp, count);
+  for (int64_t r = 0; r < rows; ++r) {
+    const int32_t* z = zp + r * zp_ld;
+    const bool uniform = zp_ld == 0 ? shared_uniform : count > 0 && uniform_row_avx2(z, count);
+    requantize_row_avx2(raw + r * ld, terms[r], multiplier + r * multiplier_ld, z, count, uniform, y_signed,
+                        y + r * ldy);
+  }
 }
 
 // The float8 path's float32 GEMM (contract: kernels/sgemm_rows.inc): one fused multiply-add per k,
@@ -250,7 +262,7 @@ const QGemmDispatch kQGemm = {
     .pack_a = pack_a_pairs,
     .pack_b_panels = pack_b_pairs,
     .kernel = kernel_avx2,
-    .requantize_onnxruntime = requantize_row_avx2,
+    .requantize_onnxruntime = requantize_rows_avx2,
     .begin_task = nullptr,
     .small_product = small_product_avx2,
 };

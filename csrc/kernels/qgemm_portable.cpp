@@ -63,14 +63,16 @@ void small_product_portable(const void* a, bool a_signed, int64_t lda, const int
   }
 }
 
-void requantize_row_portable(const int32_t* raw, const RowTerms& terms, const float* multiplier, const int32_t* zp,
-                             int64_t count, bool y_signed, void* y) {
+void requantize_rows_portable(const int32_t* raw, int64_t ld, const RowTerms* terms, int64_t rows,
+                              const float* multiplier, int64_t multiplier_ld, const int32_t* zp, int64_t zp_ld,
+                              int64_t count, bool y_signed, uint8_t* y, int64_t ldy) {
   const int32_t qmin = y_signed ? -128 : 0, qmax = y_signed ? 127 : 255;
-  for (int64_t j = 0; j < count; ++j) {
-    const int32_t q = requantize_onnxruntime(row_terms_applied(raw, terms, j), multiplier[j], zp[j], qmin, qmax);
-    if (y_signed) static_cast<int8_t*>(y)[j] = static_cast<int8_t>(q);
-    else static_cast<uint8_t*>(y)[j] = static_cast<uint8_t>(q);
-  }
+  for (int64_t r = 0; r < rows; ++r)
+    for (int64_t j = 0; j < count; ++j) {
+      const int32_t q = requantize_onnxruntime(row_terms_applied(raw + r * ld, terms[r], j),
+                                               multiplier[r * multiplier_ld + j], zp[r * zp_ld + j], qmin, qmax);
+      y[r * ldy + j] = static_cast<uint8_t>(y_signed ? static_cast<uint8_t>(static_cast<int8_t>(q)) : q);
+    }
 }
 
 // MatMulNBits level 0/1, portable: one dequantized column at a time, eight partial sums per dot
@@ -130,7 +132,7 @@ const QGemmDispatch kPortableQGemm = {
     .pack_a = pack_a_pairs,
     .pack_b_panels = pack_b_pairs,
     .kernel = kernel_portable,
-    .requantize_onnxruntime = requantize_row_portable,
+    .requantize_onnxruntime = requantize_rows_portable,
     .begin_task = nullptr,
     .small_product = small_product_portable,
 };
