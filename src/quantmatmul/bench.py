@@ -21,9 +21,11 @@ u8, s8, f32 = np.dtype(np.uint8), np.dtype(np.int8), np.float32
 E4M3 = np.dtype(ml_dtypes.float8_e4m3fn)
 
 
-def shape_label(M: int, K: int, N: int) -> str:
-    """The shape part of a case's label, from the shape itself: "1024^3" for a cube, else "M=.. K=.. N=.."."""
-    return f"{M}^3" if M == K == N else f"M={M} K={K} N={N}"
+def shape_label(M: int, K: int, N: int, batch: int = 1) -> str:
+    """The shape part of a case's label, from the shape itself: "1024^3" for a cube, else "M=.. K=.. N=..";
+    a batch of products first ("96 x M=16 K=32 N=16")."""
+    shape = f"{M}^3" if M == K == N else f"M={M} K={K} N={N}"
+    return shape if batch == 1 else f"{batch} x {shape}"
 
 
 def _type_label(dtype) -> str:
@@ -42,6 +44,7 @@ class Case:
     baseline: str | None = None  # for combinations ORT lacks: the kind of the case (same shape) ours is compared with
     quick: tuple | None = None  # (M, K, N) for `bench --quick`; None: the same shape
     note: str = ""  # a word after the shape ("call": a tiny call, timed for the fixed overhead)
+    batch: int = 1  # products per call, a [batch, M, K] x [batch, K, N] (attention's; b per call)
 
     @property
     def kind(self) -> str:
@@ -58,12 +61,14 @@ class Case:
     @property
     def name(self) -> str:
         """The label, derived from what runs: kind, shape, note."""
-        return " ".join(part for part in (self.kind, shape_label(self.M, self.K, self.N), self.note) if part)
+        return " ".join(
+            part for part in (self.kind, shape_label(self.M, self.K, self.N, self.batch), self.note) if part
+        )
 
     @property
     def baseline_name(self) -> str | None:
         """The label of the case ours is compared with: the baseline kind at this case's shape."""
-        return None if self.baseline is None else f"{self.baseline} {shape_label(self.M, self.K, self.N)}"
+        return None if self.baseline is None else f"{self.baseline} {shape_label(self.M, self.K, self.N, self.batch)}"
 
     def quick_case(self) -> Case:
         """This case at its --quick shape."""
@@ -73,7 +78,7 @@ class Case:
 
     @property
     def ops(self) -> float:
-        return 2.0 * self.M * self.K * self.N
+        return 2.0 * self.batch * self.M * self.K * self.N
 
 
 # The issue's target shapes (docs/benchmarks.md): per-tensor u8 x s8 -> u8 with constant b, both
@@ -89,6 +94,10 @@ CASES = [
     Case(1024, 1024, 1024, a=E4M3, b=E4M3, y=E4M3, baseline="u8s8", quick=(256, 256, 256)),
     Case(128, 4096, 4096, a=E4M3, b=E4M3, y=E4M3, baseline="u8s8", quick=(64, 1024, 1024)),
     Case(1, 16, 16, constant_b=False, note="call"),
+    # attention's products in a transformer (12 heads of 32, a batch of 8 sentences): scores q k^T at
+    # 16 and 64 tokens, both operands per call
+    Case(16, 32, 16, b=u8, constant_b=False, batch=96),
+    Case(64, 32, 64, b=u8, constant_b=False, batch=96, quick=(16, 32, 16)),
 ]
 
 
@@ -111,7 +120,8 @@ def _inputs(case: Case, rng):
     zero = lambda dtype: np.zeros((), dtype)  # symmetric b: what oneDNN's qint8 weights need
     a_zp = zero(case.a) if case.a == E4M3 else np.array(128 if case.a == u8 else 0, case.a)
     y_zp = zero(case.y) if case.y == E4M3 else np.array(128 if case.y == u8 else 0, case.y)
-    a, b = values(case.a, (case.M, case.K)), values(case.b, (case.K, case.N))
+    batch = () if case.batch == 1 else (case.batch,)
+    a, b = values(case.a, batch + (case.M, case.K)), values(case.b, batch + (case.K, case.N))
     y_scale = f32(0.02 * 0.01 * 40 * np.sqrt(case.K) / 64)
     return a, f32(0.02), a_zp, b, f32(0.01), zero(case.b), y_scale, y_zp
 
@@ -185,7 +195,7 @@ def run(cases=None, *, threads=None, repeat=15, quick=False, seed=0, progress=pr
             result.identical_to_onnxruntime = bool(np.array_equal(ours.view(np.uint8), theirs.view(np.uint8)))
             result.difference_explained = result.identical_to_onnxruntime or "UNEXPLAINED" not in _why_different(case)
         times = {name: [] for name in runners}
-        small = case.M * case.K * case.N < 1e6
+        small = case.batch * case.M * case.K * case.N < 1e6
         inner = 200 if small else 1  # tiny calls: time a batch of calls, report per call
         for fn in runners.values():  # warm up
             fn()
@@ -210,6 +220,7 @@ def run(cases=None, *, threads=None, repeat=15, quick=False, seed=0, progress=pr
                 M=c.M,
                 K=c.K,
                 N=c.N,
+                batch=c.batch,
                 a=str(c.a),
                 b=str(c.b),
                 y=str(c.y),
