@@ -116,7 +116,8 @@ using QGemmSmallProduct = void (*)(const void* a, bool a_signed, int64_t lda, co
                                    int32_t* c, int64_t ldc);
 
 // One output row's zero-point terms in the layout's stored values (docs/quantization.md, csrc/qlinear_matmul.cpp):
-// acc[j] = raw[j] - zb[j] * t - za * colsum[j], in wrapping int32 arithmetic.
+// acc[j] = raw[j] - zb[j] * t - za * colsum[j] (raw[j] - t - za * colsum[j] where zb is null), in
+// wrapping int32 arithmetic.
 struct RowTerms {
   const int32_t* zb;      // per column: zb' = b's zero point + the layout's b offset; null where all are one value
   const int32_t* colsum;  // per column: colsum(b) + K * b offset (times za', where za is 1)
@@ -126,16 +127,16 @@ struct RowTerms {
   int32_t za, t;
 };
 
-// y[j] = saturate(rne(max/min-clamped(f32(acc[j]) * multiplier[j])) + zp[j]) for j < count, acc
-// the raw kernel sums with the row's zero-point terms (RowTerms): the ONNX Runtime epilogue of
-// csrc/requantize.h, vectorized, in one pass over the row.
+// acc[j] of a row: its raw kernel sum with the row's zero-point terms.
 static inline int32_t row_terms_applied(const int32_t* raw, const RowTerms& terms, int64_t j) {
   const uint32_t zb = terms.zb ? static_cast<uint32_t>(terms.zb[j]) : 1;
   const uint32_t wrapped = static_cast<uint32_t>(raw[j]) - zb * static_cast<uint32_t>(terms.t) -
                            static_cast<uint32_t>(terms.za) * static_cast<uint32_t>(terms.colsum[j]);
   return static_cast<int32_t>(wrapped);
 }
-// A block's rows at once: row r's sums at raw + r * ld with terms[r], its multipliers and zero points
+// The ONNX Runtime epilogue of csrc/requantize.h, vectorized, for a block's rows at once: y[j] =
+// saturate(rne(max/min-clamped(f32(acc[j]) * multiplier[j])) + zp[j]) for j < count in one pass over
+// each row, row r's acc from its raw sums at raw + r * ld and terms[r], its multipliers and zero points
 // at multiplier + r * multiplier_ld and zp + r * zp_ld (an ld of 0: one row of them for every row,
 // checked once), its output at y + r * ldy.
 using RequantizeRows = void (*)(const int32_t* raw, int64_t ld, const RowTerms* terms, int64_t rows,
