@@ -193,7 +193,14 @@ class Pool {
 
   void run(int64_t count, const std::function<void(int64_t)>& task, int64_t min_per_thread) {
     const int64_t by_work = std::max<int64_t>(1, count / std::max<int64_t>(1, min_per_thread));
-    const int want = static_cast<int>(std::min<int64_t>(threads(), std::min(count, by_work)));
+    int want = static_cast<int>(std::min<int64_t>(threads(), std::min(count, by_work)));
+    // Helpers a region keeps spinning join a job in a microsecond or two, not the tens a sleeping one
+    // takes to wake, for which min_per_thread is sized: up to them, a tenth of it is worth a thread.
+    const int awake = region_helpers_.load(std::memory_order_relaxed);
+    if (awake > 0 && want <= awake) {
+      const int64_t by_awake = std::max<int64_t>(1, count / std::max<int64_t>(1, min_per_thread / 10));
+      want = static_cast<int>(std::max<int64_t>(want, std::min<int64_t>({threads(), count, by_awake, awake + 1})));
+    }
     if (want <= 1 || t_inside_task) {
       for (int64_t i = 0; i < count; ++i) task(i);
       return;
