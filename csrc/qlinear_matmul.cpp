@@ -195,9 +195,10 @@ void accumulate(const QGemmDispatch& q, const QGemmProblem& p, Epilogue&& epilog
   const int64_t b_count = *std::max_element(p.b_index, p.b_index + p.batch) + 1;
   // Small products with b per call (attention's batches, 16 x 32 x 16 each): the entry's small_product
   // reads a and b in place, zero points first, no packing, no row or column sums; a matrix's rows in
-  // one block (its b's k-pairs formed once).
-  const bool small = !kExact && q.small_product && !p.b_packed && !p.a_offsets && K <= kSmallProductMaxK &&
-                     N <= kSmallProductMaxCols && M * K * N <= kSmallProductWork &&
+  // one block (its b's k-pairs formed once). (A column bias comes only with a packed weight: QGemm's,
+  // QLinearConv's.)
+  const bool small = !kExact && q.small_product && !p.b_packed && !p.a_offsets && !p.column_bias &&
+                     K <= kSmallProductMaxK && N <= kSmallProductMaxCols && M * K * N <= kSmallProductWork &&
                      zero_points_in_range(p.a_zero_point, a_count * M, p.a_signed) &&
                      zero_points_in_range(p.b_zero_point, b_count * N, p.b_signed);
   if (small) block_rows = M;
@@ -252,8 +253,9 @@ void accumulate(const QGemmDispatch& q, const QGemmProblem& p, Epilogue&& epilog
 
   // Pack every distinct matrix of a once (mr-row groups) with its row sums, unless a is its own
   // packed form (a row-major layout, a stored as given, K whole k-groups: the common uint8 a x int8 b
-  // on the VNNI layout), and the row sums only where a column's zb' = zb + ob is not 0 (they are
-  // multiplied by it: an int8 b with zero point 0, the usual weight, needs none).
+  // on the VNNI layout; then each task sums its own rows) or a small product reads it; the row sums
+  // only where a column's zb' = zb + ob is not 0 (they are multiplied by it: an int8 b with zero point
+  // 0, the usual weight, needs none).
   const bool need_rowsums = !small && needs_row_sums(p, ob);
   // A read through a table of receptive fields (a convolution without an im2col): the entry's
   // kernel_taps reads it in place, no packing and no row sums (its caller checks taps_usable()).
@@ -305,7 +307,8 @@ void accumulate(const QGemmDispatch& q, const QGemmProblem& p, Epilogue&& epilog
         tasks_worth_a_thread(static_cast<double>(mr * K)));
 
   // One block of the output: rows [m0, m0 + rows) x panels [panel0, panel0 + panels) of matrix bt,
-  // given those panels of b packed at b_panels (panel stride panel_bytes) and their column sums.
+  // given those panels of b packed at b_panels (panel stride panel_bytes) and their column sums
+  // (both null for a small product, which reads b in place).
   auto compute_block = [&](TaskScratch<Acc>& scratch, int64_t bt, int64_t m0, int64_t panel0, const int8_t* b_panels,
                            const int32_t* colsum) {
     auto &c32 = scratch.c32, &block_rowsums = scratch.rowsums;
@@ -357,10 +360,8 @@ void accumulate(const QGemmDispatch& q, const QGemmProblem& p, Epilogue&& epilog
       if (kExact)
         for (int64_t i = 0; i < rows * ldc; ++i) c64[i] += c32[i];
     }
-    auto wrap = [](int64_t x) { return static_cast<Acc>(static_cast<std::make_unsigned_t<Acc>>(x)); };
-    if (small) {  // the sums are final: the bias (if any) is the column term, with za 1, and no row term
-      colsum_stored.resize(static_cast<size_t>(cols));
-      for (int64_t j = 0; j < cols; ++j) colsum_stored[j] = bias ? wrap(-int64_t{bias[j]}) : Acc{0};
+    if (small) {  // the sums are final: no column or row term
+      colsum_stored.assign(static_cast<size_t>(cols), Acc{0});
       row_terms.assign(static_cast<size_t>(rows), TermsOf<Acc>{nullptr, colsum_stored.data(), Acc{1}, Acc{0}});
     } else {
       // The zero-point terms, in Acc: wrapped to int32 (the epilogue's arithmetic wraps), exact in int64.
@@ -369,6 +370,7 @@ void accumulate(const QGemmDispatch& q, const QGemmProblem& p, Epilogue&& epilog
       // row terms (no multiply per output in the epilogue); a column bias (int32 sums only) joins it
       // there, else it is added to the sums here. Where every column has the same zb' (a per-tensor
       // zero point), the row term zb' * t is formed once per row (RowTerms' zb null).
+      auto wrap = [](int64_t x) { return static_cast<Acc>(static_cast<std::make_unsigned_t<Acc>>(x)); };
       const bool uniform_za = std::all_of(a_zp, a_zp + rows, [&](int32_t z) { return z == a_zp[0]; });
       const bool uniform_zb = std::all_of(b_zp, b_zp + cols, [&](int32_t z) { return z == b_zp[0]; });
       if (bias && !uniform_za) {  // (added as the int32 sums add: wrapping, through uint32)
