@@ -481,7 +481,8 @@ void bind_qlinear_matmul(nb::module_& m) {
       nb::gil_scoped_release release;
       std::vector<int64_t> index(static_cast<size_t>(B));
       std::iota(index.begin(), index.end(), int64_t{0});
-      std::vector<int32_t> a_zps(static_cast<size_t>(B * M), a_zp), b_zps(static_cast<size_t>(B * N), b_zp);
+      // one matrix's zero points, which every matrix shares (a_zero_point_ld, b_zero_point_ld 0)
+      std::vector<int32_t> a_zps(static_cast<size_t>(M), a_zp), b_zps(static_cast<size_t>(N), b_zp);
       qmm::QGemmProblem p{B,
                           M,
                           N,
@@ -495,6 +496,8 @@ void bind_qlinear_matmul(nb::module_& m) {
                           b_signed,
                           index.data(),
                           b_zps.data()};
+      p.a_zero_point_ld = 0;
+      p.b_zero_point_ld = 0;
       const qmm::View3<float> mult_view{&multiplier, 0, 0, 0};
       const qmm::View3<int32_t> zp_view{&y_zp, 0, 0, 0};
       qmm::qlinear_matmul_onnxruntime(p, mult_view, {y.data(), y_signed, zp_view});

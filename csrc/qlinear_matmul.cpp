@@ -71,17 +71,25 @@ QGemmBlocking qgemm_blocking(const QGemmLayout& L) {
 
 namespace {
 
-// Whether a column's zb' = zb + ob is not 0 for some b matrix of the problem (the row sums of a are then
-// multiplied by it; an int8 b with zero point 0, the usual weight, needs none).
-bool needs_row_sums(const QGemmProblem& p, int32_t ob) {
-  const int64_t b_count = *std::max_element(p.b_index, p.b_index + p.batch) + 1;
-  return std::any_of(p.b_zero_point, p.b_zero_point + b_count * p.N, [&](int32_t z) { return z + ob != 0; });
+// Whether a column's zb' = zb + ob is not 0 for some b matrix of the problem, whose b zero points are
+// b_zero_points elements (the row sums of a are then multiplied by it; an int8 b with zero point 0,
+// the usual weight, needs none).
+bool needs_row_sums(const QGemmProblem& p, int64_t b_zero_points, int32_t ob) {
+  return std::any_of(p.b_zero_point, p.b_zero_point + b_zero_points, [&](int32_t z) { return z + ob != 0; });
 }
+
+// The elements from one matrix's zero points to the next's (QGemmProblem's a/b_zero_point_ld): rows
+// where negative, else as given.
+int64_t zero_point_ld(int64_t ld, int64_t rows) { return ld < 0 ? rows : ld; }
 
 // Whether every zero point lies in its 8-bit operand's range (a small product's differences then fit int16).
 bool zero_points_in_range(const int32_t* zp, int64_t count, bool is_signed) {
-  const int32_t lo = is_signed ? -128 : 0, hi = is_signed ? 127 : 255;
-  return std::all_of(zp, zp + count, [&](int32_t z) { return z >= lo && z <= hi; });
+  int32_t lo = is_signed ? -128 : 0, hi = is_signed ? 127 : 255;
+  for (int64_t i = 0; i < count; ++i) {  // (no early exit: a vectorized min / max)
+    lo = std::min(lo, zp[i]);
+    hi = std::max(hi, zp[i]);
+  }
+  return lo == (is_signed ? -128 : 0) && hi == (is_signed ? 127 : 255);
 }
 
 // Products of at most this many multiply-adds per matrix (with K and N within the small-product kernels'
@@ -193,14 +201,17 @@ void accumulate(const QGemmDispatch& q, const QGemmProblem& p, Epilogue&& epilog
   const int64_t threads = get_num_threads();
   const int64_t a_count = *std::max_element(p.a_index, p.a_index + p.batch) + 1;
   const int64_t b_count = *std::max_element(p.b_index, p.b_index + p.batch) + 1;
+  const int64_t za_ld = zero_point_ld(p.a_zero_point_ld, M), zb_ld = zero_point_ld(p.b_zero_point_ld, N);
+  // (the zero points' elements, every matrix's: M and N where the matrices share theirs)
+  const int64_t za_count = (a_count - 1) * za_ld + M, zb_count = (b_count - 1) * zb_ld + N;
   // Small products with b per call (attention's batches, 16 x 32 x 16 each): the entry's small_product
   // reads a and b in place, zero points first, no packing, no row or column sums; a matrix's rows in
   // one block (its b's k-pairs formed once). (A column bias comes only with a packed weight: QGemm's,
   // QLinearConv's.)
   const bool small = !kExact && q.small_product && !p.b_packed && !p.a_offsets && !p.column_bias &&
                      K <= kSmallProductMaxK && N <= kSmallProductMaxCols && M * K * N <= kSmallProductWork &&
-                     zero_points_in_range(p.a_zero_point, a_count * M, p.a_signed) &&
-                     zero_points_in_range(p.b_zero_point, b_count * N, p.b_signed);
+                     zero_points_in_range(p.a_zero_point, za_count, p.a_signed) &&
+                     zero_points_in_range(p.b_zero_point, zb_count, p.b_signed);
   if (small) block_rows = M;
   // Panels per task: the layout's cache-sized block of b; with b given per call, fewer where that
   // leaves a thread that the call's work is worth (20 us each at about 100 multiply-adds per
@@ -256,7 +267,7 @@ void accumulate(const QGemmDispatch& q, const QGemmProblem& p, Epilogue&& epilog
   // on the VNNI layout; then each task sums its own rows) or a small product reads it; the row sums
   // only where a column's zb' = zb + ob is not 0 (they are multiplied by it: an int8 b with zero point
   // 0, the usual weight, needs none).
-  const bool need_rowsums = !small && needs_row_sums(p, ob);
+  const bool need_rowsums = !small && needs_row_sums(p, zb_count, ob);
   // A read through a table of receptive fields (a convolution without an im2col): the entry's
   // kernel_taps reads it in place, no packing and no row sums (its caller checks taps_usable()).
   const bool a_taps = p.a_offsets != nullptr;
@@ -329,9 +340,9 @@ void accumulate(const QGemmDispatch& q, const QGemmProblem& p, Epilogue&& epilog
       rowsum = block_rowsums.data();
     }
 
-    const int32_t* b_zp = p.b_zero_point + ib * N + n0;
+    const int32_t* b_zp = p.b_zero_point + ib * zb_ld + n0;
     const int32_t* bias = p.column_bias ? p.column_bias + ib * N + n0 : nullptr;
-    const int32_t* a_zp = p.a_zero_point + ia * M + m0;
+    const int32_t* a_zp = p.a_zero_point + ia * za_ld + m0;
     if (q.begin_task) q.begin_task();
     c32.resize(static_cast<size_t>(rows * ldc));
     if (kExact) c64.assign(static_cast<size_t>(rows * ldc), 0);
@@ -529,7 +540,9 @@ void qlinear_matmul_onnxruntime(const QGemmProblem& p, View3<float> multiplier, 
 bool taps_usable(const QGemmProblem& p) {
   const QGemmDispatch& q = call_entry(p);
   const int32_t ob = q.layout->b_offset[p.b_packed ? p.b_packed->is_signed : p.b_signed];
-  return taps_usable(q, p.a_signed, needs_row_sums(p, ob), p.batch, p.K, p.a_taps);
+  const int64_t b_count = *std::max_element(p.b_index, p.b_index + p.batch) + 1;
+  const int64_t zb_count = (b_count - 1) * zero_point_ld(p.b_zero_point_ld, p.N) + p.N;
+  return taps_usable(q, p.a_signed, needs_row_sums(p, zb_count, ob), p.batch, p.K, p.a_taps);
 }
 
 void matmul_integer(const QGemmProblem& p, int32_t* y) {

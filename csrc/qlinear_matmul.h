@@ -49,7 +49,7 @@ PackedB pack_b_matrices(const void* b, bool is_signed, int64_t count, int64_t K,
 // a is contiguous [Ba, M, K] 8-bit (signedness given). b is either packed (b_packed, a constant
 // weight) or contiguous [Bb, K, N] 8-bit (b_raw, b_signed), which each task then packs for its
 // own columns only, in cache. The index arrays implement numpy's batch broadcasting.
-// a_zero_point is [Ba, M], b_zero_point is [Bb, N].
+// a_zero_point is [Ba, M], b_zero_point is [Bb, N] (or one matrix's, shared: the strides below).
 struct QGemmProblem {
   int64_t batch, M, N, K;
   const void* a;
@@ -72,6 +72,9 @@ struct QGemmProblem {
   const int32_t* a_offsets = nullptr;
   int64_t a_taps = 0;
   const uint8_t* a_pad = nullptr;
+  // Elements from one matrix's zero points to the next's: M and N where negative (each matrix its own
+  // row of them), 0 where every matrix shares one ([M] and [N]: a batch with per-tensor zero points).
+  int64_t a_zero_point_ld = -1, b_zero_point_ld = -1;
 };
 
 // Whether entry q reads such a table for this problem: its kernel_taps on the quads layout, a uint8
