@@ -103,15 +103,16 @@ def test_uint8_a_read_in_place_and_row_sums_skipped(isa):
 
 def test_small_products_read_in_place_match_the_oracles(isa):
     """Products of at most 2^16 multiply-adds a matrix with K <= 128 and N <= 64 and b per call take the
-    entry's small-product kernels (a and b read in place, zero points subtracted first: vpdpwssd on
-    AVX-512, vpmaddwd on AVX2, no packing, no row or column sums). Their edges against the oracle: K
-    odd, 1 and 128 (and 129, past the limit: the packed path), N across the 16- and 8-column strips up
-    to 64 (and 65), rows not a multiple of 4; every signedness with operands and zero points at the
-    types' ends; a zero point per row of a and per column of b; batches through the per-tensor path
+    entry's small-product kernels (a and b read in place, no packing: vpdpbusd on AVX-512 with the
+    zero-point terms in the kernel, vpmaddwd on AVX2 with the zero points subtracted first). Their edges
+    against the oracle: K odd, 1, below 16 (the partial loads: through the rows below, 9 x 6 x 10) and
+    128 (and 129, past the limit: the packed path), N across the 16- and 8-column strips up to 64 (and
+    65), rows not a multiple of 4 or 8; every signedness with operands and zero points at the types'
+    ends; a zero point per row of a and per column of b; batches through the per-tensor path
     (attention's products); and the same b as a constant weight (packed) gives the same bits."""
     rng = np.random.default_rng(sum(map(ord, isa)) + 11)
     shapes = [(1, 1, 1), (3, 2, 15), (4, 31, 16), (5, 127, 17), (7, 128, 64), (13, 33, 63), (6, 129, 8), (2, 64, 65),
-              (17, 16, 33)]
+              (17, 16, 33), (9, 6, 10)]
     for (M, K, N), combo in zip(shapes * 2, COMBOS * 3):
         a_t, b_t, y_t = combo
         for extreme in (False, True):

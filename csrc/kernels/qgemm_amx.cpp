@@ -131,7 +131,6 @@ void kernel_amx(const int32_t* a, int64_t, int64_t rows, const int8_t* b_panel, 
 }
 
 #include "requantize_avx512.inc"
-#include "small_product_a.inc"
 #include "small_product_avx512.inc"
 
 #if defined(QMM_EMULATED)
@@ -151,7 +150,7 @@ const QGemmDispatch kQGemm = {
     .kernel = kernel_amx,
     .requantize_onnxruntime = requantize_rows_avx512,
     .begin_task = configure_tiles,
-    .small_product = small_product_avx512,  // (on vpdpwssd: no tiles, no configuration)
+    .small_product = small_product_avx512,  // (on vpdpbusd: no tiles, no configuration)
 };
 
 // MatMulNBits: level 4 on the tiles for 16 rows or more (nbits_int8_amx.cpp, which takes the

@@ -251,7 +251,6 @@ void sgemm_rows_avx2(const float* a, const float* b_panels, float* y, int64_t ld
   }
 }
 
-#include "small_product_a.inc"
 #include "small_product_avx2.inc"
 
 constexpr EntryInfo kInfo = {.name = "avx2", .isa = Isa::kAvx2, .needs = kAvx2Features, .emulated = false};

@@ -51,7 +51,6 @@ void kernel_vnni_taps(const uint8_t* x, const int32_t* offsets, int64_t taps, co
 }
 
 #include "requantize_avx512.inc"
-#include "small_product_a.inc"
 #include "small_product_avx512.inc"
 
 #if defined(QMM_EMULATED)
