@@ -107,12 +107,13 @@ def test_small_products_read_in_place_match_the_oracles(isa):
     zero-point terms in the kernel, vpmaddwd on AVX2 with the zero points subtracted first). Their edges
     against the oracle: K odd, 1, below 16 (the partial loads: through the rows below, 9 x 6 x 10) and
     128 (and 129, past the limit: the packed path), N across the 16- and 8-column strips up to 64 (and
-    65), rows not a multiple of 4 or 8; every signedness with operands and zero points at the types'
+    65), rows not a multiple of 4 or 8, and more than a block's (130 x 128 x 64: 128 rows a block);
+    every signedness with operands and zero points at the types'
     ends; a zero point per row of a and per column of b; batches through the per-tensor path
     (attention's products); and the same b as a constant weight (packed) gives the same bits."""
     rng = np.random.default_rng(sum(map(ord, isa)) + 11)
     shapes = [(1, 1, 1), (3, 2, 15), (4, 31, 16), (5, 127, 17), (7, 128, 64), (13, 33, 63), (6, 129, 8), (2, 64, 65),
-              (17, 16, 33), (9, 6, 10)]
+              (17, 16, 33), (9, 6, 10), (130, 128, 64)]
     for (M, K, N), combo in zip(shapes * 2, COMBOS * 3):
         a_t, b_t, y_t = combo
         for extreme in (False, True):
