@@ -5,8 +5,9 @@
 // Chebyshev interpolants of math.erf (double) on each interval, in the power basis (the script
 // tests/erf_fit.py prints them). Their relative error is below 2^-48 (double Horner, FMAs); the
 // C library's erf is within an ulp of double. So the double result y and the C library's round to
-// the same float32 unless y lies within 2^-40 |y| of a midpoint between two float32 values: those
-// lanes (about 3 in 10^5), and NaN, and |x| < 2^-20 take std::erf itself. |x| >= kSaturate gives
+// the same float32 unless y lies within 2^-40 |y| of a midpoint between two float32 values: the
+// lanes that might (near_midpoint: within 2^-40 to 2^-39 |y|, about 3 in 10^5), and NaN, and
+// |x| < 2^-20 take std::erf itself. |x| >= kSaturate gives
 // +-1, the C library's float32 result there. Checked against std::erf on all 2^32 float32 bit patterns
 // (docs/onnx.md) and by tests/test_onnx_api.py on samples of each path.
 //
@@ -87,59 +88,76 @@ inline __m512d polynomial(__m512d ax, __m512i index) {
   return _mm512_mask_blend_pd(first, p, _mm512_mul_pd(p, ax));
 }
 
-// Lanes where y (double, in (0, 1)) lies within 2^-40 y of a midpoint between float32 values.
+// Lanes where y (double, positive, normal) may lie too near a midpoint between float32 values: the
+// 29 bits of its significand below float32's, as an integer, within 2^13 of 2^28 (the midpoint's).
+// In y's binade [2^e, 2^(e+1)) that is within 2^(e-39) of a midpoint, at least 2^-40 y: no lane that
+// the first form (|midpoint - y| <= 2^-40 y, in double; checked on every float32) let through goes
+// to std::erf now that did not, and the test is 3 integer operations, not 3 conversions and 8 of
+// double arithmetic. (A midpoint at a binade's bottom, between 2^e and the float32 below it, lies in
+// the binade below, whose low bits read the same way.)
 inline __mmask8 near_midpoint(__m512d y) {
-  const __m256 f = narrow(y);
-  const __m256i bits = _mm256_castps_si256(f);
-  const __m512d up = widen(_mm256_castsi256_ps(_mm256_add_epi32(bits, _mm256_set1_epi32(1))));
-  const __m512d down = widen(_mm256_castsi256_ps(_mm256_sub_epi32(bits, _mm256_set1_epi32(1))));
-  const __m512d rounded = widen(f), half = _mm512_set1_pd(0.5);
-  const __m512d mid_up = _mm512_mul_pd(_mm512_add_pd(rounded, up), half);  // exact: float32 values in double
-  const __m512d mid_down = _mm512_mul_pd(_mm512_add_pd(rounded, down), half);
-  const __m512d tolerance = _mm512_mul_pd(y, _mm512_set1_pd(0x1p-40));
-  return static_cast<__mmask8>(_mm512_cmp_pd_mask(_mm512_sub_pd(mid_up, y), tolerance, _CMP_LE_OQ) |
-                               _mm512_cmp_pd_mask(_mm512_sub_pd(y, mid_down), tolerance, _CMP_LE_OQ));
+  const __m512i low = _mm512_and_si512(_mm512_castpd_si512(y), _mm512_set1_epi64((int64_t{1} << 29) - 1));
+  const __m512i off = _mm512_abs_epi64(_mm512_sub_epi64(low, _mm512_set1_epi64(int64_t{1} << 28)));
+  return _mm512_cmp_epi64_mask(off, _mm512_set1_epi64(int64_t{1} << 13), _MM_CMPINT_LE);
+}
+
+// 16 values from x (all of them readable): the result, and in exact the lanes std::erf must redo.
+inline __m512 erf16(const float* x, __mmask16& exact) {
+  const __m512 abs_mask = _mm512_castsi512_ps(_mm512_set1_epi32(0x7FFFFFFF));
+  const __m512 v = _mm512_loadu_ps(x);
+  const __m512 ax = _mm512_and_ps(v, abs_mask);
+  // lanes for std::erf: NaN, |x| < 2^-20 (+-0 and denormals included); saturated lanes: +-1
+  exact = static_cast<__mmask16>(_mm512_cmp_ps_mask(ax, _mm512_set1_ps(0x1p-20f), _CMP_NGE_UQ));
+  const __mmask16 saturated = _mm512_cmp_ps_mask(ax, _mm512_set1_ps(kSaturate), _CMP_GE_OQ);
+  const __m512 clamped = _mm512_min_ps(ax, _mm512_set1_ps(kSaturate));  // finite in every lane (NaN too)
+  // interval floor(2 |x|), 0 .. 7 (SIMDe has no int32 -> int64 widening: a permute puts lane j
+  // into the low half of 64-bit lane j, which is all vpermpd reads)
+  const __m512i interval =
+      _mm512_min_epi32(_mm512_cvttps_epi32(_mm512_add_ps(clamped, clamped)), _mm512_set1_epi32(7));
+  __m512 result = _mm512_set1_ps(1.0f);
+  for (int h = 0; h < 2; ++h) {
+    const __m256 part = h == 0 ? _mm512_castps512_ps256(clamped) : _mm512_extractf32x8_ps(clamped, 1);
+    const __m512i index = _mm512_permutexvar_epi32(_mm512_set_epi32(0, 8 * h + 7, 0, 8 * h + 6, 0, 8 * h + 5, 0,
+                                                                    8 * h + 4, 0, 8 * h + 3, 0, 8 * h + 2, 0,
+                                                                    8 * h + 1, 0, 8 * h),
+                                                   interval);
+    const __m512d e = polynomial(_mm512_max_pd(widen(part), _mm512_set1_pd(0x1p-20)), index);
+    const __mmask8 near = near_midpoint(e);
+    exact = static_cast<__mmask16>(exact | (static_cast<unsigned>(near) << (8 * h)));
+    const __m256 rounded = narrow(e);
+    result = h == 0 ? _mm512_insertf32x8(result, rounded, 0) : _mm512_insertf32x8(result, rounded, 1);
+  }
+  result = _mm512_mask_blend_ps(saturated, result, _mm512_set1_ps(1.0f));
+  exact = static_cast<__mmask16>(exact & ~saturated);
+  return _mm512_or_ps(result, _mm512_andnot_ps(abs_mask, v));  // erf is odd: x's sign
+}
+
+// The lanes of y's 16 values at x that exact names, from std::erf.
+inline void redo(const float* x, __mmask16 exact, float* y) {
+  while (exact) {
+    const int lane = __builtin_ctz(exact);
+    exact = static_cast<__mmask16>(exact & (exact - 1));
+    y[lane] = static_cast<float>(std::erf(static_cast<double>(x[lane])));
+  }
 }
 
 }  // namespace
 
 void QMM_KERNEL_NS::erf_f32_range(const float* x, int64_t count, float* y) {
-  const __m512 abs_mask = _mm512_castsi512_ps(_mm512_set1_epi32(0x7FFFFFFF));
   int64_t i = 0;
+  // 32 values a step: two blocks' polynomials (four chains of 13 dependent FMAs) in flight together
+  for (; i + 32 <= count; i += 32) {
+    __mmask16 exact0, exact1;
+    const __m512 r0 = erf16(x + i, exact0), r1 = erf16(x + i + 16, exact1);
+    _mm512_storeu_ps(y + i, r0);
+    _mm512_storeu_ps(y + i + 16, r1);
+    redo(x + i, exact0, y + i);
+    redo(x + i + 16, exact1, y + i + 16);
+  }
   for (; i + 16 <= count; i += 16) {
-    const __m512 v = _mm512_loadu_ps(x + i);
-    const __m512 ax = _mm512_and_ps(v, abs_mask);
-    // lanes for std::erf: NaN, |x| < 2^-20 (+-0 and denormals included); saturated lanes: +-1
-    __mmask16 exact = static_cast<__mmask16>(_mm512_cmp_ps_mask(ax, _mm512_set1_ps(0x1p-20f), _CMP_NGE_UQ));
-    const __mmask16 saturated = _mm512_cmp_ps_mask(ax, _mm512_set1_ps(kSaturate), _CMP_GE_OQ);
-    const __m512 clamped = _mm512_min_ps(ax, _mm512_set1_ps(kSaturate));  // finite in every lane (NaN too)
-    // interval floor(2 |x|), 0 .. 7 (SIMDe has no int32 -> int64 widening: a permute puts lane j
-    // into the low half of 64-bit lane j, which is all vpermpd reads)
-    const __m512i interval =
-        _mm512_min_epi32(_mm512_cvttps_epi32(_mm512_add_ps(clamped, clamped)), _mm512_set1_epi32(7));
-    __m512 result = _mm512_set1_ps(1.0f);
-    for (int h = 0; h < 2; ++h) {
-      const __m256 part = h == 0 ? _mm512_castps512_ps256(clamped) : _mm512_extractf32x8_ps(clamped, 1);
-      const __m512i index =
-          _mm512_permutexvar_epi32(_mm512_set_epi32(0, 8 * h + 7, 0, 8 * h + 6, 0, 8 * h + 5, 0, 8 * h + 4, 0,
-                                                    8 * h + 3, 0, 8 * h + 2, 0, 8 * h + 1, 0, 8 * h),
-                                   interval);
-      const __m512d e = polynomial(_mm512_max_pd(widen(part), _mm512_set1_pd(0x1p-20)), index);
-      const __mmask8 near = near_midpoint(e);
-      exact = static_cast<__mmask16>(exact | (static_cast<unsigned>(near) << (8 * h)));
-      const __m256 rounded = narrow(e);
-      result = h == 0 ? _mm512_insertf32x8(result, rounded, 0) : _mm512_insertf32x8(result, rounded, 1);
-    }
-    result = _mm512_mask_blend_ps(saturated, result, _mm512_set1_ps(1.0f));
-    // erf is odd: x's sign
-    result = _mm512_or_ps(result, _mm512_andnot_ps(abs_mask, v));
-    _mm512_storeu_ps(y + i, result);
-    exact = static_cast<__mmask16>(exact & ~saturated);
-    while (exact) {
-      const int lane = __builtin_ctz(exact);
-      exact = static_cast<__mmask16>(exact & (exact - 1));
-      y[i + lane] = static_cast<float>(std::erf(static_cast<double>(x[i + lane])));
-    }
+    __mmask16 exact;
+    _mm512_storeu_ps(y + i, erf16(x + i, exact));
+    redo(x + i, exact, y + i);
   }
   for (; i < count; ++i) y[i] = static_cast<float>(std::erf(static_cast<double>(x[i])));
 }
