@@ -577,6 +577,64 @@ def test_erf_is_onnx_reference_bit_for_bit(dtype):
         assert np.allclose(got.astype(np.float64), want.astype(np.float64), rtol=2**-22, atol=0, equal_nan=True)
 
 
+def layer_norm_model(x_type, x_shape, scale_shape, bias_shape, attributes, outputs=3):
+    inputs = [("x", x_type, list(x_shape)), ("scale", x_type, list(scale_shape))]
+    if bias_shape is not None:
+        inputs.append(("bias", x_type, list(bias_shape)))
+    names = ["y", "mean", "inv_std_dev"][:outputs]
+    axis = attributes.get("axis", -1) % len(x_shape)
+    reduced = list(x_shape[:axis]) + [1] * (len(x_shape) - axis)
+    shapes = [list(x_shape), reduced, reduced][:outputs]
+    node = helper.make_node("LayerNormalization", [n for n, _, _ in inputs], names, **attributes)
+    return make_model([node], inputs, [(n, x_type, shape) for n, shape in zip(names, shapes)], {}, opset=17)
+
+
+def test_layer_normalization_is_onnx_reference_bit_for_bit(monkeypatch):
+    """The session's LayerNormalization (C++: numpy's pairwise float32 sums, then numpy's float32 steps)
+    gives onnx.reference's bits on every output: rows of 1 to 1000 columns (numpy's sum one after
+    another below 8, eight running sums up to 128, halves above), an axis before the last, a scale of
+    leading ones, no bias, epsilon 0 on a constant row (1 / 0), rows of -0.0 (numpy's sum +0.0), inf
+    and NaN; the other cases (float16 x, a broadcast scalar scale) onnx.reference's own code."""
+    from quantmatmul.onnx import _session
+
+    native = []
+    layer_norm_rows = _session._core.layer_norm_rows
+    monkeypatch.setattr(
+        _session._core, "layer_norm_rows", lambda *a: native.append(1) or layer_norm_rows(*a), raising=True
+    )
+    rng = np.random.default_rng(17)
+    f32, f16 = TensorProto.FLOAT, TensorProto.FLOAT16
+    cases = [  # x type, x shape, scale, bias, attributes, the C++ path
+        (f32, (8, 16, 384), (384,), (384,), {"epsilon": 1e-12}, True),
+        (f32, (8, 16, 384), (384,), None, {}, True),
+        (f32, (3, 5, 7), (5, 7), (5, 7), {"axis": 1}, True),
+        (f32, (4, 129), (129,), (129,), {"axis": -1, "epsilon": 1e-3}, True),
+        (f32, (2, 3, 128), (1, 128), (128,), {}, True),
+        (f32, (6, 1000), (1000,), (1000,), {"axis": 1}, True),
+        (f32, (7, 1, 3), (3,), (3,), {"axis": -2}, True),
+        (f32, (6, 8), (8,), (8,), {"epsilon": 0.0}, True),
+        (f32, (5, 7), (1,), (7,), {}, False),  # a scale broadcast from one value
+        (f16, (4, 33), (33,), (33,), {}, False),
+    ]
+    for x_type, x_shape, scale_shape, bias_shape, attributes, in_cpp in cases:
+        dtype = helper.tensor_dtype_to_np_dtype(x_type)
+        x = (rng.standard_normal(x_shape) * rng.choice([1e-3, 1.0, 50.0], size=x_shape)).astype(dtype)
+        if x_shape == (6, 8):
+            x[0], x[1], x[2], x[3, 1], x[4, 2] = -0.0, 0.0, 3.0, np.inf, np.nan
+        feed = {"x": x, "scale": rng.standard_normal(scale_shape).astype(dtype)}
+        if bias_shape is not None:
+            feed["bias"] = rng.standard_normal(bias_shape).astype(dtype)
+        for outputs in (1, 3):
+            model = layer_norm_model(x_type, x_shape, scale_shape, bias_shape, attributes, outputs)
+            with np.errstate(all="ignore"):
+                want = ReferenceEvaluator(model).run(None, feed)
+            native.clear()
+            got = qo.InferenceSession(model).run(None, feed)
+            assert bool(native) == in_cpp, (x_shape, attributes)
+            for w, g in zip(want, got, strict=True):
+                assert g.dtype == w.dtype and g.shape == w.shape and g.tobytes() == w.tobytes(), (x_shape, attributes)
+
+
 def test_erf_paths_are_the_c_library_bit_for_bit():
     # Every path of the session's Erf against the C library's erf (the "libm" path) on a stride
     # through all 2^32 float32 bit patterns (NaN ones included), the edges of the kernel's
