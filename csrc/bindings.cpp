@@ -11,6 +11,7 @@
 #include <nanobind/stl/vector.h>
 
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <cstdlib>
 #include <numeric>
@@ -774,22 +775,27 @@ void bind_onnx_ops(nb::module_& m) {
   m.def("erf_paths", &qmm::erf_paths);
   m.def("keep_heap", &qmm::keep_heap);  // the session's heap settings (glibc)
   // QLinearAdd / QLinearMul (onnx/_qlinear_ops.py): x, y and out contiguous 8-bit codes of one size.
-  const auto same_size = [](const char* fn, const In& x, const In& y, const Out& out) {
-    if (x.size() != y.size() || x.size() != out.size()) throw std::invalid_argument(std::string(fn) + ": sizes differ");
-    return static_cast<int64_t>(x.size());
+  // x and y of out's size, or one of them of a divisor of it (repeated: onnx_ops.h): (x, y, out) counts.
+  const auto binary_counts = [](const char* fn, const In& x, const In& y, const Out& out) {
+    const auto count = static_cast<int64_t>(out.size()), nx = static_cast<int64_t>(x.size()),
+               ny = static_cast<int64_t>(y.size());
+    const auto fits = [&](int64_t n) { return n == count || (n > 0 && count % n == 0); };
+    if (!fits(nx) || !fits(ny) || (nx < count && ny < count))
+      throw std::invalid_argument(std::string(fn) + ": x and y of out's size, or one of them of a divisor of it");
+    return std::array<int64_t, 3>{nx, ny, count};
   };
   m.def("qlinear_add_codes",
-        [same_size](const In& x, const In& y, bool is_signed, float rx, float ry, float k, Out out) {
-          const int64_t count = same_size("qlinear_add_codes", x, y, out);
+        [binary_counts](const In& x, const In& y, bool is_signed, float rx, float ry, float k, Out out) {
+          const auto n = binary_counts("qlinear_add_codes", x, y, out);
           nb::gil_scoped_release release;
-          qmm::qlinear_add_codes(x.data(), y.data(), count, is_signed, rx, ry, k, out.data());
+          qmm::qlinear_add_codes(x.data(), n[0], y.data(), n[1], n[2], is_signed, rx, ry, k, out.data());
         });
-  m.def("qlinear_mul_codes",
-        [same_size](const In& x, const In& y, bool is_signed, int32_t zx, int32_t zy, float r, float zc, Out out) {
-          const int64_t count = same_size("qlinear_mul_codes", x, y, out);
-          nb::gil_scoped_release release;
-          qmm::qlinear_mul_codes(x.data(), y.data(), count, is_signed, zx, zy, r, zc, out.data());
-        });
+  m.def("qlinear_mul_codes", [binary_counts](const In& x, const In& y, bool is_signed, int32_t zx, int32_t zy, float r,
+                                             float zc, Out out) {
+    const auto n = binary_counts("qlinear_mul_codes", x, y, out);
+    nb::gil_scoped_release release;
+    qmm::qlinear_mul_codes(x.data(), n[0], y.data(), n[1], n[2], is_signed, zx, zy, r, zc, out.data());
+  });
   m.def("qlinear_binary_path", &qmm::qlinear_binary_path);
   // QLinearSoftmax (onnx/_qlinear_ops.py): x and out contiguous [rows, D] codes, table float32 [256].
   m.def("qlinear_global_average_pool_codes", [](const In& x, bool is_signed, int64_t N, int64_t S, int64_t C,

@@ -35,15 +35,17 @@ DynamicQuantization dynamic_quantization(const float* x, int64_t count);
 DynamicQuantization dynamic_quantize_linear(const float* x, int64_t count, uint8_t* y);
 
 // QLinearAdd and QLinearMul as ONNX Runtime's x86-64 kernels compute them (onnx/_qlinear_ops.py), on
-// int8 (is_signed) or uint8 x and y of `count` elements each, over the thread pool:
+// int8 (is_signed) or uint8 x and y, `count` outputs, over the thread pool:
 //   add: out[i] = sat(cvt(fma32(x[i], rx, fma32(y[i], ry, k))))
 //   mul: out[i] = sat(cvt(f32(f32(f32((x[i] - zx) * (y[i] - zy)) * r) + zc)))
 // (cvt: cvtps2dq, round half to even, NaN and |v| >= 2^31 INT32_MIN; sat: the 8-bit type's range).
+// x and y hold x_count and y_count elements: count, or for one of them a divisor of count, which
+// then repeats (x[i % x_count]: a bias or a scalar broadcast over the output's leading dimensions).
 // The loops of qlinear_binary_loops.inc, built for the baseline and for AVX2 (the same bytes).
-void qlinear_add_codes(const void* x, const void* y, int64_t count, bool is_signed, float rx, float ry, float k,
-                       void* out);
-void qlinear_mul_codes(const void* x, const void* y, int64_t count, bool is_signed, int32_t zx, int32_t zy, float r,
-                       float zc, void* out);
+void qlinear_add_codes(const void* x, int64_t x_count, const void* y, int64_t y_count, int64_t count, bool is_signed,
+                       float rx, float ry, float k, void* out);
+void qlinear_mul_codes(const void* x, int64_t x_count, const void* y, int64_t y_count, int64_t count, bool is_signed,
+                       int32_t zx, int32_t zy, float r, float zc, void* out);
 // QLinearSoftmax's rows as ONNX Runtime computes them (onnx/_qlinear_ops.py): x [rows, D] int8 (is_signed)
 // or uint8 codes, contiguous; per row e_j = table[255 - (max_k x_k - x_j)], sum = e_0 + e_1 + ... in
 // float32 one after another, out_j = sat(nearbyint(double(e_j) * yd / double(sum)) + y_zp) in double

@@ -533,12 +533,14 @@ def test_quantize_static_default_ops_model_runs_as_onnxruntime(activation, tmp_p
 
 @pytest.mark.parametrize("dtype", [U8, S8])
 @pytest.mark.parametrize("function", [qlinear_add, qlinear_mul], ids=["add", "mul"])
-def test_large_outputs_run_the_same_arithmetic_in_cpp(function, dtype):
-    """Outputs of more than 4,096 elements run the C++ loops (csrc/qlinear_binary_loops.inc: operands
-    broadcast to the output's shape first), in both builds of them (portable, and avx2 where the CPU has
-    it); every element equals numpy's arithmetic on pieces of at most 4,096 elements. Lengths around the
-    AVX2 loop's 32 elements and a task's 65,536, broadcast operands, and every (a, b) pair under 24
-    parameter sets (an unfused multiply-add shows in about one element in 400,000)."""
+def test_large_outputs_run_the_same_arithmetic_in_cpp(function, dtype, monkeypatch):
+    """Outputs run the C++ loops (csrc/qlinear_binary_loops.inc: an operand broadcast over the output's
+    leading dimensions only, a bias or a scalar, repeated in place, x or y, of fewer or more than 4,096
+    elements; other broadcasts copied to the output's shape first), in both builds of them (portable,
+    and avx2 where the CPU has it); every element equals numpy's arithmetic (the threshold raised) on
+    pieces of at most 4,096 elements. Lengths around the AVX2 loop's 32 elements and a task's 65,536,
+    broadcast operands, and every (a, b) pair under 24 parameter sets (an unfused multiply-add shows
+    in about one element in 400,000)."""
     from conftest import kernel_entry
 
     import quantmatmul as qm
@@ -550,6 +552,7 @@ def test_large_outputs_run_the_same_arithmetic_in_cpp(function, dtype):
     codes = np.arange(256, dtype=np.uint8).view(dtype)
     every_pair = (np.repeat(codes, 256), np.tile(codes, 256))
     shapes = [((3, 50, 41), (3, 50, 41)), ((3, 50, 41), (50, 1)), ((2, 3000), (2, 3000)), ((4097,), (4097,))]
+    shapes += [((3, 50, 41), (41,)), ((1, 41), (3, 50, 41)), ((3, 5000), (1, 5000)), ((40, 3), ()), ((2, 3), (3,))]
     shapes += [((65536 + 33,), (65536 + 33,)), ((2, 4127), (1,))] + [None] * 24  # None: every pair, new scales
     for shapes_ab in shapes:
         if shapes_ab is None:
@@ -561,10 +564,12 @@ def test_large_outputs_run_the_same_arithmetic_in_cpp(function, dtype):
         scales = [np.float32(rng.uniform(0.005, 0.1)) for _ in range(3)]
         args = (scales[0], zps[0], scales[1], zps[1], scales[2], zps[2])
         A_full, B_full = (v.reshape(-1) for v in np.broadcast_arrays(A, B))
+        monkeypatch.setattr(_qlinear_ops, "_NATIVE_FROM", 1 << 40)
         pieces = [  # of at most 4,096 elements each: numpy's arithmetic
             function(A_full[i : i + 4096], args[0], args[1], B_full[i : i + 4096], *args[2:])
             for i in range(0, A_full.size, 4096)
         ]
+        monkeypatch.undo()
         expected = np.concatenate(pieces).reshape(np.broadcast_shapes(A.shape, B.shape))
         for path in paths:
             with kernel_entry("qgemm", path):

@@ -29,7 +29,10 @@ _F32 = np.float32
 _F64 = np.float64
 _INT32_MIN = -(2**31)
 _A_SCALAR, _B_SCALAR, _SPANS = 0, 1, 2
-_NATIVE_FROM = 1 << 12  # QLinearAdd / QLinearMul outputs larger than this run the C++ loops (csrc/onnx_ops.h)
+# QLinearAdd / QLinearMul / QLinearSoftmax outputs larger than this run the C++ loops (csrc/onnx_ops.h):
+# all of them (numpy's code, the same arithmetic, took 50-130 us for a few hundred elements; the tests
+# raise this to compare the two)
+_NATIVE_FROM = 0
 
 
 # --------------------------------------------------------------------------------------------------
@@ -174,9 +177,18 @@ def _span_mode(shape_a, shape_b) -> int:
 def _operands(x: np.ndarray, y: np.ndarray, shape) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     """(x, y and an output for them, each contiguous, as the C++ loops take them; the result as the caller
     returns it). x and y of the output's shape laid out alike in memory (both channels-last views of the
-    session's convolutions, say) are read as they are and the result takes their layout; else they are
-    broadcast and copied into C order."""
-    if x.shape == y.shape == tuple(shape) and x.strides == y.strides:
+    session's convolutions, say) are read as they are and the result takes their layout; one of the
+    output's shape in C order and the other C-contiguous and broadcast over the output's leading
+    dimensions only (a bias of the last dimensions, a scalar) are read as they are, the C++ loops
+    repeating the second; else they are broadcast and copied into C order."""
+    shape = tuple(shape)
+    for full, other in ((x, y), (y, x)):
+        if full.shape == shape and full.flags.c_contiguous and other.flags.c_contiguous and other.size < full.size:
+            trailing = other.shape[next((i for i, d in enumerate(other.shape) if d != 1), other.ndim) :]
+            if shape[len(shape) - len(trailing) :] == trailing:
+                out = np.empty(shape, x.dtype)
+                return x, y, out, out
+    if x.shape == y.shape == shape and x.strides == y.strides:
         if x.flags.c_contiguous and y.flags.c_contiguous:  # (the common case, without the reordering below)
             out = np.empty(shape, x.dtype)
             return x, y, out, out
