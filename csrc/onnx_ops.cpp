@@ -28,7 +28,9 @@ namespace qmm {
   void qlinear_add_range(const void* x, const void* y, int64_t i0, int64_t i1, bool is_signed, float rx, float ry,     \
                          float k, void* out);                                                                          \
   void qlinear_mul_range(const void* x, const void* y, int64_t i0, int64_t i1, bool is_signed, int32_t zx, int32_t zy, \
-                         float r, float zc, void* out);
+                         float r, float zc, void* out);                                                                \
+  void qlinear_softmax_range(const void* x, bool is_signed, int64_t r0, int64_t r1, int64_t D, const float* table,      \
+                             double yd, int32_t y_zp, void* out);
 namespace portable {
 QMM_BINARY_DECLARATIONS
 }  // namespace portable
@@ -188,49 +190,6 @@ DynamicQuantization dynamic_quantize_linear(const float* x, int64_t count, uint8
 
 namespace {
 
-// nearbyint(v) in the default rounding mode (half to even) without the C library's call (no roundsd
-// in the baseline build): below 2^52, adding and subtracting 2^52 rounds to an integer; NaN, infinities
-// and larger values are integers already or pass through.
-inline double round_even(double v) {
-  const double m = std::fabs(v);
-  return m < 0x1p52 ? std::copysign((m + 0x1p52) - 0x1p52, v) : v;
-}
-
-template <class T>
-void softmax_rows(const T* x, int64_t r0, int64_t r1, int64_t D, const float* table, double yd, int32_t y_zp, T* out) {
-  constexpr double lo = std::is_signed_v<T> ? -128.0 : 0.0, hi = std::is_signed_v<T> ? 127.0 : 255.0;
-  for (int64_t r = r0; r < r1; ++r) {
-    const T* row = x + r * D;
-    T* y = out + r * D;
-    int32_t top = row[0];
-    for (int64_t j = 1; j < D; ++j) top = std::max<int32_t>(top, row[j]);
-    float sum = 0.0f;  // in order, one element after another (no reassociation: the core's flags)
-    for (int64_t j = 0; j < D; ++j) sum += table[255 - (top - row[j])];
-    const double total = sum;
-    for (int64_t j = 0; j < D; ++j) {
-      const double v = round_even(static_cast<double>(table[255 - (top - row[j])]) * yd / total) + y_zp;
-      y[j] = static_cast<T>(std::isnan(v) ? 0.0 : std::min(std::max(v, lo), hi));
-    }
-  }
-}
-
-}  // namespace
-
-void qlinear_softmax_rows(const void* x, bool is_signed, int64_t rows, int64_t D, const float* table, double yd,
-                          int32_t y_zp, void* out) {
-  // About 2 ns per element (a double division each): tasks of about 8 K elements.
-  const int64_t task = std::max<int64_t>(1, 8192 / std::max<int64_t>(1, D));
-  over_tasks(rows, task, static_cast<double>(task * D) * 2.0, [&](int64_t, int64_t r0, int64_t r1) {
-    if (is_signed) {
-      softmax_rows(static_cast<const int8_t*>(x), r0, r1, D, table, yd, y_zp, static_cast<int8_t*>(out));
-    } else {
-      softmax_rows(static_cast<const uint8_t*>(x), r0, r1, D, table, yd, y_zp, static_cast<uint8_t*>(out));
-    }
-  });
-}
-
-namespace {
-
 // One image's channel sums of x, [S, C] (channels_last) or [C, S], into sums [C] (int64: exact).
 template <class T>
 void channel_sums(const T* x, int64_t S, int64_t C, bool channels_last, int64_t* sums) {
@@ -325,6 +284,15 @@ void qlinear_mul_codes(const void* x, int64_t x_count, const void* y, int64_t y_
                        int32_t zx, int32_t zy, float r, float zc, void* out) {
   over_codes(QMM_BINARY_RANGE(qlinear_mul_range), x, x_count, y, y_count, count, out, is_signed, zx, zy, r, zc);
 }
+void qlinear_softmax_rows(const void* x, bool is_signed, int64_t rows, int64_t D, const float* table, double yd,
+                          int32_t y_zp, void* out) {
+  // About 2 ns per element (a double division each): tasks of about 8 K elements.
+  const int64_t task = std::max<int64_t>(1, 8192 / std::max<int64_t>(1, D));
+  over_tasks(rows, task, static_cast<double>(task * D) * 2.0, [&](int64_t, int64_t r0, int64_t r1) {
+    QMM_BINARY_RANGE(qlinear_softmax_range)(x, is_signed, r0, r1, D, table, yd, y_zp, out);
+  });
+}
+
 #undef QMM_BINARY_RANGE
 
 bool keep_heap(int64_t top_pad, int64_t mmap_threshold) {

@@ -606,19 +606,28 @@ def test_operands_laid_out_alike_keep_their_layout(function):
 
 @pytest.mark.parametrize("dtype", [U8, S8])
 def test_softmax_rows_in_cpp_are_numpys(dtype, monkeypatch):
-    """Outputs of more than 4,096 elements (the C++ rows) equal numpy's arithmetic on the same input: long
-    rows and short, every axis, both opset readings, saturating and tiny y_scale."""
+    """The C++ rows (every output; both builds: portable, and avx2's 4 doubles at a time where the CPU
+    has it) equal numpy's arithmetic on the same input: long rows and short (the AVX2 loop's tails),
+    every axis, both opset readings, saturating and tiny y_scale."""
+    from conftest import kernel_entry
+
+    import quantmatmul as qm
+
+    paths = [isa for isa in ("portable", "avx2") if isa in qm.available_isas()]
     rng = np.random.default_rng(np.dtype(dtype).num)
     info = np.iinfo(dtype)
-    for i, shape in enumerate([(8, 12, 16, 16), (3, 5000), (5000, 3), (2, 70, 3, 11), (1, 4097)] * 3):
+    for i, shape in enumerate([(8, 12, 16, 16), (3, 5000), (5000, 3), (2, 70, 3, 11), (1, 4097), (7, 6)] * 3):
         X = rng.integers(info.min if i % 3 else info.max - 10, info.max + 1, shape).astype(dtype)
         args = (X, F32(np.exp2(rng.uniform(-10, 2))), np.array(0, dtype), [F32(1 / 256), F32(1e-40), F32(3.0)][i % 3])
         args += (np.array(rng.integers(info.min, info.max + 1), dtype),)
         axis, opset = int(rng.integers(-len(shape), len(shape))), [12, 13][i % 2]
-        native = qlinear_softmax(*args, axis=axis, opset=opset)
         monkeypatch.setattr(_qlinear_ops, "_NATIVE_FROM", 1 << 40)
-        np.testing.assert_array_equal(native, qlinear_softmax(*args, axis=axis, opset=opset), err_msg=f"{shape}")
+        expected = qlinear_softmax(*args, axis=axis, opset=opset)
         monkeypatch.undo()
+        for path in paths:
+            with kernel_entry("qgemm", path):
+                native = qlinear_softmax(*args, axis=axis, opset=opset)
+            np.testing.assert_array_equal(native, expected, err_msg=f"{path} {shape}")
 
 
 @pytest.mark.parametrize("op", ["QLinearAdd", "QLinearMul"])
