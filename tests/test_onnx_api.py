@@ -635,6 +635,46 @@ def test_layer_normalization_is_onnx_reference_bit_for_bit(monkeypatch):
                 assert g.dtype == w.dtype and g.shape == w.shape and g.tobytes() == w.tobytes(), (x_shape, attributes)
 
 
+def test_reshape_is_onnx_references():
+    """The session's Reshape (np.reshape on the shape's values, not onnx.reference's per-call copies) gives
+    onnx.reference's result: -1, a 0 copying the input's dimension, allowzero with an empty input, and
+    the same errors (a 0 past the input's dimensions: onnx.reference's own code)."""
+    cases = [  # input shape, shape, allowzero
+        ((8, 16, 384), [8, 16, 12, 32], 0),
+        ((8, 16, 384), [-1, 384], 0),
+        ((2, 3, 4), [0, -1], 0),
+        ((8, 16, 384), [0, 0, 12, 32], 0),
+        ((2, 3, 4), [0, 0, 0, -1], 0),
+        ((0, 3), [0, 3, 1], 1),
+        ((6,), [6, 1, 1], 0),
+    ]
+    for x_shape, shape, allowzero in cases:
+        node = helper.make_node("Reshape", ["x", "shape"], ["y"], allowzero=allowzero)
+        y_shape = ["d"] * len(shape)
+        model = make_model(
+            [node], [("x", TensorProto.UINT8, list(x_shape)), ("shape", TensorProto.INT64, [len(shape)])],
+            [("y", TensorProto.UINT8, y_shape)], {}, opset=14,
+        )
+        x = np.arange(np.prod(x_shape), dtype=np.uint8).reshape(x_shape)
+        feed = {"x": x, "shape": np.array(shape, np.int64)}
+        want = ReferenceEvaluator(model).run(None, feed)[0]
+        got = qo.InferenceSession(model).run(None, feed)[0]
+        assert got.shape == want.shape and got.dtype == want.dtype and np.array_equal(got, want), (x_shape, shape)
+    node = helper.make_node("Reshape", ["x", "shape"], ["y"])
+    model = make_model(
+        [node], [("x", TensorProto.UINT8, [6]), ("shape", TensorProto.INT64, [1])], [("y", TensorProto.UINT8, ["d"])],
+        {}, opset=14,
+    )
+    with pytest.raises(ValueError, match="cannot reshape array of size 6"):
+        qo.InferenceSession(model).run(None, {"x": np.zeros(6, np.uint8), "shape": np.array([4], np.int64)})
+    model = make_model(  # a 0 past the input's dimensions: onnx.reference's own code (and its error)
+        [node], [("x", TensorProto.UINT8, [6]), ("shape", TensorProto.INT64, [2])],
+        [("y", TensorProto.UINT8, ["d", "e"])], {}, opset=14,
+    )
+    with pytest.raises(IndexError):
+        qo.InferenceSession(model).run(None, {"x": np.zeros(6, np.uint8), "shape": np.array([6, 0], np.int64)})
+
+
 def test_erf_paths_are_the_c_library_bit_for_bit():
     # Every path of the session's Erf against the C library's erf (the "libm" path) on a stride
     # through all 2^32 float32 bit patterns (NaN ones included), the edges of the kernel's

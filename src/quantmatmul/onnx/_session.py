@@ -75,8 +75,8 @@ class InferenceSession:
     MatMulNBits, QuantizeLinear, DequantizeLinear, DynamicQuantizeLinear, MatMulInteger, QLinearConv and
     ConvInteger, which run in quantmatmul (what ONNX Runtime's quantizers emit: ``quantize_static`` in
     QOperator and QDQ formats, ``quantize_dynamic``, ``MatMulNBitsQuantizer`` and
-    :func:`quantmatmul.onnx.quantize`), and Erf (onnx.reference's bits, in C++: an erf-GELU model's Erf
-    nodes were most of its time). A constant
+    :func:`quantmatmul.onnx.quantize`), and Erf and LayerNormalization (onnx.reference's bits, in C++:
+    a BERT-style model's Erf nodes were most of its time). A constant
     weight (B and its parameters initializers) is held as a :class:`quantmatmul.QLinearMatMul` /
     :class:`quantmatmul.MatMulNBits`, packed once. ``numerics`` ("onnxruntime", "onnx-reference" or
     "exact") is passed to every QLinearMatMul; MatMulNBits runs at its node's ``accuracy_level``;
@@ -87,7 +87,7 @@ class InferenceSession:
     com.microsoft QGemm, QLinearAdd, QLinearMul, QLinearSoftmax, QLinearGlobalAveragePool,
     QLinearAveragePool, QLinearSigmoid, QLinearLeakyRelu and QLinearConcat (``quantize_static``'s
     QOperator operators) compute ONNX Runtime's bits; MaxPool runs in numpy (onnx.reference loops in
-    Python). With ``fuse_qdq`` (the default), a QDQ model's ``DequantizeLinear -> MatMul / Gemm / Conv ->
+    Python), Reshape without onnx.reference's per-call copies. With ``fuse_qdq`` (the default), a QDQ model's ``DequantizeLinear -> MatMul / Gemm / Conv ->
     QuantizeLinear`` groups run as one QLinearMatMul / QGemm / QLinearConv, its uint8 element-wise,
     pooling and Concat groups as ORT's QLinear* operators, its weight-only 4- / 8-bit groups as
     MatMulNBits at accuracy level 4, and Reshape / Transpose / MaxPool / ... between equal
@@ -721,6 +721,23 @@ def _normalized_operand(w, X, axis: int) -> bool:
     return strip(w.shape) == strip(X.shape[axis:])
 
 
+class _Reshape(_Op):
+    """Reshape as onnx.reference computes it (``np.reshape``: a view where numpy can make one; a 0 takes
+    the input's dimension there unless allowzero) without its per-call arrays for the shape (a fifth of
+    a microsecond of work took 20-60 us a node: MiniLM has 24); a shape that is not a 1-D int64 array,
+    data that is not an array, or a 0 past the input's dimensions: onnx.reference's own."""
+
+    def _compute(self, data, shape, allowzero=0, **_):
+        if type(data) is np.ndarray and type(shape) is np.ndarray and shape.dtype == np.int64 and shape.ndim == 1:
+            dims = shape.tolist()
+            if not allowzero and 0 in dims:
+                if len(dims) > data.ndim:
+                    return _reference_op(self).run(data, shape)
+                dims = [data.shape[i] if d == 0 else d for i, d in enumerate(dims)]
+            return (data.reshape(dims),)
+        return _reference_op(self).run(data, shape)
+
+
 class _MaxPool(_Op):
     """MaxPool's values in numpy (onnx/_pool.py: onnx.reference loops over every output in Python); with an
     Indices output, ceil_mode, or a float input holding NaN, onnx.reference's own."""
@@ -752,6 +769,7 @@ def _op_classes(constants: dict, numerics: str) -> list:
         "ConvInteger": _ConvInteger,
         "MaxPool": _MaxPool,
         "LayerNormalization": _LayerNormalization,
+        "Reshape": _Reshape,
         "QLinearGlobalAveragePool": _QLinearGlobalAveragePool,
         "QLinearAveragePool": _QLinearAveragePool,
         "QLinearSigmoid": _QLinearSigmoid,
