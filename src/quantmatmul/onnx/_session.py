@@ -731,7 +731,7 @@ class _Reshape(_Op):
         if type(data) is np.ndarray and type(shape) is np.ndarray and shape.dtype == np.int64 and shape.ndim == 1:
             dims = shape.tolist()
             if not allowzero and 0 in dims:
-                if len(dims) > data.ndim:
+                if any(d == 0 for d in dims[data.ndim :]):
                     return _reference_op(self).run(data, shape)
                 dims = [data.shape[i] if d == 0 else d for i, d in enumerate(dims)]
             return (data.reshape(dims),)
