@@ -790,12 +790,12 @@ void bind_onnx_ops(nb::module_& m) {
           nb::gil_scoped_release release;
           qmm::qlinear_add_codes(x.data(), n[0], y.data(), n[1], n[2], is_signed, rx, ry, k, out.data());
         });
-  m.def("qlinear_mul_codes", [binary_counts](const In& x, const In& y, bool is_signed, int32_t zx, int32_t zy, float r,
-                                             float zc, Out out) {
-    const auto n = binary_counts("qlinear_mul_codes", x, y, out);
-    nb::gil_scoped_release release;
-    qmm::qlinear_mul_codes(x.data(), n[0], y.data(), n[1], n[2], is_signed, zx, zy, r, zc, out.data());
-  });
+  m.def("qlinear_mul_codes",
+        [binary_counts](const In& x, const In& y, bool is_signed, int32_t zx, int32_t zy, float r, float zc, Out out) {
+          const auto n = binary_counts("qlinear_mul_codes", x, y, out);
+          nb::gil_scoped_release release;
+          qmm::qlinear_mul_codes(x.data(), n[0], y.data(), n[1], n[2], is_signed, zx, zy, r, zc, out.data());
+        });
   m.def("qlinear_binary_path", &qmm::qlinear_binary_path);
   // QLinearSoftmax (onnx/_qlinear_ops.py): x and out contiguous [rows, D] codes, table float32 [256].
   m.def("qlinear_global_average_pool_codes", [](const In& x, bool is_signed, int64_t N, int64_t S, int64_t C,
@@ -805,21 +805,24 @@ void bind_onnx_ops(nb::module_& m) {
     nb::gil_scoped_release release;
     qmm::qlinear_global_average_pool_codes(x.data(), is_signed, N, S, C, channels_last, x_zp, scale, y_zp, y.data());
   });
-  m.def("layer_norm_rows", [](const In& x, const In& scale, std::optional<In> bias, float epsilon, Out y, Out mean,
-                              Out inv_std_dev) {
-    if (x.ndim() != 2 || x.dtype() != nb::dtype<float>())
-      throw std::invalid_argument("layer_norm_rows: x float32 [rows, cols] expected");
-    const auto rows = static_cast<int64_t>(x.shape(0)), cols = static_cast<int64_t>(x.shape(1));
-    const auto sized = [](const auto& a, int64_t n) { return a.dtype() == nb::dtype<float>() && static_cast<int64_t>(a.size()) == n; };
-    if (!sized(scale, cols) || (bias && !sized(*bias, cols)) || !sized(y, rows * cols) || !sized(mean, rows) ||
-        !sized(inv_std_dev, rows))
-      throw std::invalid_argument("layer_norm_rows: scale and bias [cols], y [rows, cols], mean and inv_std_dev [rows] float32");
-    nb::gil_scoped_release release;
-    qmm::layer_norm_rows(static_cast<const float*>(x.data()), rows, cols, static_cast<const float*>(scale.data()),
-                         bias ? static_cast<const float*>(bias->data()) : nullptr, epsilon,
-                         static_cast<float*>(y.data()), static_cast<float*>(mean.data()),
-                         static_cast<float*>(inv_std_dev.data()));
-  });
+  m.def("layer_norm_rows",
+        [](const In& x, const In& scale, std::optional<In> bias, float epsilon, Out y, Out mean, Out inv_std_dev) {
+          if (x.ndim() != 2 || x.dtype() != nb::dtype<float>())
+            throw std::invalid_argument("layer_norm_rows: x float32 [rows, cols] expected");
+          const auto rows = static_cast<int64_t>(x.shape(0)), cols = static_cast<int64_t>(x.shape(1));
+          const auto sized = [](const auto& a, int64_t n) {
+            return a.dtype() == nb::dtype<float>() && static_cast<int64_t>(a.size()) == n;
+          };
+          if (!sized(scale, cols) || (bias && !sized(*bias, cols)) || !sized(y, rows * cols) || !sized(mean, rows) ||
+              !sized(inv_std_dev, rows))
+            throw std::invalid_argument(
+                "layer_norm_rows: scale and bias [cols], y [rows, cols], mean and inv_std_dev [rows] float32");
+          nb::gil_scoped_release release;
+          qmm::layer_norm_rows(static_cast<const float*>(x.data()), rows, cols, static_cast<const float*>(scale.data()),
+                               bias ? static_cast<const float*>(bias->data()) : nullptr, epsilon,
+                               static_cast<float*>(y.data()), static_cast<float*>(mean.data()),
+                               static_cast<float*>(inv_std_dev.data()));
+        });
   m.def("qlinear_softmax_rows", [](const In& x, bool is_signed, const In& table, double yd, int32_t y_zp, Out out) {
     if (x.ndim() != 2 || out.size() != x.size() || table.size() != 256)
       throw std::invalid_argument("qlinear_softmax_rows: x [rows, D], out of its size and a 256-entry table");

@@ -41,35 +41,35 @@ float numpy_sum(const float* a, int64_t n) { return 0.0f + pairwise_sum(a, n); }
 
 }  // namespace
 
-void layer_norm_rows(const float* x, int64_t rows, int64_t cols, const float* scale, const float* bias,
-                     float epsilon, float* y, float* mean, float* inv_std_dev) {
+void layer_norm_rows(const float* x, int64_t rows, int64_t cols, const float* scale, const float* bias, float epsilon,
+                     float* y, float* mean, float* inv_std_dev) {
   const float n = static_cast<float>(cols);  // (numpy: the float32 array over a Python int, in float32)
   // About a nanosecond per element (two sums, five roundings each): tasks of about 8 K elements.
   const int64_t task = std::max<int64_t>(1, 8192 / std::max<int64_t>(1, cols));
-  parallel_ranges(rows, task, tasks_worth_a_thread(static_cast<double>(task * cols)), [&](int64_t, int64_t r0,
-                                                                                           int64_t r1) {
-    std::vector<float> squares(static_cast<size_t>(cols));
-    for (int64_t r = r0; r < r1; ++r) {
-      const float* in = x + r * cols;
-      float* out = y + r * cols;
-      const float m = numpy_sum(in, cols) / n;  // x_mean
-      for (int64_t j = 0; j < cols; ++j) {
-        const float d = in[j] - m;  // x_diff
-        out[j] = d;
-        squares[static_cast<size_t>(j)] = d * d;  // x_squared_diff
-      }
-      const float variance = numpy_sum(squares.data(), cols) / n;
-      const float inv = 1.0f / std::sqrt(variance + epsilon);  // np.reciprocal(np.sqrt(variance + epsilon))
-      for (int64_t j = 0; j < cols; ++j) {
-        float v = out[j] * inv;  // y_mat
-        v = v * scale[j];        // * W
-        if (bias) v = v + bias[j];
-        out[j] = v;
-      }
-      mean[r] = m;
-      inv_std_dev[r] = inv;
-    }
-  });
+  parallel_ranges(
+      rows, task, tasks_worth_a_thread(static_cast<double>(task * cols)), [&](int64_t, int64_t r0, int64_t r1) {
+        std::vector<float> squares(static_cast<size_t>(cols));
+        for (int64_t r = r0; r < r1; ++r) {
+          const float* in = x + r * cols;
+          float* out = y + r * cols;
+          const float m = numpy_sum(in, cols) / n;  // x_mean
+          for (int64_t j = 0; j < cols; ++j) {
+            const float d = in[j] - m;  // x_diff
+            out[j] = d;
+            squares[static_cast<size_t>(j)] = d * d;  // x_squared_diff
+          }
+          const float variance = numpy_sum(squares.data(), cols) / n;
+          const float inv = 1.0f / std::sqrt(variance + epsilon);  // np.reciprocal(np.sqrt(variance + epsilon))
+          for (int64_t j = 0; j < cols; ++j) {
+            float v = out[j] * inv;  // y_mat
+            v = v * scale[j];  // * W
+            if (bias) v = v + bias[j];
+            out[j] = v;
+          }
+          mean[r] = m;
+          inv_std_dev[r] = inv;
+        }
+      });
 }
 
 }  // namespace qmm

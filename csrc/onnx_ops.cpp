@@ -29,7 +29,7 @@ namespace qmm {
                          float k, void* out);                                                                          \
   void qlinear_mul_range(const void* x, const void* y, int64_t i0, int64_t i1, bool is_signed, int32_t zx, int32_t zy, \
                          float r, float zc, void* out);                                                                \
-  void qlinear_softmax_range(const void* x, bool is_signed, int64_t r0, int64_t r1, int64_t D, const float* table,      \
+  void qlinear_softmax_range(const void* x, bool is_signed, int64_t r0, int64_t r1, int64_t D, const float* table,     \
                              double yd, int32_t y_zp, void* out);
 namespace portable {
 QMM_BINARY_DECLARATIONS
@@ -262,7 +262,9 @@ void over_codes(Range range, const void* x, int64_t x_count, const void* y, int6
     if (!x_repeats && !y_repeats) return range(x, y, i0, i1, params..., out);
     for (int64_t i = i0; i < i1;) {  // each repetition's part of [i0, i1), indexed from its start
       const int64_t start = i / period * period, end = std::min(i1, start + period);
-      const auto at = [&](const void* p, bool repeats) { return static_cast<const uint8_t*>(p) + (repeats ? 0 : start); };
+      const auto at = [&](const void* p, bool repeats) {
+        return static_cast<const uint8_t*>(p) + (repeats ? 0 : start);
+      };
       range(at(x, x_repeats), at(y, y_repeats), i - start, end - start, params..., static_cast<uint8_t*>(out) + start);
       i = end;
     }

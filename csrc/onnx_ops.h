@@ -66,8 +66,8 @@ const char* qlinear_binary_path();
 // [rows, cols] contiguous, each row normalized by its mean and variance (numpy's pairwise float32 sums,
 // each over cols in float32), 1 / sqrt(variance + epsilon), times scale [cols], plus bias [cols] (or
 // null); y [rows, cols], mean and inv_std_dev [rows]. Over the thread pool (csrc/layer_norm.cpp).
-void layer_norm_rows(const float* x, int64_t rows, int64_t cols, const float* scale, const float* bias,
-                     float epsilon, float* y, float* mean, float* inv_std_dev);
+void layer_norm_rows(const float* x, int64_t rows, int64_t cols, const float* scale, const float* bias, float epsilon,
+                     float* y, float* mean, float* inv_std_dev);
 
 // The C library's heap keeps up to top_pad bytes of freed memory at its top for reuse instead of
 // handing them back to the system, and serves blocks below mmap_threshold bytes from the heap

@@ -653,8 +653,11 @@ def test_reshape_is_onnx_references():
         node = helper.make_node("Reshape", ["x", "shape"], ["y"], allowzero=allowzero)
         y_shape = ["d"] * len(shape)
         model = make_model(
-            [node], [("x", TensorProto.UINT8, list(x_shape)), ("shape", TensorProto.INT64, [len(shape)])],
-            [("y", TensorProto.UINT8, y_shape)], {}, opset=14,
+            [node],
+            [("x", TensorProto.UINT8, list(x_shape)), ("shape", TensorProto.INT64, [len(shape)])],
+            [("y", TensorProto.UINT8, y_shape)],
+            {},
+            opset=14,
         )
         x = np.arange(np.prod(x_shape), dtype=np.uint8).reshape(x_shape)
         feed = {"x": x, "shape": np.array(shape, np.int64)}
@@ -663,14 +666,20 @@ def test_reshape_is_onnx_references():
         assert got.shape == want.shape and got.dtype == want.dtype and np.array_equal(got, want), (x_shape, shape)
     node = helper.make_node("Reshape", ["x", "shape"], ["y"])
     model = make_model(
-        [node], [("x", TensorProto.UINT8, [6]), ("shape", TensorProto.INT64, [1])], [("y", TensorProto.UINT8, ["d"])],
-        {}, opset=14,
+        [node],
+        [("x", TensorProto.UINT8, [6]), ("shape", TensorProto.INT64, [1])],
+        [("y", TensorProto.UINT8, ["d"])],
+        {},
+        opset=14,
     )
     with pytest.raises(ValueError, match="cannot reshape array of size 6"):
         qo.InferenceSession(model).run(None, {"x": np.zeros(6, np.uint8), "shape": np.array([4], np.int64)})
     model = make_model(  # a 0 past the input's dimensions: onnx.reference's own code (and its error)
-        [node], [("x", TensorProto.UINT8, [6]), ("shape", TensorProto.INT64, [2])],
-        [("y", TensorProto.UINT8, ["d", "e"])], {}, opset=14,
+        [node],
+        [("x", TensorProto.UINT8, [6]), ("shape", TensorProto.INT64, [2])],
+        [("y", TensorProto.UINT8, ["d", "e"])],
+        {},
+        opset=14,
     )
     with pytest.raises(IndexError):
         qo.InferenceSession(model).run(None, {"x": np.zeros(6, np.uint8), "shape": np.array([6, 0], np.int64)})

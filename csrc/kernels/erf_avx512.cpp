@@ -112,15 +112,14 @@ inline __m512 erf16(const float* x, __mmask16& exact) {
   const __m512 clamped = _mm512_min_ps(ax, _mm512_set1_ps(kSaturate));  // finite in every lane (NaN too)
   // interval floor(2 |x|), 0 .. 7 (SIMDe has no int32 -> int64 widening: a permute puts lane j
   // into the low half of 64-bit lane j, which is all vpermpd reads)
-  const __m512i interval =
-      _mm512_min_epi32(_mm512_cvttps_epi32(_mm512_add_ps(clamped, clamped)), _mm512_set1_epi32(7));
+  const __m512i interval = _mm512_min_epi32(_mm512_cvttps_epi32(_mm512_add_ps(clamped, clamped)), _mm512_set1_epi32(7));
   __m512 result = _mm512_set1_ps(1.0f);
   for (int h = 0; h < 2; ++h) {
     const __m256 part = h == 0 ? _mm512_castps512_ps256(clamped) : _mm512_extractf32x8_ps(clamped, 1);
-    const __m512i index = _mm512_permutexvar_epi32(_mm512_set_epi32(0, 8 * h + 7, 0, 8 * h + 6, 0, 8 * h + 5, 0,
-                                                                    8 * h + 4, 0, 8 * h + 3, 0, 8 * h + 2, 0,
-                                                                    8 * h + 1, 0, 8 * h),
-                                                   interval);
+    const __m512i index =
+        _mm512_permutexvar_epi32(_mm512_set_epi32(0, 8 * h + 7, 0, 8 * h + 6, 0, 8 * h + 5, 0, 8 * h + 4, 0, 8 * h + 3,
+                                                  0, 8 * h + 2, 0, 8 * h + 1, 0, 8 * h),
+                                 interval);
     const __m512d e = polynomial(_mm512_max_pd(widen(part), _mm512_set1_pd(0x1p-20)), index);
     const __mmask8 near = near_midpoint(e);
     exact = static_cast<__mmask16>(exact | (static_cast<unsigned>(near) << (8 * h)));

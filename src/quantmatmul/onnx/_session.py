@@ -704,8 +704,13 @@ class _LayerNormalization(_Op):
         if rows and cols:
             bias = None if B is None else np.ascontiguousarray(B).reshape(-1)
             _core.layer_norm_rows(
-                X.reshape(rows, cols), np.ascontiguousarray(Scale).reshape(-1), bias, float(np.float32(epsilon)),
-                y.reshape(rows, cols), mean.reshape(-1), inv_std_dev.reshape(-1),
+                X.reshape(rows, cols),
+                np.ascontiguousarray(Scale).reshape(-1),
+                bias,
+                float(np.float32(epsilon)),
+                y.reshape(rows, cols),
+                mean.reshape(-1),
+                inv_std_dev.reshape(-1),
             )
         elif rows:  # (no columns: numpy's mean and variance 0 / 0)
             return _reference_op(self).run(X, Scale, *([] if B is None else [B]))
