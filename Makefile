@@ -70,6 +70,7 @@ test-asan: $(VENV)/.test-deps
 		test_onnx_api.py::test_matmul_integer_on_every_table_shape_and_zero_point_form \
 		test_onnx_api.py::test_erf_paths_are_the_c_library_bit_for_bit \
 		test_onnx_api.py::test_erf_path_follows_the_kernel_level \
+		test_onnx_api.py::test_layer_normalization_is_onnx_reference_bit_for_bit \
 		test_onnx_api.py::test_dynamic_quantize_linear_leaves_nan_out_of_the_range \
 		test_onnx_qconv.py test_onnx_qlinear_ops.py::test_large_outputs_run_the_same_arithmetic_in_cpp \
 		test_onnx_qlinear_ops.py::test_softmax_rows_in_cpp_are_numpys \
