@@ -82,6 +82,12 @@ bool needs_row_sums(const QGemmProblem& p, int64_t b_zero_points, int32_t ob) {
 // where negative, else as given.
 int64_t zero_point_ld(int64_t ld, int64_t rows) { return ld < 0 ? rows : ld; }
 
+// How many zero points the problem's b matrices have (N where they share one matrix's).
+int64_t b_zero_points(const QGemmProblem& p) {
+  const int64_t b_count = *std::max_element(p.b_index, p.b_index + p.batch) + 1;
+  return (b_count - 1) * zero_point_ld(p.b_zero_point_ld, p.N) + p.N;
+}
+
 // Whether every zero point lies in its 8-bit operand's range (a small product's differences then fit int16).
 bool zero_points_in_range(const int32_t* zp, int64_t count, bool is_signed) {
   int32_t lo = is_signed ? -128 : 0, hi = is_signed ? 127 : 255;
@@ -202,10 +208,9 @@ void accumulate(const QGemmDispatch& q, const QGemmProblem& p, Epilogue&& epilog
   const int64_t panel_bytes = L.panel_bytes(K);
   const int64_t threads = get_num_threads();
   const int64_t a_count = *std::max_element(p.a_index, p.a_index + p.batch) + 1;
-  const int64_t b_count = *std::max_element(p.b_index, p.b_index + p.batch) + 1;
   const int64_t za_ld = zero_point_ld(p.a_zero_point_ld, M), zb_ld = zero_point_ld(p.b_zero_point_ld, N);
   // (the zero points' elements, every matrix's: M and N where the matrices share theirs)
-  const int64_t za_count = (a_count - 1) * za_ld + M, zb_count = (b_count - 1) * zb_ld + N;
+  const int64_t za_count = (a_count - 1) * za_ld + M, zb_count = b_zero_points(p);
   // Small products with b per call (K <= 128 and N <= 64: attention's batches, 16 x 32 x 16 each): the
   // entry's small_product reads a and b in place and returns final sums, no packing, no row or
   // column sums here; a matrix's rows in one block up to kSmallProductBlockWork (its b prepared once).
@@ -545,9 +550,7 @@ void qlinear_matmul_onnxruntime(const QGemmProblem& p, View3<float> multiplier, 
 bool taps_usable(const QGemmProblem& p) {
   const QGemmDispatch& q = call_entry(p);
   const int32_t ob = q.layout->b_offset[p.b_packed ? p.b_packed->is_signed : p.b_signed];
-  const int64_t b_count = *std::max_element(p.b_index, p.b_index + p.batch) + 1;
-  const int64_t zb_count = (b_count - 1) * zero_point_ld(p.b_zero_point_ld, p.N) + p.N;
-  return taps_usable(q, p.a_signed, needs_row_sums(p, zb_count, ob), p.batch, p.K, p.a_taps);
+  return taps_usable(q, p.a_signed, needs_row_sums(p, b_zero_points(p), ob), p.batch, p.K, p.a_taps);
 }
 
 void matmul_integer(const QGemmProblem& p, int32_t* y) {

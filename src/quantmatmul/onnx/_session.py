@@ -87,10 +87,11 @@ class InferenceSession:
     com.microsoft QGemm, QLinearAdd, QLinearMul, QLinearSoftmax, QLinearGlobalAveragePool,
     QLinearAveragePool, QLinearSigmoid, QLinearLeakyRelu and QLinearConcat (``quantize_static``'s
     QOperator operators) compute ONNX Runtime's bits; MaxPool runs in numpy (onnx.reference loops in
-    Python), Reshape without onnx.reference's per-call copies. With ``fuse_qdq`` (the default), a QDQ model's ``DequantizeLinear -> MatMul / Gemm / Conv ->
-    QuantizeLinear`` groups run as one QLinearMatMul / QGemm / QLinearConv, its uint8 element-wise,
-    pooling and Concat groups as ORT's QLinear* operators, its weight-only 4- / 8-bit groups as
-    MatMulNBits at accuracy level 4, and Reshape / Transpose / MaxPool / ... between equal
+    Python), Reshape without onnx.reference's per-call copies. With ``fuse_qdq`` (the default), a QDQ
+    model's ``DequantizeLinear -> MatMul / Gemm / Conv -> QuantizeLinear`` groups run as one
+    QLinearMatMul / QGemm / QLinearConv, its uint8 element-wise, pooling and Concat groups as ORT's
+    QLinear* operators, its weight-only 4- / 8-bit groups as MatMulNBits at accuracy level 4, and
+    Reshape / Transpose / MaxPool / ... between equal
     quantizations on the codes, as ONNX Runtime's graph optimizer runs them (the rules: docs/onnx.md,
     "QDQ fusion"; ``fused``: the rewritten nodes' names);
     ``fuse_qdq=False`` runs the graph as written. The caller's model is never modified.
