@@ -99,6 +99,35 @@ std::string shape_text(int64_t M, int64_t K, int64_t N) {
   return std::to_string(M) + "x" + std::to_string(K) + "x" + std::to_string(N);
 }
 
+// Empty when the entry's small products (QGemmSmallProduct: a and b read in place, the final sums with
+// a zero point per row of a and per column of b) agree with the portable one's, else what differed:
+// row groups and strips around the kernels' (8 and 4 rows, 16 and 8 columns), K below 16 and up to
+// the limit, every signedness, zero points anywhere in the types' ranges.
+std::string small_product_self_test(const QGemmDispatch& q, uint32_t& state) {
+  if (!q.small_product || q.small_product == kPortableQGemm.small_product) return {};
+  static const int64_t shapes[][3] = {{1, 1, 1}, {9, 6, 10}, {17, 33, 16}, {5, 128, 64}, {12, 31, 40}};
+  for (const auto& s : shapes) {
+    const int64_t M = s[0], K = s[1], N = s[2];
+    trace("  small product " + shape_text(M, K, N));
+    std::vector<uint8_t> a(static_cast<size_t>(M * K)), b(static_cast<size_t>(K * N));
+    for (auto& x : a) x = static_cast<uint8_t>(lcg(state));
+    for (auto& x : b) x = static_cast<uint8_t>(lcg(state));
+    std::vector<int32_t> za(static_cast<size_t>(M)), zb(static_cast<size_t>(N));
+    std::vector<int32_t> ours(static_cast<size_t>(M * N)), expected(ours.size());
+    for (int combo = 0; combo < 4; ++combo) {
+      const bool as = combo & 1, bs = combo & 2;
+      for (auto& z : za) z = lcg(state) - (as ? 128 : 0);
+      for (auto& z : zb) z = lcg(state) - (bs ? 128 : 0);
+      q.small_product(a.data(), as, K, za.data(), b.data(), bs, N, zb.data(), M, K, N, ours.data(), N);
+      kPortableQGemm.small_product(a.data(), as, K, za.data(), b.data(), bs, N, zb.data(), M, K, N, expected.data(), N);
+      if (ours != expected)
+        return std::string("its small products differ from the portable kernel's at ") + shape_text(M, K, N) +
+               (as ? " s8" : " u8") + (bs ? "·s8" : "·u8");
+    }
+  }
+  return {};
+}
+
 // Empty when `q` agrees with the portable kernel, else what differed.
 std::string self_test(const QGemmDispatch& q) {
   // Row counts around every layout's row groups (the tiles: 32 rows straight from the tiles, 17 through
@@ -121,7 +150,7 @@ std::string self_test(const QGemmDispatch& q) {
                std::to_string(N) + (as ? " s8" : " u8") + (bs ? "·s8" : "·u8");
     }
   }
-  return {};
+  return small_product_self_test(q, state);
 }
 
 // --- The float8 self-test: the pair table against a scalar model of its order on float8-like
