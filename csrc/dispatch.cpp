@@ -61,6 +61,13 @@ int32_t lcg(uint32_t& state) {
   return static_cast<int32_t>(state >> 24);  // 0..255
 }
 
+// count bytes from the generator, in order.
+std::vector<uint8_t> random_bytes(int64_t count, uint32_t& state) {
+  std::vector<uint8_t> bytes(static_cast<size_t>(count));
+  for (auto& x : bytes) x = static_cast<uint8_t>(lcg(state));
+  return bytes;
+}
+
 // C = A x B (raw sums of the stored values, the offsets' zero-point terms applied) through `q`.
 void reference_product(const QGemmDispatch& q, const uint8_t* a, bool a_signed, const uint8_t* b, bool b_signed,
                        int64_t M, int64_t K, int64_t N, int64_t* c) {
@@ -109,9 +116,7 @@ std::string small_product_self_test(const QGemmDispatch& q, uint32_t& state) {
   for (const auto& s : shapes) {
     const int64_t M = s[0], K = s[1], N = s[2];
     trace("  small product " + shape_text(M, K, N));
-    std::vector<uint8_t> a(static_cast<size_t>(M * K)), b(static_cast<size_t>(K * N));
-    for (auto& x : a) x = static_cast<uint8_t>(lcg(state));
-    for (auto& x : b) x = static_cast<uint8_t>(lcg(state));
+    const std::vector<uint8_t> a = random_bytes(M * K, state), b = random_bytes(K * N, state);
     std::vector<int32_t> za(static_cast<size_t>(M)), zb(static_cast<size_t>(N));
     std::vector<int32_t> ours(static_cast<size_t>(M * N)), expected(ours.size());
     for (int combo = 0; combo < 4; ++combo) {
@@ -137,9 +142,7 @@ std::string self_test(const QGemmDispatch& q) {
   for (const auto& s : shapes) {
     const int64_t M = s[0], K = s[1], N = s[2];
     trace("  " + shape_text(M, K, N));
-    std::vector<uint8_t> a(static_cast<size_t>(M * K)), b(static_cast<size_t>(K * N));
-    for (auto& x : a) x = static_cast<uint8_t>(lcg(state));
-    for (auto& x : b) x = static_cast<uint8_t>(lcg(state));
+    const std::vector<uint8_t> a = random_bytes(M * K, state), b = random_bytes(K * N, state);
     std::vector<int64_t> ours(static_cast<size_t>(M * N)), expected(ours.size());
     for (int combo = 0; combo < 4; ++combo) {
       const bool as = combo & 1, bs = combo & 2;
