@@ -103,13 +103,13 @@ using QGemmKernel = void (*)(const int32_t* a, int64_t lda, int64_t rows, const 
 using QGemmTapsKernel = void (*)(const uint8_t* x, const int32_t* offsets, int64_t taps, const uint8_t* pad,
                                  int64_t rows, int64_t quads_per_tap, const int8_t* b_panel, int32_t* c, int64_t ldc);
 
-// A whole product of small 8-bit matrices, read in place with the zero points subtracted first (no
-// packing, no zero-point terms): c[r * ldc + j] = sum_k (a[r * lda + k] - za[r]) * (b[k * ldb + j] -
-// zb[j]) for r < rows, j < cols, k < K, a and b each int8 or uint8, every zero point in its operand's
-// range (the differences then fit int16, a pair of products int32, and K <= kSmallProductMaxK of them
-// too: exact). Each k-pair of a row meets 16 (8) columns in one vpdpwssd (vpmaddwd): twice the
-// instructions of the packed kernels per product, but none of their setup per matrix, which dominates
-// attention's batches of products of a few thousand multiply-adds each.
+// A product of 8-bit matrices with K <= kSmallProductMaxK and cols <= kSmallProductMaxCols, read in
+// place (no packing) and returned as final sums, the zero-point terms included: c[r * ldc + j] =
+// sum_k (a[r * lda + k] - za[r]) * (b[k * ldb + j] - zb[j]) for r < rows, j < cols, k < K, a and b
+// each int8 or uint8, every zero point in its operand's range (exact in int32). Writes c only there.
+// AVX2 and portable: the differences as int16 (vpmaddwd); AVX-512: the bytes on vpdpbusd with the row
+// and column sums formed in the kernel (docs/quantization.md). None of the packed kernels' per-call
+// packing of b and its terms, which outweigh attention's products of a few thousand multiply-adds.
 constexpr int64_t kSmallProductMaxK = 128, kSmallProductMaxCols = 64;
 using QGemmSmallProduct = void (*)(const void* a, bool a_signed, int64_t lda, const int32_t* za, const void* b,
                                    bool b_signed, int64_t ldb, const int32_t* zb, int64_t rows, int64_t K, int64_t cols,

@@ -61,6 +61,11 @@ def _first_line(error: Exception) -> str:
     return text.splitlines()[0][:200]
 
 
+def without_leading_ones(shape: tuple) -> tuple:
+    """shape with its leading 1s dropped: the dimensions an operand broadcast over the leading ones keeps."""
+    return shape[next((i for i, d in enumerate(shape) if d != 1), len(shape)) :]
+
+
 def initializers(graph: onnx.GraphProto) -> dict[str, TensorProto]:
     return {t.name: t for t in graph.initializer}
 

@@ -23,6 +23,7 @@ import math
 import numpy as np
 
 from .. import _core
+from ._common import without_leading_ones
 
 _INT8 = (np.dtype(np.int8), np.dtype(np.uint8))
 _F32 = np.float32
@@ -184,7 +185,7 @@ def _operands(x: np.ndarray, y: np.ndarray, shape) -> tuple[np.ndarray, np.ndarr
     shape = tuple(shape)
     for full, other in ((x, y), (y, x)):
         if full.shape == shape and full.flags.c_contiguous and other.flags.c_contiguous and other.size < full.size:
-            trailing = other.shape[next((i for i, d in enumerate(other.shape) if d != 1), other.ndim) :]
+            trailing = without_leading_ones(other.shape)
             if shape[len(shape) - len(trailing) :] == trailing:
                 out = np.empty(shape, x.dtype)
                 return x, y, out, out

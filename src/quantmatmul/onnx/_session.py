@@ -29,6 +29,7 @@ from ._common import (
     node_arg,
     np_dtype,
     to_array,
+    without_leading_ones,
 )
 from ._fuse import fuse_qdq as _fuse_qdq
 from ._fuse import subgraph_reads
@@ -723,8 +724,7 @@ def _normalized_operand(w, X, axis: int) -> bool:
     (leading ones aside, and no more dimensions than X): one value per column of X's rows."""
     if type(w) is not np.ndarray or w.dtype != np.float32 or w.ndim > X.ndim:
         return False
-    strip = lambda shape: shape[next((i for i, d in enumerate(shape) if d != 1), len(shape)) :]  # noqa: E731
-    return strip(w.shape) == strip(X.shape[axis:])
+    return without_leading_ones(w.shape) == without_leading_ones(X.shape[axis:])
 
 
 class _Reshape(_Op):
