@@ -39,14 +39,39 @@ struct DepthwiseSink {
   void (*done)(void* context, const int32_t* sums, int64_t b0, int64_t b1) = nullptr;
   void* context = nullptr;
 };
+// A 2-D depthwise convolution's geometry as plain numbers (a 1-D one as 2-D of height 1), for the
+// AVX-512 kernel build (kernels/conv_depthwise_avx512.cpp), which takes no std::vector.
+struct DepthwiseGeometry {
+  int64_t N, C, H, W, OH, OW, KH, KW, sh, sw, dh, dw, ph, pw;
+};
+// ONNX Runtime's requantization (requantize.h's requantize_onnxruntime) of the sums plus bias (may be
+// null), into y [positions, C] (row r at y + r * C).
+struct DepthwiseRequantization {
+  const int32_t* bias;
+  const float* multiplier;
+  int32_t zp;
+  bool y_signed;
+  uint8_t* y;
+};
+constexpr int64_t kDepthwiseMaxTaps = 64;  // the most taps the AVX-512 kernel takes
+// Rows [r0, r1) of a 2-D depthwise convolution's sums: into sink as depthwise_range, or, with
+// requantization set, requantized into its y. False (nothing written) where the kernel takes more
+// than kDepthwiseMaxTaps taps, or memory for its constants ran out.
+using Depthwise2dRange = bool (*)(const void* x, bool x_signed, const DepthwiseGeometry& g, int32_t x_zp,
+                                  const int16_t* w, const DepthwiseSink& sink,
+                                  const DepthwiseRequantization* requantization, int64_t r0, int64_t r1);
 // The same sums requantized as requantize_columns does (bias, multiplier, scales, zp, numerics as there)
 // into y [positions, C] (8-bit), a block of rows at a time while its sums are in cache: no int32
 // array of the whole output, no second pass. Over the thread pool.
 void conv_depthwise_requantized(const void* x, bool x_signed, const ConvShape& s, int32_t x_zp, const int16_t* w,
                                 const int32_t* bias, const float* multiplier, float a_scale, const float* b_scale,
                                 float y_scale, int32_t zp, bool y_signed, void* y, int numerics);
-// The depthwise loop conv_depthwise runs now: "avx2" (kernels/conv_avx2.cpp, where the avx2 build is
+// The depthwise loop conv_depthwise runs now for a 1- or 2-D convolution: "avx512_vnni"
+// (kernels/conv_depthwise_avx512.cpp, where its build is there, the CPU has AVX-512 VNNI and the
+// kernel level is avx512_vnni or higher), "avx512_vnni-emulated" (the same source over SIMDe, under an
+// emulated level of avx512_vnni or higher), "avx2" (kernels/conv_avx2.cpp, where the avx2 build is
 // there, the CPU has AVX2 and the kernel level is avx2 or higher) or "portable" (csrc/conv_loops.inc).
+// Other convolutions (3-D and up) run the avx2 or portable loop.
 const char* conv_depthwise_path();
 
 // MaxPool of channels-last 8-bit codes: y [positions, C] = the maximum over each window's taps inside x

@@ -9,7 +9,7 @@ from fractions import Fraction
 import numpy as np
 import onnxruntime as ort
 import pytest
-from conftest import kernel_entry
+from conftest import kernel_entry, kernel_levels
 from onnx import TensorProto, helper, numpy_helper
 from peer_deviations import _ort_u8s8_kernel_saturates, deviation, peer_refuses
 
@@ -560,46 +560,66 @@ def test_a_convolution_read_in_place_gives_onnxruntimes_bits(w_type, x_type):
         np.testing.assert_array_equal(qlinear_conv(*args, **attrs), ort_qlinear_conv(*args, **attrs))
 
 
-def test_depthwise_loops_of_both_builds_give_the_oracles_sums():
-    """The depthwise loop is compiled for every CPU and again in the AVX2 build (csrc/conv_loops.inc):
-    both give the spec's sums (ConvInteger against the oracle), channel counts off the vector widths, 1- and
-    2-D (the 2-D taps placed along the rows, others through Field); and QLinearConv's requantization of them
-    block by block (conv_depthwise_requantized) gives the exact numerics' oracle."""
-    import quantmatmul as qm
+def _depthwise_path(level: str) -> str:
+    """The depthwise loop a kernel level runs (csrc/conv.h's conv_depthwise_path) for 1- and 2-D convolutions."""
+    if level in ("portable", "avx2"):
+        return level
+    return "avx512_vnni-emulated" if level.endswith("-emulated") else "avx512_vnni"
+
+
+@pytest.mark.parametrize("level", kernel_levels())
+def test_depthwise_loops_of_every_build_give_the_oracles_sums(level):
+    """The depthwise loop is compiled for every CPU, again in the AVX2 build (csrc/conv_loops.inc), and for 1-
+    and 2-D convolutions in the AVX-512 VNNI build (kernels/conv_depthwise_avx512.cpp, natively and over SIMDe):
+    each gives the spec's sums (ConvInteger against the oracle) with channel counts off the vector widths, taps
+    inside x and in its padding, 1- and 2-D kernels up to 7 x 7 (and 9 x 9, past the AVX-512 kernel's 64 taps:
+    the loop below it), 3-D (the loop below); QLinearConv's requantization of them block by block
+    (conv_depthwise_requantized) gives the exact numerics' oracle, and ONNX Runtime's numerics (in the AVX-512
+    kernel's registers) the portable loop's bits."""
     from quantmatmul import _core
 
     rng = np.random.default_rng(31)
-    for isa in ("portable", "avx2"):
-        if isa not in qm.available_isas():
-            continue
-        with kernel_entry("qgemm", isa):
-            assert _core.conv_depthwise_path() == isa
-            for channels in (1, 7, 8, 15, 16, 17, 33):
-                types = ORT_TYPES[channels % 3]
-                args, attrs = random_case(rng, types, nd=2, depthwise=True, narrow_w=_narrow())
-                x, _, xz, w, _, wz, *_ = args
-                x = rng.integers(np.iinfo(x.dtype).min, np.iinfo(x.dtype).max + 1, (2, channels, 9, 8)).astype(x.dtype)
-                w = rng.integers(np.iinfo(w.dtype).min, np.iinfo(w.dtype).max + 1, (channels, 1, *w.shape[2:])).astype(
-                    w.dtype
-                )
-                wz = np.zeros((), w.dtype) if w.dtype == np.int8 else np.asarray(rng.integers(0, 256), w.dtype)
-                attrs = {**attrs, "group": channels}
-                geometry = {k: attrs[k] for k in ("group", "strides", "pads", "dilations")}
-                sums = oracle_sums(x, xz, w, wz, **geometry)
-                np.testing.assert_array_equal(conv_integer(x, w, xz, wz, **attrs), sums)
-                B = rng.integers(-3000, 3000, channels).astype(np.int32)
-                ws = rng.uniform(0.001, 0.02, channels).astype(np.float32)
-                q = (x, np.float32(0.03), xz, w, ws, wz, np.float32(0.4), np.asarray(rng.integers(0, 256), np.uint8), B)
-                want = exact_output(sums, B, q[1], ws, q[6], q[7])
-                np.testing.assert_array_equal(qlinear_conv(*q, **attrs, numerics="exact"), want)
-                x1 = x[:, :, 0]  # a 1-D convolution along x's last axis: the taps through Field
-                attrs1 = {**attrs, "strides": attrs["strides"][1:], "dilations": attrs["dilations"][1:]}
-                attrs1 |= {"pads": attrs["pads"][1:2] + attrs["pads"][3:4], "kernel_shape": attrs["kernel_shape"][1:]}
-                w1 = w[:, :, 0]
-                geometry1 = {k: attrs1[k] for k in ("group", "strides", "pads", "dilations")}
-                want1 = exact_output(oracle_sums(x1, xz, w1, wz, **geometry1), B, q[1], ws, q[6], q[7])
-                got1 = qlinear_conv(x1, *q[1:3], w1, *q[4:], **attrs1, numerics="exact")
-                np.testing.assert_array_equal(got1, want1)
+    with kernel_entry("qgemm", level):
+        assert _core.conv_depthwise_path() == _depthwise_path(level)
+        for i, channels in enumerate((1, 7, 8, 15, 16, 17, 31, 32, 33, 47, 64, 65, 100)):
+            types = ORT_TYPES[channels % 3]
+            args, attrs = random_case(rng, types, nd=2, depthwise=True, narrow_w=_narrow())
+            x, _, xz, w, _, wz, *_ = args
+            kernel = [(3, 3), (1, 1), (5, 5), (2, 3), (7, 7), (9, 9), (1, 4)][i % 7]
+            dilations = [int(rng.integers(1, 3)) for _ in kernel]
+            spatial = [int(rng.integers((k - 1) * d + 1, (k - 1) * d + 12)) for k, d in zip(kernel, dilations)]
+            x = rng.integers(np.iinfo(x.dtype).min, np.iinfo(x.dtype).max + 1, (2, channels, *spatial)).astype(x.dtype)
+            w = rng.integers(np.iinfo(w.dtype).min, np.iinfo(w.dtype).max + 1, (channels, 1, *kernel)).astype(w.dtype)
+            wz = np.zeros((), w.dtype) if w.dtype == np.int8 else np.asarray(rng.integers(0, 256), w.dtype)
+            pads = [int(rng.integers(0, k)) for k in kernel * 2]  # begins, then ends
+            strides = [int(rng.integers(1, 4)) for _ in kernel]
+            attrs = {**attrs, "group": channels, "kernel_shape": list(kernel), "pads": pads}
+            attrs |= {"dilations": dilations, "strides": strides}
+            geometry = {k: attrs[k] for k in ("group", "strides", "pads", "dilations")}
+            sums = oracle_sums(x, xz, w, wz, **geometry)
+            np.testing.assert_array_equal(conv_integer(x, w, xz, wz, **attrs), sums)
+            B = rng.integers(-3000, 3000, channels).astype(np.int32)
+            ws = rng.uniform(0.001, 0.02, channels).astype(np.float32)
+            q = (x, np.float32(0.03), xz, w, ws, wz, np.float32(0.4), np.asarray(rng.integers(0, 256), np.uint8), B)
+            want = exact_output(sums, B, q[1], ws, q[6], q[7])
+            np.testing.assert_array_equal(qlinear_conv(*q, **attrs, numerics="exact"), want)
+            ours = qlinear_conv(*q, **attrs)
+            with kernel_entry("qgemm", "portable"):
+                np.testing.assert_array_equal(ours, qlinear_conv(*q, **attrs))
+            x1 = x[:, :, 0]  # a 1-D convolution along x's last axis
+            attrs1 = {**attrs, "strides": attrs["strides"][1:], "dilations": attrs["dilations"][1:]}
+            attrs1 |= {"pads": attrs["pads"][1:2] + attrs["pads"][3:4], "kernel_shape": attrs["kernel_shape"][1:]}
+            w1 = w[:, :, 0]
+            geometry1 = {k: attrs1[k] for k in ("group", "strides", "pads", "dilations")}
+            want1 = exact_output(oracle_sums(x1, xz, w1, wz, **geometry1), B, q[1], ws, q[6], q[7])
+            got1 = qlinear_conv(x1, *q[1:3], w1, *q[4:], **attrs1, numerics="exact")
+            np.testing.assert_array_equal(got1, want1)
+        # 3-D: the avx2 or portable loop (taps through Field)
+        x3 = rng.integers(0, 256, (1, 5, 4, 5, 6)).astype(np.uint8)
+        w3 = rng.integers(-128, 128, (5, 1, 2, 3, 2)).astype(np.int8)
+        attrs3 = {"group": 5, "strides": [1, 2, 1], "pads": [1, 0, 1, 0, 1, 1], "dilations": [1, 1, 2]}
+        sums3 = oracle_sums(x3, np.uint8(9), w3, np.int8(0), **attrs3)
+        np.testing.assert_array_equal(conv_integer(x3, w3, np.uint8(9), np.int8(0), **attrs3), sums3)
 
 
 def _is_channels_last(y: np.ndarray) -> bool:
