@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <cstring>
 #include <limits>
+#include <optional>
 #include <utility>
 
 #if defined(__SSE2__)
@@ -29,16 +30,24 @@ void depthwise_range(const void* x, bool x_signed, const ConvShape& s, int32_t x
 #endif
 #if QMM_CONV_AVX512
 namespace avx512_vnni {  // kernels/conv_depthwise_avx512.cpp
-bool depthwise_2d_range(const void* x, bool x_signed, const DepthwiseGeometry& g, int32_t x_zp, const int16_t* w,
+int64_t depthwise_2d_prepared_bytes(const DepthwiseGeometry& g);
+void depthwise_2d_prepare(const DepthwiseGeometry& g, int32_t x_zp, const int16_t* w,
+                          const DepthwiseRequantization* requantization, void* prepared);
+void depthwise_2d_range(const void* x, bool x_signed, const DepthwiseGeometry& g, const void* prepared,
                         const DepthwiseSink& sink, const DepthwiseRequantization* requantization, int64_t r0,
                         int64_t r1);
+constexpr DepthwiseKernel2d kDepthwise2d{depthwise_2d_prepared_bytes, depthwise_2d_prepare, depthwise_2d_range};
 }  // namespace avx512_vnni
 #endif
 #if QMM_CONV_AVX512_EMULATED
 namespace avx512_vnni_emulated {  // the same source over SIMDe
-bool depthwise_2d_range(const void* x, bool x_signed, const DepthwiseGeometry& g, int32_t x_zp, const int16_t* w,
+int64_t depthwise_2d_prepared_bytes(const DepthwiseGeometry& g);
+void depthwise_2d_prepare(const DepthwiseGeometry& g, int32_t x_zp, const int16_t* w,
+                          const DepthwiseRequantization* requantization, void* prepared);
+void depthwise_2d_range(const void* x, bool x_signed, const DepthwiseGeometry& g, const void* prepared,
                         const DepthwiseSink& sink, const DepthwiseRequantization* requantization, int64_t r0,
                         int64_t r1);
+constexpr DepthwiseKernel2d kDepthwise2d{depthwise_2d_prepared_bytes, depthwise_2d_prepare, depthwise_2d_range};
 }  // namespace avx512_vnni_emulated
 #endif
 
@@ -351,17 +360,17 @@ void conv_columns(const uint8_t* x, const ConvShape& s, uint8_t pad, int64_t row
 namespace {
 
 // The AVX-512 depthwise kernel for the kernel level in use, with its name (null where there is none).
-std::pair<Depthwise2dRange, const char*> depthwise_2d_kernel() {
+std::pair<const DepthwiseKernel2d*, const char*> depthwise_2d_kernel() {
   if (active_isa() < Isa::kAvx512Vnni) return {nullptr, nullptr};
   if (active_emulated()) {
 #if QMM_CONV_AVX512_EMULATED
-    return {avx512_vnni_emulated::depthwise_2d_range, "avx512_vnni-emulated"};
+    return {&avx512_vnni_emulated::kDepthwise2d, "avx512_vnni-emulated"};
 #endif
     return {nullptr, nullptr};
   }
 #if QMM_CONV_AVX512
   constexpr Features kNeeds = kAvx512Features | kFeatAvx512vnni;
-  if ((usable_features() & ~hidden_features() & kNeeds) == kNeeds) return {avx512_vnni::depthwise_2d_range, "avx512_vnni"};
+  if ((usable_features() & ~hidden_features() & kNeeds) == kNeeds) return {&avx512_vnni::kDepthwise2d, "avx512_vnni"};
 #endif
   return {nullptr, nullptr};
 }
@@ -380,19 +389,13 @@ namespace {
 
 // The depthwise loop of the build in use, with its rows per task and a task's time: the AVX-512
 // kernel (kernel2d, with the geometry as numbers) for a 1- or 2-D convolution where there is one;
-// the avx2 or portable loop (range) otherwise, and where the kernel declines a range.
+// the avx2 or portable loop (range) otherwise.
 struct DepthwiseLoop {
   void (*range)(const void*, bool, const ConvShape&, int32_t, const int16_t*, const DepthwiseSink&, int64_t, int64_t);
-  Depthwise2dRange kernel2d;
+  const DepthwiseKernel2d* kernel2d;
   DepthwiseGeometry g;
   int64_t task;
   double task_ns;
-
-  void run(const void* x, bool x_signed, const ConvShape& s, int32_t x_zp, const int16_t* w, const DepthwiseSink& sink,
-           int64_t r0, int64_t r1) const {
-    if (kernel2d && kernel2d(x, x_signed, g, x_zp, w, sink, nullptr, r0, r1)) return;
-    range(x, x_signed, s, x_zp, w, sink, r0, r1);
-  }
 };
 
 DepthwiseLoop depthwise_loop(const ConvShape& s) {
@@ -403,33 +406,47 @@ DepthwiseLoop depthwise_loop(const ConvShape& s) {
 #endif
   loop.task_ns = 0.3 * static_cast<double>(loop.task * s.C * s.taps());  // about 0.3 ns per product
   const size_t nd = s.in.size();
-  const Depthwise2dRange kernel2d = depthwise_2d_kernel().first;
+  const DepthwiseKernel2d* kernel2d = depthwise_2d_kernel().first;
   if (kernel2d && (nd == 1 || nd == 2) && s.taps() <= kDepthwiseMaxTaps) {
     const bool one = nd == 1;  // a 1-D convolution: 2-D of height 1
-    auto at = [&](const std::vector<int64_t>& v, int64_t height) { return one ? height : v[0]; };
+    auto first = [&](const std::vector<int64_t>& v, int64_t height) { return one ? height : v[0]; };
     auto last = [&](const std::vector<int64_t>& v) { return v[nd - 1]; };
     loop.kernel2d = kernel2d;
     loop.g = DepthwiseGeometry{s.N,
                                s.C,
-                               at(s.in, 1),
+                               first(s.in, 1),
                                last(s.in),
-                               at(s.out, 1),
+                               first(s.out, 1),
                                last(s.out),
-                               at(s.kernel, 1),
+                               first(s.kernel, 1),
                                last(s.kernel),
-                               at(s.strides, 1),
+                               first(s.strides, 1),
                                last(s.strides),
-                               at(s.dilations, 1),
+                               first(s.dilations, 1),
                                last(s.dilations),
-                               at(s.pad_begin, 0),
+                               first(s.pad_begin, 0),
                                last(s.pad_begin)};
-    // Its constants formed once per task: tasks of about 32 K products (about 0.05 ns each: Zen 4, one
-    // thread, 3 x 3 taps).
-    loop.task = std::max<int64_t>(1, 32768 / std::max<int64_t>(1, s.C * s.taps()));
+    // tasks of about 16 K products, about 0.05 ns each (Zen 4, one thread, 3 x 3 taps)
+    loop.task = std::max<int64_t>(1, 16384 / std::max<int64_t>(1, s.C * s.taps()));
     loop.task_ns = 0.05 * static_cast<double>(loop.task * s.C * s.taps());
   }
   return loop;
 }
+
+// The AVX-512 kernel's constants for one call, 64-byte aligned.
+class Prepared2d {
+ public:
+  Prepared2d(const DepthwiseLoop& loop, int32_t x_zp, const int16_t* w, const DepthwiseRequantization* requantization)
+      : bytes_(static_cast<size_t>(loop.kernel2d->prepared_bytes(loop.g)) + 63) {
+    loop.kernel2d->prepare(loop.g, x_zp, w, requantization, data());
+  }
+  void* data() {
+    return bytes_.data() + (64 - reinterpret_cast<uintptr_t>(bytes_.data()) % 64) % 64;
+  }
+
+ private:
+  std::vector<uint8_t> bytes_;
+};
 
 // Rows [r0, r1) of acc requantized into y (rows from r0) in one of requantize_columns' numerics.
 void requantize_range(int numerics, const int32_t* acc, const int32_t* bias, int64_t r0, int64_t r1, int64_t cols,
@@ -444,8 +461,15 @@ void requantize_range(int numerics, const int32_t* acc, const int32_t* bias, int
 
 void conv_depthwise(const void* x, bool x_signed, const ConvShape& s, int32_t x_zp, const int16_t* w, int32_t* acc) {
   const DepthwiseLoop loop = depthwise_loop(s);
+  if (loop.kernel2d) {
+    Prepared2d prepared(loop, x_zp, w, nullptr);
+    parallel_ranges(s.positions(), loop.task, tasks_worth_a_thread(loop.task_ns), [&](int64_t, int64_t r0, int64_t r1) {
+      loop.kernel2d->range(x, x_signed, loop.g, prepared.data(), DepthwiseSink{acc + r0 * s.C}, nullptr, r0, r1);
+    });
+    return;
+  }
   parallel_ranges(s.positions(), loop.task, tasks_worth_a_thread(loop.task_ns), [&](int64_t, int64_t r0, int64_t r1) {
-    loop.run(x, x_signed, s, x_zp, w, DepthwiseSink{acc + r0 * s.C}, r0, r1);
+    loop.range(x, x_signed, s, x_zp, w, DepthwiseSink{acc + r0 * s.C}, r0, r1);
   });
 }
 
@@ -473,15 +497,22 @@ void conv_depthwise_requantized(const void* x, bool x_signed, const ConvShape& s
                      p.y_signed, out);
   };
   const int64_t block = std::max<int64_t>(1, 4096 / C);
-  // ONNX Runtime's numerics in the AVX-512 kernel's registers, where it runs
+  // The AVX-512 kernel: ONNX Runtime's numerics in its registers, the others' through the blocks
   const DepthwiseRequantization in_registers{bias, multiplier, zp, y_signed, static_cast<uint8_t*>(y)};
-  const DepthwiseRequantization* requantization = numerics == 0 && loop.kernel2d ? &in_registers : nullptr;
+  const DepthwiseRequantization* requantization = numerics == 0 ? &in_registers : nullptr;
+  Prepared2d* prepared = nullptr;
+  std::optional<Prepared2d> kernel_constants;
+  if (loop.kernel2d) prepared = &kernel_constants.emplace(loop, x_zp, w, requantization);
   parallel_ranges(s.positions(), loop.task, tasks_worth_a_thread(loop.task_ns), [&](int64_t, int64_t r0, int64_t r1) {
-    if (requantization && loop.kernel2d(x, x_signed, loop.g, x_zp, w, DepthwiseSink{nullptr}, requantization, r0, r1))
+    if (prepared && requantization) {
+      loop.kernel2d->range(x, x_signed, loop.g, prepared->data(), DepthwiseSink{nullptr}, requantization, r0, r1);
       return;
+    }
     thread_local std::vector<int32_t> sums;
     sums.resize(static_cast<size_t>(std::min(block, r1 - r0) * C));
-    loop.run(x, x_signed, s, x_zp, w, DepthwiseSink{sums.data(), block, done, &params}, r0, r1);
+    const DepthwiseSink sink{sums.data(), block, done, &params};
+    if (prepared) loop.kernel2d->range(x, x_signed, loop.g, prepared->data(), sink, nullptr, r0, r1);
+    else loop.range(x, x_signed, s, x_zp, w, sink, r0, r1);
   });
 }
 

@@ -54,12 +54,18 @@ struct DepthwiseRequantization {
   uint8_t* y;
 };
 constexpr int64_t kDepthwiseMaxTaps = 64;  // the most taps the AVX-512 kernel takes
-// Rows [r0, r1) of a 2-D depthwise convolution's sums: into sink as depthwise_range, or, with
-// requantization set, requantized into its y. False (nothing written) where the kernel takes more
-// than kDepthwiseMaxTaps taps, or memory for its constants ran out.
-using Depthwise2dRange = bool (*)(const void* x, bool x_signed, const DepthwiseGeometry& g, int32_t x_zp,
-                                  const int16_t* w, const DepthwiseSink& sink,
-                                  const DepthwiseRequantization* requantization, int64_t r0, int64_t r1);
+// The AVX-512 kernel of 2-D depthwise convolutions (up to kDepthwiseMaxTaps taps): prepare forms a
+// call's constants (prepared_bytes of them, 64-byte aligned: the weights laid out as the kernel reads
+// them, with the bias and multipliers where requantization is given), then range sums rows [r0, r1)
+// into sink as depthwise_range does, or, with requantization set (the one prepare was given), writes
+// them requantized into its y. range runs on any thread; prepared is only read.
+struct DepthwiseKernel2d {
+  int64_t (*prepared_bytes)(const DepthwiseGeometry& g);
+  void (*prepare)(const DepthwiseGeometry& g, int32_t x_zp, const int16_t* w,
+                  const DepthwiseRequantization* requantization, void* prepared);
+  void (*range)(const void* x, bool x_signed, const DepthwiseGeometry& g, const void* prepared,
+                const DepthwiseSink& sink, const DepthwiseRequantization* requantization, int64_t r0, int64_t r1);
+};
 // The same sums requantized as requantize_columns does (bias, multiplier, scales, zp, numerics as there)
 // into y [positions, C] (8-bit), a block of rows at a time while its sums are in cache: no int32
 // array of the whole output, no second pass. Over the thread pool.

@@ -18,14 +18,17 @@
 #include "avx512_intrinsics.h"
 
 #include <cstdint>
-#include <cstdlib>
 #include <cstring>
 
 #include "conv.h"
 
 namespace qmm {
 namespace QMM_KERNEL_NS {
-bool depthwise_2d_range(const void* x, bool x_signed, const DepthwiseGeometry& g, int32_t x_zp, const int16_t* w,
+// csrc/conv.h's DepthwiseKernel2d
+int64_t depthwise_2d_prepared_bytes(const DepthwiseGeometry& g);
+void depthwise_2d_prepare(const DepthwiseGeometry& g, int32_t x_zp, const int16_t* w,
+                          const DepthwiseRequantization* requantization, void* prepared);
+void depthwise_2d_range(const void* x, bool x_signed, const DepthwiseGeometry& g, const void* prepared,
                         const DepthwiseSink& sink, const DepthwiseRequantization* requantization, int64_t r0,
                         int64_t r1);
 }  // namespace QMM_KERNEL_NS
@@ -115,15 +118,25 @@ inline __m512i load_words(const int16_t* p, int count) {
   return _mm512_load_si512(buffer);
 }
 
-// A task's weights and constants, per block b of 32 channels: init lo / hi, the multipliers lo / hi
-// (requantizing only), then per tap pair p the interleaved weights lo / hi (w_a, w_b unpacked as x's
-// bytes are: the lanes line up), each 64 bytes. Channels past C have weight 0.
+// A call's weights and constants, formed once (prepare) in memory its caller owns (64-byte aligned,
+// prepared_bytes): per block b of 32 channels, init lo / hi, the multipliers lo / hi (requantizing
+// only), then per tap pair p the interleaved weights lo / hi (w_a, w_b unpacked as x's bytes are: the
+// lanes line up), each 64 bytes; then x_zp's byte in every channel of the blocks (the padding's pixel).
+// Channels past C have weight 0.
 class Prepared {
  public:
-  Prepared(const DepthwiseGeometry& g, int32_t x_zp, const int16_t* w, const DepthwiseRequantization* rq)
-      : blocks_((g.C + kBlock - 1) / kBlock), pairs_((g.KH * g.KW + 1) / 2), per_block_(4 + 2 * pairs_) {
-    data_ = static_cast<__m512i*>(std::aligned_alloc(64, static_cast<size_t>(blocks_ * per_block_) * 64));
-    if (!data_) return;
+  Prepared(const DepthwiseGeometry& g, void* data)
+      : blocks_((g.C + kBlock - 1) / kBlock),
+        pairs_((g.KH * g.KW + 1) / 2),
+        per_block_(4 + 2 * pairs_),
+        data_(static_cast<__m512i*>(data)) {}
+
+  static int64_t bytes(const DepthwiseGeometry& g) {
+    const Prepared layout(g, nullptr);
+    return layout.blocks_ * layout.per_block_ * 64 + layout.blocks_ * kBlock;
+  }
+
+  void prepare(const DepthwiseGeometry& g, int32_t x_zp, const int16_t* w, const DepthwiseRequantization* rq) {
     const int64_t C = g.C, taps = g.KH * g.KW;
     // natural channel order (two vectors of 16 int32) -> lo's lanes, hi's
     const __m512i to_lo = _mm512_setr_epi32(0, 1, 2, 3, 8, 9, 10, 11, 16, 17, 18, 19, 24, 25, 26, 27);
@@ -157,19 +170,19 @@ class Prepared {
         block[3] = _mm512_permutex2var_epi32(m0, to_hi, m1);
       }
     }
+    std::memset(zp_row(), static_cast<uint8_t>(x_zp), static_cast<size_t>(blocks_ * kBlock));
   }
-  ~Prepared() { std::free(data_); }
-  Prepared(const Prepared&) = delete;
-  Prepared& operator=(const Prepared&) = delete;
 
-  bool ok() const { return data_ != nullptr; }
   const __m512i* block(int64_t b) const { return data_ + b * per_block_; }
+  const uint8_t* zp_row() const { return reinterpret_cast<const uint8_t*>(data_ + blocks_ * per_block_); }
   int64_t blocks() const { return blocks_; }
   int64_t pairs() const { return pairs_; }
 
  private:
+  uint8_t* zp_row() { return reinterpret_cast<uint8_t*>(data_ + blocks_ * per_block_); }
+
   int64_t blocks_, pairs_, per_block_;
-  __m512i* data_ = nullptr;
+  __m512i* data_;
 };
 
 // The sums of one output position's block (taps: 2 * pairs pointers to its pixels' channels, from
@@ -246,20 +259,11 @@ class Positions {
   __m512i zp_;
 };
 
-// false where memory for the task's constants is not there (nothing written then).
 template <bool Signed>
-bool rows(const uint8_t* x, const DepthwiseGeometry& g, int32_t x_zp, const int16_t* w, const DepthwiseSink& sink,
+void rows(const uint8_t* x, const DepthwiseGeometry& g, const Prepared& prep, const DepthwiseSink& sink,
           const DepthwiseRequantization* rq, int64_t r0, int64_t r1) {
-  const Prepared prep(g, x_zp, w, rq);
   const int64_t C = g.C, KH = g.KH, KW = g.KW, taps = KH * KW;
-  // x_zp's byte in every channel (and the 32-byte steps past C): the padding's pixel
-  const int64_t padded = prep.blocks() * kBlock;
-  auto* zp_row = static_cast<uint8_t*>(std::aligned_alloc(64, static_cast<size_t>((padded + 63) / 64 * 64)));
-  if (!prep.ok() || !zp_row) {
-    std::free(zp_row);
-    return false;
-  }
-  std::memset(zp_row, static_cast<uint8_t>(x_zp), static_cast<size_t>(padded));
+  const uint8_t* const zp_row = prep.zp_row();
   const Positions<Signed> position(prep, C, rq);
   // Each tap's offset from its window's first pixel (kh = kw = 0), and the output columns whose
   // windows lie inside x's width: [ow_in0, ow_in1).
@@ -309,24 +313,27 @@ bool rows(const uint8_t* x, const DepthwiseGeometry& g, int32_t x_zp, const int1
       if (++oh == g.OH) oh = 0, ++n;
     }
   }
-  std::free(zp_row);
-  return true;
 }
 
 }  // namespace
 
 namespace QMM_KERNEL_NS {
 
-// Rows [r0, r1) of a 2-D depthwise convolution (csrc/conv.h's Depthwise2dRange); false, with nothing
-// written, where the kernel has more taps than it takes (kDepthwiseMaxTaps) or memory ran out.
-bool depthwise_2d_range(const void* x, bool x_signed, const DepthwiseGeometry& g, int32_t x_zp, const int16_t* w,
+int64_t depthwise_2d_prepared_bytes(const DepthwiseGeometry& g) { return Prepared::bytes(g); }
+
+void depthwise_2d_prepare(const DepthwiseGeometry& g, int32_t x_zp, const int16_t* w,
+                          const DepthwiseRequantization* requantization, void* prepared) {
+  Prepared(g, prepared).prepare(g, x_zp, w, requantization);
+}
+
+void depthwise_2d_range(const void* x, bool x_signed, const DepthwiseGeometry& g, const void* prepared,
                         const DepthwiseSink& sink, const DepthwiseRequantization* requantization, int64_t r0,
                         int64_t r1) {
-  if (g.KH * g.KW > kDepthwiseMaxTaps || g.KH * g.KW < 1) return false;
-  if (r0 >= r1 || g.C <= 0) return true;
+  if (r0 >= r1 || g.C <= 0) return;
+  const Prepared prep(g, const_cast<void*>(prepared));
   const auto* bytes = static_cast<const uint8_t*>(x);
-  return x_signed ? rows<true>(bytes, g, x_zp, w, sink, requantization, r0, r1)
-                  : rows<false>(bytes, g, x_zp, w, sink, requantization, r0, r1);
+  if (x_signed) rows<true>(bytes, g, prep, sink, requantization, r0, r1);
+  else rows<false>(bytes, g, prep, sink, requantization, r0, r1);
 }
 
 }  // namespace QMM_KERNEL_NS
