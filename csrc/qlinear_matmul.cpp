@@ -153,6 +153,10 @@ struct TaskScratch {
   std::vector<TermsOf<Acc>> row_terms;
   std::vector<int8_t> b_block;  // b's panels, packed per call
   std::vector<int32_t> b_colsum;
+  // Whether zb_stored / colsum_stored hold the column terms of the task's column block for a block
+  // whose rows share za' = columns_za (uniform) or not (they depend on nothing else within a task).
+  bool columns_ready = false, columns_uniform = false;
+  int64_t columns_za = 0;
 };
 inline int32_t terms_applied(const int32_t* raw, const RowTerms& terms, int64_t j) {
   return row_terms_applied(raw, terms, j);
@@ -382,6 +386,7 @@ void accumulate(const QGemmDispatch& q, const QGemmProblem& p, Epilogue&& epilog
         for (int64_t i = 0; i < rows * ldc; ++i) c64[i] += c32[i];
     }
     if (small) {  // the sums are final: no column or row term
+      scratch.columns_ready = false;
       colsum_stored.assign(static_cast<size_t>(cols), Acc{0});
       row_terms.assign(static_cast<size_t>(rows), TermsOf<Acc>{nullptr, colsum_stored.data(), Acc{1}, Acc{0}});
     } else {
@@ -401,14 +406,19 @@ void accumulate(const QGemmDispatch& q, const QGemmProblem& p, Epilogue&& epilog
             c[j] = static_cast<int32_t>(static_cast<uint32_t>(c[j]) + static_cast<uint32_t>(bias[j]));
         }
       }
-      zb_stored.resize(static_cast<size_t>(cols));
-      colsum_stored.resize(static_cast<size_t>(cols));
       const int64_t za0 = int64_t{a_zp[0]} + oa, zb0 = int64_t{b_zp[0]} + ob;
-      for (int64_t j = 0; j < cols; ++j) {
-        zb_stored[j] = wrap(int64_t{b_zp[j]} + ob);
-        colsum_stored[j] = wrap(int64_t{colsum[j]} + K * ob);
-        // (wrapping: za' * colsum(b') - bias modulo 2^32, as the epilogue's za' * colsum and + bias would give)
-        if (uniform_za) colsum_stored[j] = wrap(za0 * int64_t{colsum_stored[j]} - (bias ? bias[j] : 0));
+      // once per task where its blocks share za' (at K = 16, 96 columns, the loop cost a fifth of a
+      // block's products)
+      if (!scratch.columns_ready || scratch.columns_uniform != uniform_za || (uniform_za && scratch.columns_za != za0)) {
+        zb_stored.resize(static_cast<size_t>(cols));
+        colsum_stored.resize(static_cast<size_t>(cols));
+        for (int64_t j = 0; j < cols; ++j) {
+          zb_stored[j] = wrap(int64_t{b_zp[j]} + ob);
+          colsum_stored[j] = wrap(int64_t{colsum[j]} + K * ob);
+          // (wrapping: za' * colsum(b') - bias modulo 2^32, as the epilogue's za' * colsum and + bias would give)
+          if (uniform_za) colsum_stored[j] = wrap(za0 * int64_t{colsum_stored[j]} - (bias ? bias[j] : 0));
+        }
+        scratch.columns_ready = true, scratch.columns_uniform = uniform_za, scratch.columns_za = za0;
       }
       row_terms.resize(static_cast<size_t>(rows));
       for (int64_t r = 0; r < rows; ++r) {
@@ -451,6 +461,7 @@ void accumulate(const QGemmDispatch& q, const QGemmProblem& p, Epilogue&& epilog
       b_panels = scratch.b_block.data();
       colsum = scratch.b_colsum.data() + panel0 * nr;
     }
+    scratch.columns_ready = false;  // (another column block, or matrix, than the thread's last task's)
     for (int64_t block = block0; block < block1; ++block)
       compute_block(scratch, bt, block * block_rows, panel0, b_panels, colsum);
   };

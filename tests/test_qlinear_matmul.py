@@ -622,3 +622,22 @@ def test_output_zero_points_per_column_and_per_row_on_every_table(isa):
             want = qm.qlinear_matmul(*args)
         np.testing.assert_array_equal(got, want)
         assert len(np.unique(got)) > 50
+
+
+def test_a_zero_point_per_row_that_changes_between_row_blocks_on_every_table(isa):
+    """A task's column terms (za' times b's column sums, less the bias) are formed once and reused by its row
+    blocks that share za': a per-row zero point constant within blocks of 64 rows but different between them
+    (and one that differs within a block, and b per call, so one task sweeps every block) gives the oracle's
+    bits on every table."""
+    rng = np.random.default_rng(8)
+    M, K, N = 256, 64, 96  # (N > 64: not a small product)
+    a = rng.integers(0, 256, (M, K), np.uint8)
+    b = rng.integers(-128, 128, (K, N), np.int8)
+    blocks = np.repeat(rng.integers(0, 256, M // 64), 64).astype(np.uint8).reshape(M, 1)
+    mixed = blocks.copy()
+    mixed[100:140] = rng.integers(0, 256, (40, 1))
+    for a_zp in (blocks, mixed):
+        args = (a, np.full((M, 1), 0.03, np.float32), a_zp, b, np.float32(0.02), np.int8(0), np.float32(0.25), np.uint8(128))
+        got = qm.qlinear_matmul(*args)
+        np.testing.assert_array_equal(got, oracle.onnxruntime(*args))
+        assert len(np.unique(got)) > 50
