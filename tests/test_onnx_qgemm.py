@@ -10,7 +10,7 @@ from ort_quantizer import float_model, quantize_static_model
 
 import quantmatmul.onnx as qo
 from quantmatmul import peers
-from quantmatmul.onnx._qgemm import qgemm
+from quantmatmul.onnx._qgemm import QGemmCall, qgemm, qgemm_weight
 
 F32, U8, S8 = np.float32, np.uint8, np.int8
 SATURATES = peers.onnxruntime_u8s8_saturates()  # ORT's u8·s8 AVX2 kernel without VNNI (onnxruntime#16105)
@@ -331,3 +331,26 @@ def test_a_column_bias_with_per_row_zero_points_is_the_per_row_result(isa):
     first = run(a, uniform)
     np.testing.assert_array_equal(first[:, :1], mixed[:, :1])
     assert len(np.unique(mixed)) > 100  # outputs spread over the range, not saturated
+
+
+def test_a_qgemm_call_checked_once_takes_any_row_count():
+    """QGemmCall (the session's QGemm whose inputs but A are initializers): its parameters checked and its scale
+    formed once, the kernels' arrays kept for the last row count; calls with other row counts (and back) give
+    the module's formula's bits, and an A of the other 8-bit type than a's zero point is refused per call."""
+    rng = np.random.default_rng(12)
+    K, N = 40, 23
+    B = rng.integers(-128, 128, (N, K)).astype(S8)
+    b_scale = rng.uniform(0.005, 0.05, N).astype(F32)
+    C = rng.integers(-50000, 50000, N).astype(np.int32)
+    a_scale, a_zp, y_scale, y_zp = np.float32(0.04), np.uint8(17), np.float32(0.9), np.uint8(100)
+    call = QGemmCall(qgemm_weight(B, np.zeros(N, S8), True), a_scale, a_zp, b_scale, C, y_scale, y_zp, alpha=0.8)
+    for M in (7, 3, 7, 1):
+        A = rng.integers(0, 256, (M, K)).astype(U8)
+        acc = (A.astype(np.int64) - 17) @ B.T.astype(np.int64) + C  # (no wrap at these sizes)
+        scale = ((np.float32(0.8) * a_scale) * b_scale) / y_scale
+        want = (np.rint(np.clip(acc.astype(np.int32).astype(F32) * scale, -100, 155)).astype(np.int32) + 100).astype(U8)
+        got = call(A)
+        np.testing.assert_array_equal(got, want)
+        assert len(np.unique(got)) > 20
+    with pytest.raises(TypeError, match="^QGemm: a_zero_point dtype uint8 does not match a dtype int8"):
+        call(A.view(S8))

@@ -61,85 +61,113 @@ def qgemm(
     A = _matrix(A, "A")
     if A.dtype not in _INT8:
         raise TypeError(f"{_FN}: A must be int8 or uint8, got {A.dtype}")
-    a = _integer_operand("a", np.ascontiguousarray(A.T) if trans_a else A, a_zero_point, _FN)
+    _integer_operand("a", A.T if trans_a else A, a_zero_point, _FN)  # (a's zero point against A' first)
     b = weight if weight is not None else qgemm_weight(B, b_zero_point, trans_b)
-    (M, K), (K_b, N) = a.x.shape, b.x.shape
-    if K != K_b:
-        raise ValueError(f"{_FN}: A' is {M}x{K} and B' {K_b}x{N}: inner dimensions differ")
-    if a.zp.ndim != 0:
-        raise ValueError(f"{_FN}: a_zero_point must be per tensor (one element), got shape {np.shape(a_zero_point)}")
-    if b.zp.ndim not in (0, 1):
-        raise ValueError(f"{_FN}: b_zero_point must be per tensor or per column [N], got shape {b.zp.shape}")
-    a_s = _scale(a_scale, "a_scale")
-    b_s = _scale(b_scale, "b_scale", N)
-    if (b_s.size == 1) != (b.zp.size == 1) or (b_s.size > 1 and b_s.shape != b.zp.shape):
-        raise ValueError(f"{_FN}: b_scale {np.shape(b_scale)} and b_zero_point {b.zp.shape} must have one shape")
-    quantized = y_scale is not None or y_zero_point is not None
-    if quantized and (y_scale is None or y_zero_point is None):
-        raise ValueError(f"{_FN}: y_scale and y_zero_point come together (8-bit output) or not at all (float32)")
+    call = QGemmCall(b, a_scale, a_zero_point, b_scale, C, y_scale, y_zero_point, alpha=alpha, trans_a=trans_a)
+    return call(A)
 
-    if C is not None:
-        C = np.asarray(C)
-        if C.dtype != np.int32:
-            raise TypeError(f"{_FN}: C must be int32, got {C.dtype}")
-        if not _fits(C.shape, (M, N)):  # unidirectional broadcasting
-            raise ValueError(f"{_FN}: C has shape {C.shape}, which does not broadcast to [M, N] = [{M}, {N}]")
-    with np.errstate(over="ignore", under="ignore"):
-        scale = (np.float32(alpha) * a_s) * b_s  # float32, in the kernel's order
+
+class QGemmCall:
+    """One QGemm's parameters other than A, checked once (qgemm's checks, whose these are): B' from qgemm_weight,
+    a's scale and zero point, b's scale, C, y's scale and zero point, alpha and transA; calls take A. The
+    session holds one per node whose other inputs are all initializers: a call then checks A alone and hands
+    the kernels arrays formed for the last A's row count."""
+
+    def __init__(self, weight, a_scale, a_zero_point, b_scale, C, y_scale, y_zero_point, *, alpha=1.0, trans_a=False):
+        b = weight
+        N = b.x.shape[1]
+        a_zp = np.asarray(a_zero_point) if a_zero_point is not None else None
+        if a_zp is not None and a_zp.dtype not in _INT8:
+            raise TypeError(f"{_FN}: a_zero_point must be int8 or uint8, got {a_zp.dtype}")
+        if a_zp is not None and a_zp.size != 1:
+            raise ValueError(f"{_FN}: a_zero_point must be per tensor (one element), got shape {a_zp.shape}")
+        if b.zp.ndim not in (0, 1):
+            raise ValueError(f"{_FN}: b_zero_point must be per tensor or per column [N], got shape {b.zp.shape}")
+        a_s = _scale(a_scale, "a_scale")
+        b_s = _scale(b_scale, "b_scale", N)
+        if (b_s.size == 1) != (b.zp.size == 1) or (b_s.size > 1 and b_s.shape != b.zp.shape):
+            raise ValueError(f"{_FN}: b_scale {np.shape(b_scale)} and b_zero_point {b.zp.shape} must have one shape")
+        quantized = y_scale is not None or y_zero_point is not None
+        if quantized and (y_scale is None or y_zero_point is None):
+            raise ValueError(f"{_FN}: y_scale and y_zero_point come together (8-bit output) or not at all (float32)")
+        if C is not None:
+            C = np.asarray(C)
+            if C.dtype != np.int32:
+                raise TypeError(f"{_FN}: C must be int32, got {C.dtype}")
+        with np.errstate(over="ignore", under="ignore"):
+            scale = (np.float32(alpha) * a_s) * b_s  # float32, in the kernel's order
+            if quantized:
+                scale = scale / _scale(y_scale, "y_scale")
+        zp = None
         if quantized:
-            y_s = _scale(y_scale, "y_scale")
-            scale = scale / y_s
-    if quantized:
-        zp = np.asarray(y_zero_point)
-        if zp.dtype not in _INT8 or zp.size != 1 or zp.ndim > 1:
-            raise TypeError(f"{_FN}: y_zero_point must be one int8 or uint8 value, got {zp.dtype} {zp.shape}")
-        if not np.all(np.isfinite(scale)):
-            raise ValueError(f"{_FN}: alpha * a_scale * b_scale / y_scale overflows float32")
-        fused = _requantized_by_the_kernels(a, b, C, scale, zp)
-        if fused is not None:
-            return fused
-    acc = _matmul_integer(a, b)  # int32 [M, N], wrapping
-    if C is not None:
-        with np.errstate(over="ignore"):
-            acc = np.add(acc, C, dtype=np.int32)  # int32 addition wraps, as the kernel's
-    with np.errstate(over="ignore", under="ignore"):
-        values = acc.astype(np.float32) * scale
-    if not quantized:
-        return values
-    info, z = np.iinfo(zp.dtype), int(zp.reshape(-1)[0])
-    clamped = np.clip(values, np.float32(info.min - z), np.float32(info.max - z))
-    return (np.rint(clamped).astype(np.int32) + z).astype(zp.dtype)
+            zp = np.asarray(y_zero_point)
+            if zp.dtype not in _INT8 or zp.size != 1 or zp.ndim > 1:
+                raise TypeError(f"{_FN}: y_zero_point must be one int8 or uint8 value, got {zp.dtype} {zp.shape}")
+            if not np.all(np.isfinite(scale)):
+                raise ValueError(f"{_FN}: alpha * a_scale * b_scale / y_scale overflows float32")
+        self._b, self._a_zp, self._C, self._scale, self._zp, self._trans_a = b, a_zp, C, scale, zp, bool(trans_a)
+        self._kept = None  # the kernels' arrays for the last row count (_fused_operands)
 
+    def __call__(self, A) -> np.ndarray:
+        A = _matrix(A, "A")
+        if A.dtype not in _INT8:
+            raise TypeError(f"{_FN}: A must be int8 or uint8, got {A.dtype}")
+        if self._a_zp is not None and self._a_zp.dtype != A.dtype:
+            raise TypeError(f"{_FN}: a_zero_point dtype {self._a_zp.dtype} does not match a dtype {A.dtype}")
+        b, C = self._b, self._C
+        a_x = np.ascontiguousarray(A.T) if self._trans_a else A
+        (M, K), (K_b, N) = a_x.shape, b.x.shape
+        if K != K_b:
+            raise ValueError(f"{_FN}: A' is {M}x{K} and B' {K_b}x{N}: inner dimensions differ")
+        if C is not None and not _fits(C.shape, (M, N)):  # unidirectional broadcasting
+            raise ValueError(f"{_FN}: C has shape {C.shape}, which does not broadcast to [M, N] = [{M}, {N}]")
+        a_zp = np.zeros((), np.int32) if self._a_zp is None else self._a_zp.astype(np.int32).reshape(())
+        a = _IntegerOperand(a_x, a_zp)
+        if self._zp is not None:
+            fused = self._requantized_by_the_kernels(a, M, K, N)
+            if fused is not None:
+                return fused
+        acc = _matmul_integer(a, b)  # int32 [M, N], wrapping
+        if C is not None:
+            with np.errstate(over="ignore"):
+                acc = np.add(acc, C, dtype=np.int32)  # int32 addition wraps, as the kernel's
+        with np.errstate(over="ignore", under="ignore"):
+            values = acc.astype(np.float32) * self._scale
+        if self._zp is None:
+            return values
+        info, z = np.iinfo(self._zp.dtype), int(self._zp.reshape(-1)[0])
+        clamped = np.clip(values, np.float32(info.min - z), np.float32(info.max - z))
+        return (np.rint(clamped).astype(np.int32) + z).astype(self._zp.dtype)
 
-def _requantized_by_the_kernels(a: _IntegerOperand, b: _IntegerOperand, C, scale, zp) -> np.ndarray | None:
-    """The 8-bit output in the int8 GEMM's own epilogue (ONNX Runtime's requantization there: f32(acc) *
-    scale[n], clamped to [qmin - zp, qmax - zp], rounded half to even, + zp; the same operations as the
-    module's formula), C added to the sums as a column bias: for a packed B and a C that is per column or
-    per tensor (or none). None otherwise (the numpy epilogue)."""
-    (M, K), N = a.x.shape, b.x.shape[1]
-    if b.packed is None or M == 0 or K == 0 or N == 0 or (C is not None and C.size not in (1, N)):
-        return None
-    if C is not None and C.size == N and C.ndim == 2 and C.shape[0] != 1:
-        return None  # ([N, 1] with N = 1 is per tensor: size 1 above)
-    index = np.zeros(1, np.int64)
-    a_zp = np.broadcast_to(a.zp.astype(np.int32), (1, M))
-    b_zp = np.ascontiguousarray(np.broadcast_to(b.zp.astype(np.int32), (1, N)))
-    y = np.empty((1, M, N), zp.dtype)
-    operands = (np.ascontiguousarray(a.x)[None], a.x.dtype == np.int8, index, np.ascontiguousarray(a_zp))
-    operands += (b.packed, b.x.dtype == np.int8, index, b_zp)
-    tail = (
-        np.broadcast_to(scale.astype(np.float32), (1, M, N)),
-        y,
-        y.dtype == np.int8,
-        np.broadcast_to(zp.astype(np.int32).reshape(()), (1, M, N)),
-    )
-    if C is None:
-        _core.qlinear_matmul_onnxruntime(*operands, *tail)
-    else:
-        _core.qlinear_matmul_onnxruntime_bias(
-            *operands, np.ascontiguousarray(np.broadcast_to(C.reshape(-1), (1, N))), *tail
-        )
-    return y[0]
+    def _requantized_by_the_kernels(self, a: _IntegerOperand, M: int, K: int, N: int) -> np.ndarray | None:
+        """The 8-bit output in the int8 GEMM's own epilogue (ONNX Runtime's requantization there: f32(acc) *
+        scale[n], clamped to [qmin - zp, qmax - zp], rounded half to even, + zp; the same operations as the
+        module's formula), C added to the sums as a column bias: for a packed B and a C that is per column or
+        per tensor (or none). None otherwise (the numpy epilogue)."""
+        b, C = self._b, self._C
+        if b.packed is None or M == 0 or K == 0 or N == 0 or (C is not None and C.size not in (1, N)):
+            return None
+        if C is not None and C.size == N and C.ndim == 2 and C.shape[0] != 1:
+            return None  # ([N, 1] with N = 1 is per tensor: size 1 above)
+        kept = self._kept
+        if kept is None or kept[0] != (M, int(a.zp)):
+            index = np.zeros(1, np.int64)
+            a_zp = np.full((1, M), a.zp, np.int32)
+            b_zp = np.ascontiguousarray(np.broadcast_to(b.zp.astype(np.int32), (1, N)))
+            scale = np.broadcast_to(self._scale.astype(np.float32), (1, M, N))
+            zp = np.broadcast_to(self._zp.astype(np.int32).reshape(()), (1, M, N))
+            bias = None if C is None else np.ascontiguousarray(np.broadcast_to(C.reshape(-1), (1, N)))
+            kept = self._kept = ((M, int(a.zp)), index, a_zp, b_zp, scale, zp, bias)
+        _, index, a_zp, b_zp, scale, zp, bias = kept
+        y = np.empty((1, M, N), self._zp.dtype)
+        operands = (np.ascontiguousarray(a.x)[None], a.x.dtype == np.int8, index, a_zp)
+        operands += (b.packed, b.x.dtype == np.int8, index, b_zp)
+        tail = (scale, y, y.dtype == np.int8, zp)
+        if bias is None:
+            _core.qlinear_matmul_onnxruntime(*operands, *tail)
+        else:
+            _core.qlinear_matmul_onnxruntime_bias(*operands, bias, *tail)
+        return y[0]
 
 
 def _matrix(x, name: str) -> np.ndarray:
