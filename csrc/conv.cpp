@@ -23,9 +23,16 @@ void depthwise_range(const void* x, bool x_signed, const ConvShape& s, int32_t x
                      const DepthwiseSink& sink, int64_t r0, int64_t r1);
 }  // namespace portable
 #if QMM_CONV_AVX2
-namespace avx2 {  // kernels/conv_avx2.cpp
+namespace avx2 {  // kernels/conv_avx2.cpp, and kernels/conv_depthwise_avx2.cpp (2-D)
 void depthwise_range(const void* x, bool x_signed, const ConvShape& s, int32_t x_zp, const int16_t* w,
                      const DepthwiseSink& sink, int64_t r0, int64_t r1);
+int64_t depthwise_2d_prepared_bytes(const DepthwiseGeometry& g);
+void depthwise_2d_prepare(const DepthwiseGeometry& g, int32_t x_zp, const int16_t* w,
+                          const DepthwiseRequantization* requantization, void* prepared);
+void depthwise_2d_range(const void* x, bool x_signed, const DepthwiseGeometry& g, const void* prepared,
+                        const DepthwiseSink& sink, const DepthwiseRequantization* requantization, int64_t r0,
+                        int64_t r1);
+constexpr DepthwiseKernel2d kDepthwise2d{depthwise_2d_prepared_bytes, depthwise_2d_prepare, depthwise_2d_range};
 }  // namespace avx2
 #endif
 #if QMM_CONV_AVX512
@@ -359,18 +366,23 @@ void conv_columns(const uint8_t* x, const ConvShape& s, uint8_t pad, int64_t row
 
 namespace {
 
-// The AVX-512 depthwise kernel for the kernel level in use, with its name (null where there is none).
+// The 2-D depthwise kernel for the kernel level in use, with its name (null where there is none):
+// the AVX-512 one at avx512_vnni and above (the emulated one under an emulated level), else the AVX2
+// one where the avx2 loops run.
 std::pair<const DepthwiseKernel2d*, const char*> depthwise_2d_kernel() {
-  if (active_isa() < Isa::kAvx512Vnni) return {nullptr, nullptr};
-  if (active_emulated()) {
+  if (active_isa() >= Isa::kAvx512Vnni && active_emulated()) {
 #if QMM_CONV_AVX512_EMULATED
     return {&avx512_vnni_emulated::kDepthwise2d, "avx512_vnni-emulated"};
 #endif
-    return {nullptr, nullptr};
   }
 #if QMM_CONV_AVX512
   constexpr Features kNeeds = kAvx512Features | kFeatAvx512vnni;
-  if ((usable_features() & ~hidden_features() & kNeeds) == kNeeds) return {&avx512_vnni::kDepthwise2d, "avx512_vnni"};
+  if (active_isa() >= Isa::kAvx512Vnni && !active_emulated() &&
+      (usable_features() & ~hidden_features() & kNeeds) == kNeeds)
+    return {&avx512_vnni::kDepthwise2d, "avx512_vnni"};
+#endif
+#if QMM_CONV_AVX2
+  if (avx2_loops_usable()) return {&avx2::kDepthwise2d, "avx2"};
 #endif
   return {nullptr, nullptr};
 }
@@ -378,11 +390,8 @@ std::pair<const DepthwiseKernel2d*, const char*> depthwise_2d_kernel() {
 }  // namespace
 
 const char* conv_depthwise_path() {
-  if (const char* name = depthwise_2d_kernel().second) return name;
-#if QMM_CONV_AVX2
-  if (avx2_loops_usable()) return "avx2";
-#endif
-  return "portable";
+  const char* name = depthwise_2d_kernel().second;
+  return name ? name : "portable";
 }
 
 namespace {
@@ -399,8 +408,8 @@ struct DepthwiseLoop {
 };
 
 DepthwiseLoop depthwise_loop(const ConvShape& s) {
-  DepthwiseLoop loop{portable::depthwise_range, nullptr, {}, rows_per_task(s.C * 4 * std::max<int64_t>(1, s.taps() / 4)),
-                     0.0};
+  DepthwiseLoop loop{
+      portable::depthwise_range, nullptr, {}, rows_per_task(s.C * 4 * std::max<int64_t>(1, s.taps() / 4)), 0.0};
 #if QMM_CONV_AVX2
   if (avx2_loops_usable()) loop.range = avx2::depthwise_range;
 #endif
@@ -426,9 +435,11 @@ DepthwiseLoop depthwise_loop(const ConvShape& s) {
                                last(s.dilations),
                                first(s.pad_begin, 0),
                                last(s.pad_begin)};
-    // tasks of about 16 K products, about 0.05 ns each (Zen 4, one thread, 3 x 3 taps)
+    // tasks of about 16 K products, about 0.05 ns each (the AVX-512 kernel on Zen 4, one thread, 3 x 3
+    // taps; the AVX2 one's 0.08)
     loop.task = std::max<int64_t>(1, 16384 / std::max<int64_t>(1, s.C * s.taps()));
-    loop.task_ns = 0.05 * static_cast<double>(loop.task * s.C * s.taps());
+    const double product_ns = std::strcmp(depthwise_2d_kernel().second, "avx2") == 0 ? 0.08 : 0.05;
+    loop.task_ns = product_ns * static_cast<double>(loop.task * s.C * s.taps());
   }
   return loop;
 }
@@ -440,9 +451,7 @@ class Prepared2d {
       : bytes_(static_cast<size_t>(loop.kernel2d->prepared_bytes(loop.g)) + 63) {
     loop.kernel2d->prepare(loop.g, x_zp, w, requantization, data());
   }
-  void* data() {
-    return bytes_.data() + (64 - reinterpret_cast<uintptr_t>(bytes_.data()) % 64) % 64;
-  }
+  void* data() { return bytes_.data() + (64 - reinterpret_cast<uintptr_t>(bytes_.data()) % 64) % 64; }
 
  private:
   std::vector<uint8_t> bytes_;

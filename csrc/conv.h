@@ -72,12 +72,13 @@ struct DepthwiseKernel2d {
 void conv_depthwise_requantized(const void* x, bool x_signed, const ConvShape& s, int32_t x_zp, const int16_t* w,
                                 const int32_t* bias, const float* multiplier, float a_scale, const float* b_scale,
                                 float y_scale, int32_t zp, bool y_signed, void* y, int numerics);
-// The depthwise loop conv_depthwise runs now for a 1- or 2-D convolution: "avx512_vnni"
-// (kernels/conv_depthwise_avx512.cpp, where its build is there, the CPU has AVX-512 VNNI and the
-// kernel level is avx512_vnni or higher), "avx512_vnni-emulated" (the same source over SIMDe, under an
-// emulated level of avx512_vnni or higher), "avx2" (kernels/conv_avx2.cpp, where the avx2 build is
-// there, the CPU has AVX2 and the kernel level is avx2 or higher) or "portable" (csrc/conv_loops.inc).
-// Other convolutions (3-D and up) run the avx2 or portable loop.
+// The depthwise loop conv_depthwise runs now for a 1- or 2-D convolution of up to kDepthwiseMaxTaps
+// taps: "avx512_vnni" (kernels/conv_depthwise_avx512.cpp, where its build is there, the CPU has
+// AVX-512 VNNI and the kernel level is avx512_vnni or higher), "avx512_vnni-emulated" (the same
+// source over SIMDe, under an emulated level of avx512_vnni or higher), "avx2"
+// (kernels/conv_depthwise_avx2.cpp, where the avx2 build is there, the CPU has AVX2 and the kernel
+// level is avx2 or higher) or "portable" (csrc/conv_loops.inc). Other convolutions (3-D and up, more
+// taps) run conv_loops.inc's loop: its avx2 build (kernels/conv_avx2.cpp) where "avx2" or above.
 const char* conv_depthwise_path();
 
 // MaxPool of channels-last 8-bit codes: y [positions, C] = the maximum over each window's taps inside x

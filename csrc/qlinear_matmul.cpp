@@ -409,7 +409,8 @@ void accumulate(const QGemmDispatch& q, const QGemmProblem& p, Epilogue&& epilog
       const int64_t za0 = int64_t{a_zp[0]} + oa, zb0 = int64_t{b_zp[0]} + ob;
       // once per task where its blocks share za' (at K = 16, 96 columns, the loop cost a fifth of a
       // block's products)
-      if (!scratch.columns_ready || scratch.columns_uniform != uniform_za || (uniform_za && scratch.columns_za != za0)) {
+      if (!scratch.columns_ready || scratch.columns_uniform != uniform_za ||
+          (uniform_za && scratch.columns_za != za0)) {
         zb_stored.resize(static_cast<size_t>(cols));
         colsum_stored.resize(static_cast<size_t>(cols));
         for (int64_t j = 0; j < cols; ++j) {

@@ -569,13 +569,13 @@ def _depthwise_path(level: str) -> str:
 
 @pytest.mark.parametrize("level", kernel_levels())
 def test_depthwise_loops_of_every_build_give_the_oracles_sums(level):
-    """The depthwise loop is compiled for every CPU, again in the AVX2 build (csrc/conv_loops.inc), and for 1-
-    and 2-D convolutions in the AVX-512 VNNI build (kernels/conv_depthwise_avx512.cpp, natively and over SIMDe):
-    each gives the spec's sums (ConvInteger against the oracle) with channel counts off the vector widths, taps
-    inside x and in its padding, 1- and 2-D kernels up to 7 x 7 (and 9 x 9, past the AVX-512 kernel's 64 taps:
-    the loop below it), 3-D (the loop below); QLinearConv's requantization of them block by block
-    (conv_depthwise_requantized) gives the exact numerics' oracle, and ONNX Runtime's numerics (in the AVX-512
-    kernel's registers) the portable loop's bits."""
+    """The depthwise loop is compiled for every CPU and again in the AVX2 build (csrc/conv_loops.inc), and the
+    kernel of 1- and 2-D convolutions (kernels/conv_depthwise.inc) in the AVX2 build and the AVX-512 VNNI one
+    (natively and over SIMDe): each level's gives the spec's sums (ConvInteger against the oracle) with channel
+    counts off the vector widths, taps inside x and in its padding, 1- and 2-D kernels up to 7 x 7 (and 9 x 9,
+    past the kernels' 64 taps: the loop), 3-D (the loop); QLinearConv's requantization of them block by block
+    (conv_depthwise_requantized) gives the exact numerics' oracle, and ONNX Runtime's numerics (in the
+    kernels' registers) the portable loop's bits."""
     from quantmatmul import _core
 
     rng = np.random.default_rng(31)
