@@ -110,12 +110,26 @@ def graph_inputs(model: onnx.ModelProto) -> list[onnx.ValueInfoProto]:
     return [i for i in model.graph.input if i.name not in inits]
 
 
-def check_feed(fn: str, model: onnx.ModelProto, feed, *, complete: bool = True) -> dict[str, np.ndarray]:
+def feed_spec(model: onnx.ModelProto) -> dict[str, tuple[NodeArg, int | None]]:
+    """What check_feed checks a feed against, read from the model once: per input a caller feeds, its NodeArg
+    and its tensor element type (None where it is not a tensor or has none)."""
+    spec = {}
+    for i in graph_inputs(model):
+        tensor = i.type.HasField("tensor_type") and i.type.tensor_type.elem_type
+        spec[i.name] = (node_arg(i), i.type.tensor_type.elem_type if tensor else None)
+    return spec
+
+
+def check_feed(
+    fn: str, model: onnx.ModelProto, feed, *, complete: bool = True, spec: dict | None = None
+) -> dict[str, np.ndarray]:
     """input_feed checked against the model's inputs: every name known, every input given (unless not
-    complete), each value of the declared type and rank with the declared fixed dimensions. Returns {name: ndarray}."""
+    complete), each value of the declared type and rank with the declared fixed dimensions. Returns {name:
+    ndarray}. spec: feed_spec(model), where the caller keeps it (a session: the model's initializers are not
+    read again on every run)."""
     if not isinstance(feed, dict):
         raise TypeError(f"{fn}: input_feed must be a dict {{input name: numpy array}}, got {type(feed).__name__}")
-    inputs = {i.name: i for i in graph_inputs(model)}
+    inputs = spec if spec is not None else feed_spec(model)
     unknown = [name for name in feed if name not in inputs]
     if unknown:
         raise ValueError(
@@ -126,11 +140,10 @@ def check_feed(fn: str, model: onnx.ModelProto, feed, *, complete: bool = True) 
         raise ValueError(f"{fn}: input {missing[0]!r} is missing from input_feed")
     checked = {}
     for name, value in feed.items():
-        arg = node_arg(inputs[name])
+        arg, elem_type = inputs[name]
         array = np.asarray(value)
-        tt = inputs[name].type.tensor_type
-        if inputs[name].type.HasField("tensor_type") and tt.elem_type:
-            expected = np_dtype(tt.elem_type)
+        if elem_type:
+            expected = np_dtype(elem_type)
             if array.dtype != expected:
                 raise TypeError(f"{fn}: input {name!r} must be {arg.type} ({expected}), got {array.dtype}")
         if arg.shape is not None:

@@ -24,6 +24,7 @@ from ._common import (
     NodeArg,
     attributes,
     check_feed,
+    feed_spec,
     graph_inputs,
     load_model,
     node_arg,
@@ -127,6 +128,7 @@ class InferenceSession:
             raise ValueError(f"{self._FN}: onnx.reference cannot run this model: {_first_line(error)}") from None
         self._plan = _run_plan(self._evaluator)
         self._inputs = [node_arg(v) for v in graph_inputs(self._model)]
+        self._feed_spec = feed_spec(self._model)  # (the initializers' names read once, not per run)
         self._outputs = [node_arg(v) for v in self._model.graph.output]
         _keep_heap()
 
@@ -150,7 +152,7 @@ class InferenceSession:
                 raise ValueError(
                     f"{fn}: the model has no output named {unknown[0]!r} (its outputs: {', '.join(names)})"
                 )
-        feed = check_feed(fn, self._model, input_feed)
+        feed = check_feed(fn, self._model, input_feed, spec=self._feed_spec)
         try:
             with np.errstate(all="ignore"), _core.ParallelRegion():
                 return _run_nodes(self._evaluator, self._plan, output_names, feed)
