@@ -1,6 +1,7 @@
 """fuzz.py: differential fuzzing of QLinearMatMul and MatMulNBits on every kernel table this machine runs (native and emulated) at several thread counts, against the numpy oracles (`make fuzz`).
 
-Usage: python tests/fuzz.py [--minutes M] [--seed S] [--cases C] [--family qlinear|float8|nbits|matmul_integer|all]
+Usage: python tests/fuzz.py [--minutes M] [--seed S] [--cases C]
+       [--family qlinear|float8|nbits|matmul_integer|depthwise|all]
        [--threads 1,2,3,16]
 
 Case i of a run is drawn from seed S + i alone (operand types, shapes, parameters, views, level),
@@ -14,6 +15,8 @@ bf16 entries with AVX512-BF16 / AMX-BF16 hidden as well):
     overflows; the same bits on every thread count; a held MatMulNBits (built under another table)
     equal to the function bit for bit but for a NaN's sign; level 0 equal to level 1;
   - MatMulInteger (quantmatmul.onnx's): the exact int32 sums, B per call and packed once;
+  - depthwise QLinearConv (quantmatmul.onnx's): the exact numerics against the spec's sums rounded once,
+    the others against the portable table's bits;
   - no input modified.
 Failures print the seed and what differed; the exit status is 1 if any case failed. The fourteenth
 session's campaign of this kind (about 480,000 cases) found a held MatMulNBits keeping the caller's
@@ -177,6 +180,86 @@ def matmul_integer_case(seed, tables, threads):
     return fails
 
 
+def _depthwise_sums(x, xz, w, wz, strides, pads, dilations):
+    """int64 [N, C, out...]: the spec's depthwise sums, tap by tap over x padded with its zero point."""
+    N, C, *spatial = x.shape
+    nd, kernel = len(spatial), w.shape[2:]
+    padded = np.full((N, C, *[s + pads[i] + pads[nd + i] for i, s in enumerate(spatial)]), int(xz), np.int64)
+    padded[(slice(None), slice(None), *(slice(pads[i], pads[i] + s) for i, s in enumerate(spatial)))] = x
+    out = [(padded.shape[2 + i] - ((kernel[i] - 1) * dilations[i] + 1)) // strides[i] + 1 for i in range(nd)]
+    wd = w.astype(np.int64).reshape(C, -1) - np.broadcast_to(np.asarray(wz, np.int64), (C,))[:, None]
+    acc = np.zeros((N, C, *out), np.int64)
+    for t, tap in enumerate(np.ndindex(*kernel)):
+        window = tuple(slice(k * d, k * d + (o - 1) * s + 1, s) for k, d, o, s in zip(tap, dilations, out, strides))
+        acc += (padded[(slice(None), slice(None), *window)] - int(xz)) * wd[:, t].reshape(C, *[1] * nd)
+    return acc
+
+
+def depthwise_case(seed, tables, threads):
+    """One depthwise QLinearConv (1- or 2-D, every 8-bit type combination, a weight scale and zero point per
+    tensor or per channel, with or without a bias, x in C order or channels-last memory) in one of the three
+    numerics on every table and thread count: the exact numerics against the spec's sums rounded once, the
+    others against the portable table's bits (tests/test_onnx_qconv.py checks those against ONNX Runtime and
+    onnx.reference)."""
+    from quantmatmul.onnx._qconv import qlinear_conv
+
+    rng = np.random.default_rng(seed)
+    nd = int(rng.choice([1, 2, 2, 2]))
+    C = _size(rng, [1, 7, 15, 16, 17, 31, 32, 33, 48, 63, 64, 65, 96, 144], 200)
+    kernel = [int(rng.choice([1, 2, 3, 3, 3, 5, 7, 9])) for _ in range(nd)]
+    dilations = [int(rng.choice([1, 1, 2, 3])) for _ in range(nd)]
+    strides = [int(rng.choice([1, 1, 2, 3])) for _ in range(nd)]
+    pads = [int(rng.integers(0, k + 1)) for k in kernel * 2]
+    spatial = [int(rng.integers(max(1, (k - 1) * d + 1 - 2 * k), (k - 1) * d + 14)) for k, d in zip(kernel, dilations)]
+    if any(s + pads[i] + pads[nd + i] < (k - 1) * d + 1 for i, (s, k, d) in enumerate(zip(spatial, kernel, dilations))):
+        pads = [k for k in kernel * 2]  # (an output of at least one position)
+    x_t, w_t, y_t = (np.dtype(rng.choice([u8, s8])) for _ in range(3))
+    N = int(rng.integers(1, 4))
+    x = _ints(rng, x_t, (N, C, *spatial))
+    if rng.random() < 0.5:  # channels-last memory, as the session passes activations
+        x = np.ascontiguousarray(np.moveaxis(x, 1, -1)).transpose(0, nd + 1, *range(1, nd + 1))
+    w = _ints(rng, w_t, (C, 1, *kernel))
+    per_channel = rng.random() < 0.5
+    xz, yz = _ints(rng, x_t, ()), _ints(rng, y_t, ())
+    wz = _ints(rng, w_t, (C,) if per_channel else ())
+    xs, ys = f32(rng.uniform(0.001, 0.05)), f32(rng.uniform(0.01, 2.0))
+    ws = rng.uniform(0.001, 0.05, (C,) if per_channel else ()).astype(f32)
+    B = rng.integers(-(2**31), 2**31, C).astype(np.int32) if rng.random() < 0.2 else None
+    if B is None and rng.random() < 0.6:
+        B = rng.integers(-30000, 30000, C).astype(np.int32)
+    numerics = str(rng.choice(list(NUMERICS)))
+    args = (x, xs, xz, w, ws, wz, ys, yz, B)
+    attrs = {"group": C, "kernel_shape": kernel, "strides": strides, "pads": pads, "dilations": dilations}
+    what = f"depthwise seed {seed}: {x_t.name}/{w_t.name}/{y_t.name} N{N} C{C} {spatial} k{kernel} s{strides} d{dilations} p{pads} {numerics}"
+    if numerics == "exact":
+        from fractions import Fraction
+
+        acc = _depthwise_sums(x, xz, w, wz, strides, pads, dilations)
+        acc += 0 if B is None else B.astype(np.int64).reshape(C, *[1] * nd)
+        acc = (acc + 2**31) % 2**32 - 2**31  # (the spec's 32-bit accumulation: a large bias wraps)
+        info = np.iinfo(y_t)
+        scale = [Fraction(float(xs)) * Fraction(float(v)) / Fraction(float(ys)) for v in np.broadcast_to(ws, (C,))]
+        flat = acc.reshape(N, C, -1)
+        want = np.empty(flat.shape, y_t)
+        for c in range(C):
+            for n in range(N):
+                want[n, c] = [
+                    min(info.max, max(info.min, round(Fraction(int(v)) * scale[c]) + int(yz))) for v in flat[n, c]
+                ]
+        want = want.reshape(acc.shape)
+    else:
+        with table("portable"):
+            want = qlinear_conv(*args, **attrs, numerics=numerics)
+    fails = []
+    for level, hidden in tables:
+        for t in (1, int(rng.choice(threads))):
+            with table(level, hidden, t):
+                got = qlinear_conv(*args, **attrs, numerics=numerics)
+            if not np.array_equal(got, want):
+                fails.append(f"{what}: {level}{hidden} at {t} threads")
+    return fails
+
+
 FLOAT8 = [
     np.dtype(t)
     for t in (ml_dtypes.float8_e4m3fn, ml_dtypes.float8_e4m3fnuz, ml_dtypes.float8_e5m2, ml_dtypes.float8_e5m2fnuz)
@@ -315,12 +398,14 @@ def main(argv=None) -> int:
     parser.add_argument("--minutes", type=float, default=5.0)
     parser.add_argument("--seed", type=int, default=int(time.time()) % 1_000_000 * 1000)
     parser.add_argument("--cases", type=int, default=0, help="stop after this many cases (0: when time is up)")
-    parser.add_argument("--family", choices=["qlinear", "float8", "nbits", "matmul_integer", "all"], default="all")
+    parser.add_argument(
+        "--family", choices=["qlinear", "float8", "nbits", "matmul_integer", "depthwise", "all"], default="all"
+    )
     parser.add_argument("--threads", default="2,3,16", help="thread counts besides 1, one per case and table")
     options = parser.parse_args(argv)
     threads = [int(t) for t in options.threads.split(",")]
     tables = runnable_tables()
-    every = [qlinear_case, float8_case, nbits_case, matmul_integer_case]
+    every = [qlinear_case, float8_case, nbits_case, matmul_integer_case, depthwise_case]
     families = every if options.family == "all" else [c for c in every if c.__name__ == f"{options.family}_case"]
     names = ", ".join(level + "".join(f" without {h}" for h in hidden) for level, hidden in tables)
     print(f"fuzz: seed {options.seed}, {options.minutes} minutes, tables: {names}", flush=True)
