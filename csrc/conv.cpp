@@ -26,34 +26,19 @@ void depthwise_range(const void* x, bool x_signed, const ConvShape& s, int32_t x
 namespace avx2 {  // kernels/conv_avx2.cpp, and kernels/conv_depthwise_avx2.cpp (2-D)
 void depthwise_range(const void* x, bool x_signed, const ConvShape& s, int32_t x_zp, const int16_t* w,
                      const DepthwiseSink& sink, int64_t r0, int64_t r1);
-int64_t depthwise_2d_prepared_bytes(const DepthwiseGeometry& g);
-void depthwise_2d_prepare(const DepthwiseGeometry& g, int32_t x_zp, const int16_t* w,
-                          const DepthwiseRequantization* requantization, void* prepared);
-void depthwise_2d_range(const void* x, bool x_signed, const DepthwiseGeometry& g, const void* prepared,
-                        const DepthwiseSink& sink, const DepthwiseRequantization* requantization, int64_t r0,
-                        int64_t r1);
+QMM_DEPTHWISE_2D_DECLARATIONS
 constexpr DepthwiseKernel2d kDepthwise2d{depthwise_2d_prepared_bytes, depthwise_2d_prepare, depthwise_2d_range};
 }  // namespace avx2
 #endif
 #if QMM_CONV_AVX512
 namespace avx512_vnni {  // kernels/conv_depthwise_avx512.cpp
-int64_t depthwise_2d_prepared_bytes(const DepthwiseGeometry& g);
-void depthwise_2d_prepare(const DepthwiseGeometry& g, int32_t x_zp, const int16_t* w,
-                          const DepthwiseRequantization* requantization, void* prepared);
-void depthwise_2d_range(const void* x, bool x_signed, const DepthwiseGeometry& g, const void* prepared,
-                        const DepthwiseSink& sink, const DepthwiseRequantization* requantization, int64_t r0,
-                        int64_t r1);
+QMM_DEPTHWISE_2D_DECLARATIONS
 constexpr DepthwiseKernel2d kDepthwise2d{depthwise_2d_prepared_bytes, depthwise_2d_prepare, depthwise_2d_range};
 }  // namespace avx512_vnni
 #endif
 #if QMM_CONV_AVX512_EMULATED
 namespace avx512_vnni_emulated {  // the same source over SIMDe
-int64_t depthwise_2d_prepared_bytes(const DepthwiseGeometry& g);
-void depthwise_2d_prepare(const DepthwiseGeometry& g, int32_t x_zp, const int16_t* w,
-                          const DepthwiseRequantization* requantization, void* prepared);
-void depthwise_2d_range(const void* x, bool x_signed, const DepthwiseGeometry& g, const void* prepared,
-                        const DepthwiseSink& sink, const DepthwiseRequantization* requantization, int64_t r0,
-                        int64_t r1);
+QMM_DEPTHWISE_2D_DECLARATIONS
 constexpr DepthwiseKernel2d kDepthwise2d{depthwise_2d_prepared_bytes, depthwise_2d_prepare, depthwise_2d_range};
 }  // namespace avx512_vnni_emulated
 #endif

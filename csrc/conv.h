@@ -66,6 +66,14 @@ struct DepthwiseKernel2d {
   void (*range)(const void* x, bool x_signed, const DepthwiseGeometry& g, const void* prepared,
                 const DepthwiseSink& sink, const DepthwiseRequantization* requantization, int64_t r0, int64_t r1);
 };
+// The functions a kernel build exports for it (kernels/conv_depthwise.inc), declared in its namespace.
+#define QMM_DEPTHWISE_2D_DECLARATIONS                                                                           \
+  int64_t depthwise_2d_prepared_bytes(const DepthwiseGeometry& g);                                              \
+  void depthwise_2d_prepare(const DepthwiseGeometry& g, int32_t x_zp, const int16_t* w,                         \
+                            const DepthwiseRequantization* requantization, void* prepared);                     \
+  void depthwise_2d_range(const void* x, bool x_signed, const DepthwiseGeometry& g, const void* prepared,       \
+                          const DepthwiseSink& sink, const DepthwiseRequantization* requantization, int64_t r0, \
+                          int64_t r1);
 // The same sums requantized as requantize_columns does (bias, multiplier, scales, zp, numerics as there)
 // into y [positions, C] (8-bit), a block of rows at a time while its sums are in cache: no int32
 // array of the whole output, no second pass. Over the thread pool.
