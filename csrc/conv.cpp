@@ -5,7 +5,6 @@
 #include <cstring>
 #include <limits>
 #include <optional>
-#include <utility>
 
 #if defined(__SSE2__)
 #include <emmintrin.h>
@@ -351,39 +350,45 @@ void conv_columns(const uint8_t* x, const ConvShape& s, uint8_t pad, int64_t row
 
 namespace {
 
-// The 2-D depthwise kernel for the kernel level in use, with its name (null where there is none):
-// the AVX-512 one at avx512_vnni and above (the emulated one under an emulated level), else the AVX2
-// one where the avx2 loops run.
-std::pair<const DepthwiseKernel2d*, const char*> depthwise_2d_kernel() {
+// A 2-D depthwise kernel, its name and its time per product (one thread, 3 x 3 taps, Zen 4).
+struct Depthwise2dChoice {
+  const DepthwiseKernel2d* kernel = nullptr;  // null: none
+  const char* name = nullptr;
+  double product_ns = 0.0;
+};
+
+// The 2-D depthwise kernel for the kernel level in use: the AVX-512 one at avx512_vnni and above (the
+// emulated one under an emulated level), else the AVX2 one where the avx2 loops run.
+Depthwise2dChoice depthwise_2d_kernel() {
   if (active_isa() >= Isa::kAvx512Vnni && active_emulated()) {
 #if QMM_CONV_AVX512_EMULATED
-    return {&avx512_vnni_emulated::kDepthwise2d, "avx512_vnni-emulated"};
+    return {&avx512_vnni_emulated::kDepthwise2d, "avx512_vnni-emulated", 0.05};
 #endif
   }
 #if QMM_CONV_AVX512
   constexpr Features kNeeds = kAvx512Features | kFeatAvx512vnni;
   if (active_isa() >= Isa::kAvx512Vnni && !active_emulated() &&
       (usable_features() & ~hidden_features() & kNeeds) == kNeeds)
-    return {&avx512_vnni::kDepthwise2d, "avx512_vnni"};
+    return {&avx512_vnni::kDepthwise2d, "avx512_vnni", 0.05};
 #endif
 #if QMM_CONV_AVX2
-  if (avx2_loops_usable()) return {&avx2::kDepthwise2d, "avx2"};
+  if (avx2_loops_usable()) return {&avx2::kDepthwise2d, "avx2", 0.08};
 #endif
-  return {nullptr, nullptr};
+  return {};
 }
 
 }  // namespace
 
 const char* conv_depthwise_path() {
-  const char* name = depthwise_2d_kernel().second;
+  const char* name = depthwise_2d_kernel().name;
   return name ? name : "portable";
 }
 
 namespace {
 
-// The depthwise loop of the build in use, with its rows per task and a task's time: the AVX-512
-// kernel (kernel2d, with the geometry as numbers) for a 1- or 2-D convolution where there is one;
-// the avx2 or portable loop (range) otherwise.
+// The depthwise loop of the build in use, with its rows per task and a task's time: the 2-D kernel
+// (kernel2d, AVX2 or AVX-512, with the geometry as numbers) for a 1- or 2-D convolution of up to
+// kDepthwiseMaxTaps taps where there is one; the avx2 or portable loop (range) otherwise.
 struct DepthwiseLoop {
   void (*range)(const void*, bool, const ConvShape&, int32_t, const int16_t*, const DepthwiseSink&, int64_t, int64_t);
   const DepthwiseKernel2d* kernel2d;
@@ -400,12 +405,12 @@ DepthwiseLoop depthwise_loop(const ConvShape& s) {
 #endif
   loop.task_ns = 0.3 * static_cast<double>(loop.task * s.C * s.taps());  // about 0.3 ns per product
   const size_t nd = s.in.size();
-  const DepthwiseKernel2d* kernel2d = depthwise_2d_kernel().first;
-  if (kernel2d && (nd == 1 || nd == 2) && s.taps() <= kDepthwiseMaxTaps) {
+  const Depthwise2dChoice kernel2d = depthwise_2d_kernel();
+  if (kernel2d.kernel && (nd == 1 || nd == 2) && s.taps() <= kDepthwiseMaxTaps) {
     const bool one = nd == 1;  // a 1-D convolution: 2-D of height 1
     auto first = [&](const std::vector<int64_t>& v, int64_t height) { return one ? height : v[0]; };
     auto last = [&](const std::vector<int64_t>& v) { return v[nd - 1]; };
-    loop.kernel2d = kernel2d;
+    loop.kernel2d = kernel2d.kernel;
     loop.g = DepthwiseGeometry{s.N,
                                s.C,
                                first(s.in, 1),
@@ -420,16 +425,14 @@ DepthwiseLoop depthwise_loop(const ConvShape& s) {
                                last(s.dilations),
                                first(s.pad_begin, 0),
                                last(s.pad_begin)};
-    // tasks of about 16 K products, about 0.05 ns each (the AVX-512 kernel on Zen 4, one thread, 3 x 3
-    // taps; the AVX2 one's 0.08)
+    // tasks of about 16 K products (the constants are formed once per call)
     loop.task = std::max<int64_t>(1, 16384 / std::max<int64_t>(1, s.C * s.taps()));
-    const double product_ns = std::strcmp(depthwise_2d_kernel().second, "avx2") == 0 ? 0.08 : 0.05;
-    loop.task_ns = product_ns * static_cast<double>(loop.task * s.C * s.taps());
+    loop.task_ns = kernel2d.product_ns * static_cast<double>(loop.task * s.C * s.taps());
   }
   return loop;
 }
 
-// The AVX-512 kernel's constants for one call, 64-byte aligned.
+// The 2-D kernel's constants for one call, 64-byte aligned.
 class Prepared2d {
  public:
   Prepared2d(const DepthwiseLoop& loop, int32_t x_zp, const int16_t* w, const DepthwiseRequantization* requantization)
@@ -491,7 +494,7 @@ void conv_depthwise_requantized(const void* x, bool x_signed, const ConvShape& s
                      p.y_signed, out);
   };
   const int64_t block = std::max<int64_t>(1, 4096 / C);
-  // The AVX-512 kernel: ONNX Runtime's numerics in its registers, the others' through the blocks
+  // The 2-D kernel: ONNX Runtime's numerics in its registers, the others' through the blocks
   const DepthwiseRequantization in_registers{bias, multiplier, zp, y_signed, static_cast<uint8_t*>(y)};
   const DepthwiseRequantization* requantization = numerics == 0 ? &in_registers : nullptr;
   Prepared2d* prepared = nullptr;
