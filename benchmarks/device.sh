@@ -10,7 +10,8 @@
 #   TESTS=0 to skip the suite, TEST_TIMEOUT (s per test
 #   file; the files run in parallel), TEST_FILES (tests/test_*.py), BENCH_TIMEOUT (s per script),
 #   PY (python3), BUILD=0 to use the installed build, FUZZ_MINUTES (0) to run tests/fuzz.py there
-#   (the differential fuzzer, natively on AMX). A rehearsal here, before spending device time:
+#   (the differential fuzzer, natively on AMX), CNN (none) the models benchmarks/cnn.py compares with
+#   ORT at each of THREADS (`CNN="mobilenet_v2 resnet18"`: the depthwise and convolution kernels). A rehearsal here, before spending device time:
 #   BUILD=0 PY=.venv/bin/python TEST_FILES=tests/test_version.py LEVELS=avx2 THREADS=2 REPEAT=2 \
 #     BENCHES=levels bash benchmarks/device.sh
 # Measured 2026-11-26: build 21 s, suite 23 s, the four scripts at 2 levels x 2 thread counts and
@@ -70,4 +71,12 @@ for s in $BENCHES; do
   SECONDS=0
   timeout "${BENCH_TIMEOUT:-200}" "$PY" "benchmarks/$s.py" "$LEVELS" "$THREADS" "$REPEAT" "$OUT/$s.json"
   echo "$s: ${SECONDS} s"
+done
+
+for m in ${CNN:-}; do  # quantized CNNs against ORT (benchmarks/cnn.py: QDQ / QOperator, uint8 / int8)
+  for t in ${THREADS//,/ }; do
+    SECONDS=0
+    timeout "${BENCH_TIMEOUT:-200}" "$PY" benchmarks/cnn.py "$t" "$REPEAT" 224 "$m"
+    echo "cnn $m $t threads: ${SECONDS} s"
+  done
 done
