@@ -386,7 +386,6 @@ void accumulate(const QGemmDispatch& q, const QGemmProblem& p, Epilogue&& epilog
         for (int64_t i = 0; i < rows * ldc; ++i) c64[i] += c32[i];
     }
     if (small) {  // the sums are final: no column or row term
-      scratch.columns_ready = false;
       colsum_stored.assign(static_cast<size_t>(cols), Acc{0});
       row_terms.assign(static_cast<size_t>(rows), TermsOf<Acc>{nullptr, colsum_stored.data(), Acc{1}, Acc{0}});
     } else {

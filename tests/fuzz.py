@@ -180,27 +180,12 @@ def matmul_integer_case(seed, tables, threads):
     return fails
 
 
-def _depthwise_sums(x, xz, w, wz, strides, pads, dilations):
-    """int64 [N, C, out...]: the spec's depthwise sums, tap by tap over x padded with its zero point."""
-    N, C, *spatial = x.shape
-    nd, kernel = len(spatial), w.shape[2:]
-    padded = np.full((N, C, *[s + pads[i] + pads[nd + i] for i, s in enumerate(spatial)]), int(xz), np.int64)
-    padded[(slice(None), slice(None), *(slice(pads[i], pads[i] + s) for i, s in enumerate(spatial)))] = x
-    out = [(padded.shape[2 + i] - ((kernel[i] - 1) * dilations[i] + 1)) // strides[i] + 1 for i in range(nd)]
-    wd = w.astype(np.int64).reshape(C, -1) - np.broadcast_to(np.asarray(wz, np.int64), (C,))[:, None]
-    acc = np.zeros((N, C, *out), np.int64)
-    for t, tap in enumerate(np.ndindex(*kernel)):
-        window = tuple(slice(k * d, k * d + (o - 1) * s + 1, s) for k, d, o, s in zip(tap, dilations, out, strides))
-        acc += (padded[(slice(None), slice(None), *window)] - int(xz)) * wd[:, t].reshape(C, *[1] * nd)
-    return acc
-
-
 def depthwise_case(seed, tables, threads):
     """One depthwise QLinearConv (1- or 2-D, every 8-bit type combination, a weight scale and zero point per
     tensor or per channel, with or without a bias, x in C order or channels-last memory) in one of the three
-    numerics on every table and thread count: the exact numerics against the spec's sums rounded once, the
-    others against the portable table's bits (tests/test_onnx_qconv.py checks those against ONNX Runtime and
-    onnx.reference)."""
+    numerics on every table and thread count: the exact numerics against tests/test_onnx_qconv.py's oracles
+    (the spec's sums, plus the bias wrapped to int32, rounded once), the others against the portable table's
+    bits (that file checks those against ONNX Runtime and onnx.reference)."""
     from quantmatmul.onnx._qconv import qlinear_conv
 
     rng = np.random.default_rng(seed)
@@ -231,22 +216,11 @@ def depthwise_case(seed, tables, threads):
     args = (x, xs, xz, w, ws, wz, ys, yz, B)
     attrs = {"group": C, "kernel_shape": kernel, "strides": strides, "pads": pads, "dilations": dilations}
     what = f"depthwise seed {seed}: {x_t.name}/{w_t.name}/{y_t.name} N{N} C{C} {spatial} k{kernel} s{strides} d{dilations} p{pads} {numerics}"
-    if numerics == "exact":
-        from fractions import Fraction
+    if numerics == "exact":  # (the conv tests' oracles, written from the spec)
+        from test_onnx_qconv import exact_output, oracle_sums
 
-        acc = _depthwise_sums(x, xz, w, wz, strides, pads, dilations)
-        acc += 0 if B is None else B.astype(np.int64).reshape(C, *[1] * nd)
-        acc = (acc + 2**31) % 2**32 - 2**31  # (the spec's 32-bit accumulation: a large bias wraps)
-        info = np.iinfo(y_t)
-        scale = [Fraction(float(xs)) * Fraction(float(v)) / Fraction(float(ys)) for v in np.broadcast_to(ws, (C,))]
-        flat = acc.reshape(N, C, -1)
-        want = np.empty(flat.shape, y_t)
-        for c in range(C):
-            for n in range(N):
-                want[n, c] = [
-                    min(info.max, max(info.min, round(Fraction(int(v)) * scale[c]) + int(yz))) for v in flat[n, c]
-                ]
-        want = want.reshape(acc.shape)
+        sums = oracle_sums(x, xz, w, wz, group=C, strides=strides, pads=pads, dilations=dilations)
+        want = exact_output(sums, B, xs, ws, ys, yz)
     else:
         with table("portable"):
             want = qlinear_conv(*args, **attrs, numerics=numerics)

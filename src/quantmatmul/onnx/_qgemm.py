@@ -106,6 +106,7 @@ class QGemmCall:
             if not np.all(np.isfinite(scale)):
                 raise ValueError(f"{_FN}: alpha * a_scale * b_scale / y_scale overflows float32")
         self._b, self._a_zp, self._C, self._scale, self._zp, self._trans_a = b, a_zp, C, scale, zp, bool(trans_a)
+        self._a_zp_int32 = np.zeros((), np.int32) if a_zp is None else a_zp.astype(np.int32).reshape(())
         self._kept = None  # the kernels' arrays for the last row count (_fused_operands)
 
     def __call__(self, A) -> np.ndarray:
@@ -121,8 +122,7 @@ class QGemmCall:
             raise ValueError(f"{_FN}: A' is {M}x{K} and B' {K_b}x{N}: inner dimensions differ")
         if C is not None and not _fits(C.shape, (M, N)):  # unidirectional broadcasting
             raise ValueError(f"{_FN}: C has shape {C.shape}, which does not broadcast to [M, N] = [{M}, {N}]")
-        a_zp = np.zeros((), np.int32) if self._a_zp is None else self._a_zp.astype(np.int32).reshape(())
-        a = _IntegerOperand(a_x, a_zp)
+        a = _IntegerOperand(a_x, self._a_zp_int32)
         if self._zp is not None:
             fused = self._requantized_by_the_kernels(a, M, K, N)
             if fused is not None:

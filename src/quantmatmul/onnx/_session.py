@@ -25,7 +25,6 @@ from ._common import (
     attributes,
     check_feed,
     feed_spec,
-    graph_inputs,
     load_model,
     node_arg,
     np_dtype,
@@ -127,8 +126,8 @@ class InferenceSession:
         except Exception as error:  # onnx.reference refuses an operator or an attribute
             raise ValueError(f"{self._FN}: onnx.reference cannot run this model: {_first_line(error)}") from None
         self._plan = _run_plan(self._evaluator)
-        self._inputs = [node_arg(v) for v in graph_inputs(self._model)]
         self._feed_spec = feed_spec(self._model)  # (the initializers' names read once, not per run)
+        self._inputs = [arg for arg, _ in self._feed_spec.values()]
         self._outputs = [node_arg(v) for v in self._model.graph.output]
         _keep_heap()
 
