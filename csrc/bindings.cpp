@@ -774,6 +774,19 @@ void bind_onnx_ops(nb::module_& m) {
   m.def("erf_path", [] { return std::string(qmm::erf_path()); });
   m.def("erf_paths", &qmm::erf_paths);
   m.def("keep_heap", &qmm::keep_heap);  // the session's heap settings (glibc)
+  // out[i] = table[codes[i]] (onnx/_tables.py): codes uint8 contiguous, table 256 contiguous elements of
+  // 1, 2, 4 or 8 bytes, out contiguous of codes' size and table's element size; False for another size.
+  using Contiguous = nb::ndarray<nb::ro, nb::c_contig, nb::device::cpu>;
+  m.def("lookup_codes", [](const Contiguous& codes, const Contiguous& table,
+                           nb::ndarray<nb::c_contig, nb::device::cpu> out) {
+    const auto count = static_cast<int64_t>(codes.size());
+    const auto bytes = static_cast<int>(table.itemsize());
+    if (codes.dtype() != nb::dtype<uint8_t>() || table.size() != 256 || static_cast<int64_t>(out.size()) != count ||
+        static_cast<int>(out.itemsize()) != bytes)
+      throw std::invalid_argument("lookup_codes: uint8 codes, a 256-entry table, out of codes' size and table's type");
+    nb::gil_scoped_release release;
+    return qmm::lookup_codes(static_cast<const uint8_t*>(codes.data()), count, table.data(), bytes, out.data());
+  });
   // QLinearAdd / QLinearMul (onnx/_qlinear_ops.py): x, y and out contiguous 8-bit codes of one size.
   // x and y of out's size, or one of them of a divisor of it (repeated: onnx_ops.h): (x, y, out) counts.
   const auto binary_counts = [](const char* fn, const In& x, const In& y, const Out& out) {

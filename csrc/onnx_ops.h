@@ -69,6 +69,11 @@ const char* qlinear_binary_path();
 void layer_norm_rows(const float* x, int64_t rows, int64_t cols, const float* scale, const float* bias, float epsilon,
                      float* y, float* mean, float* inv_std_dev);
 
+// out[i] = table[codes[i]] for i in [0, count): an element-wise group of the session on one 8-bit
+// tensor, run once on its 256 codes (onnx/_tables.py); table 256 elements of element_bytes each
+// (1, 2, 4 or 8; false, computing nothing, otherwise). Over the thread pool.
+bool lookup_codes(const uint8_t* codes, int64_t count, const void* table, int element_bytes, void* out);
+
 // The C library's heap keeps up to top_pad bytes of freed memory at its top for reuse instead of
 // handing them back to the system, and serves blocks below mmap_threshold bytes from the heap
 // (glibc's M_TOP_PAD, M_MMAP_THRESHOLD): onnx.reference's numpy temporaries, freed and allocated

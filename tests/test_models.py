@@ -199,3 +199,32 @@ def test_onnxruntime_static_int8_minilm_runs_and_compares(model, tmp_path):
     assert cosines.min() > (0.95 if differing else 1 - 1e-5), cosines
     fused = _session(quantized).run([minilm.OUTPUT], feeds)[0]
     assert np.sum(ours * fused, axis=1).min() > 0.95
+
+
+def test_static_minilm_with_every_op_type_runs_its_gelus_as_tables(model, tmp_path):
+    """quantize_static with every default op type (QOperator: QLinearAdd / QLinearMul around the GELUs):
+    the session runs its six erf-GELUs and six attention-score scalings on codes as lookup tables
+    (onnx/_tables.py), with the same embeddings as the nodes one by one."""
+    qm_onnx = pytest.importorskip("quantmatmul.onnx", reason="needs quantmatmul.onnx")
+    from onnxruntime.quantization import QuantFormat, QuantType, quantize_static
+
+    from quantmatmul import _demo_minilm as demo
+
+    source, target = tmp_path / "float.onnx", tmp_path / "static.onnx"
+    onnx.save(model, source)
+    quantize_static(
+        str(source),
+        str(target),
+        demo._Calibration(),
+        quant_format=QuantFormat.QOperator,
+        activation_type=QuantType.QUInt8,
+        weight_type=QuantType.QInt8,
+    )
+    quantized = onnx.load(target)
+    feeds = minilm.tokenize(FEW)
+    session = qm_onnx.InferenceSession(quantized)
+    assert len(session.tabulated) == 12
+    assert sorted({len(group) for group in session.tabulated}) == [3, 7]
+    ours = session.run([minilm.OUTPUT], feeds)[0]
+    plain = qm_onnx.InferenceSession(quantized, tabulate=False).run([minilm.OUTPUT], feeds)[0]
+    assert ours.tobytes() == plain.tobytes()

@@ -40,6 +40,7 @@ from ._qgemm import QGemmCall, qgemm, qgemm_weight
 from ._qlinear_ops import BinaryScalars, qlinear_add, qlinear_mul, qlinear_softmax
 from ._qlinear_pool import qlinear_average_pool, qlinear_global_average_pool
 from ._qlinear_unary import qlinear_concat, qlinear_leaky_relu, qlinear_sigmoid
+from ._tables import code_tables
 
 __all__ = ["InferenceSession", "NodeArg", "OPS", "dynamic_quantize_linear", "matmul_integer"]
 
@@ -95,7 +96,11 @@ class InferenceSession:
     Reshape / Transpose / MaxPool / ... between equal
     quantizations on the codes, as ONNX Runtime's graph optimizer runs them (the rules: docs/onnx.md,
     "QDQ fusion"; ``fused``: the rewritten nodes' names);
-    ``fuse_qdq=False`` runs the graph as written. The caller's model is never modified.
+    ``fuse_qdq=False`` runs the graph as written. With ``tabulate`` (the default), a group of element-wise
+    nodes on one int8 / uint8 tensor (an erf-GELU on quantized codes: DequantizeLinear, Div, Erf,
+    QuantizeLinear, QLinearAdd, QLinearMul) runs once on the type's 256 codes and then as a table lookup
+    per element, the same bits (onnx/_tables.py; ``tabulated``: the groups' node names). The caller's
+    model is never modified.
 
     ``run(output_names, input_feed)`` returns a list of numpy arrays (``output_names`` None: every
     output); ``get_inputs()`` / ``get_outputs()`` return :class:`NodeArg` (name, shape, type) as
@@ -107,11 +112,12 @@ class InferenceSession:
 
     _FN = "InferenceSession"
 
-    def __init__(self, model, *, numerics: str = "onnxruntime", fuse_qdq: bool = True):
+    def __init__(self, model, *, numerics: str = "onnxruntime", fuse_qdq: bool = True, tabulate: bool = True):
         if numerics not in NUMERICS:
             raise ValueError(f"{self._FN}: numerics must be one of {', '.join(map(repr, NUMERICS))}, got {numerics!r}")
-        if not isinstance(fuse_qdq, (bool, np.bool_)):
-            raise TypeError(f"{self._FN}: fuse_qdq must be True or False, got {type(fuse_qdq).__name__}")
+        for name, flag in (("fuse_qdq", fuse_qdq), ("tabulate", tabulate)):
+            if not isinstance(flag, (bool, np.bool_)):
+                raise TypeError(f"{self._FN}: {name} must be True or False, got {type(flag).__name__}")
         self.numerics = numerics
         owned = not isinstance(model, onnx.ModelProto)  # read from a file: the session's own to rewrite
         self._model = load_model(self._FN, model, copy=False)
@@ -125,7 +131,7 @@ class InferenceSession:
             raise error.public(self._FN) from None
         except Exception as error:  # onnx.reference refuses an operator or an attribute
             raise ValueError(f"{self._FN}: onnx.reference cannot run this model: {_first_line(error)}") from None
-        self._plan = _run_plan(self._evaluator)
+        self._plan, self.tabulated = _run_plan(self._evaluator, tabulate)
         self._feed_spec = feed_spec(self._model)  # (the initializers' names read once, not per run)
         self._inputs = [arg for arg, _ in self._feed_spec.values()]
         self._outputs = [node_arg(v) for v in self._model.graph.output]
@@ -173,23 +179,41 @@ class InferenceSession:
 # every default op type 0.97-1.08x (8 x 16 and 36 x 19 tokens).
 
 
-def _run_plan(evaluator) -> list[tuple]:
-    """For each node: (the node, its input names, its output names, whether it runs a subgraph that reads
-    the outer values, and the values no later node reads: graph outputs, initializers and feeds are kept).
-    A node that runs a subgraph (If, Loop, Scan) reads outer values inside it: they count as its inputs."""
+def _run_plan(evaluator, tabulate: bool) -> tuple[list[tuple], list]:
+    """(for each node: (the node, its input names, its output names, whether it runs a subgraph that reads
+    the outer values, and the values no later node reads: graph outputs, initializers and feeds are kept);
+    with tabulate, element-wise groups on one 8-bit tensor as one lookup-table node each (onnx/_tables.py),
+    and their nodes' names). A node that runs a subgraph (If, Loop, Scan) reads outer values inside it:
+    they count as its inputs."""
+    entries = [
+        (
+            node,
+            tuple(node.input),
+            tuple(node.output),
+            bool(node.need_context()),
+            (*node.input, *subgraph_reads(node.onnx_node)),
+        )
+        for node in evaluator.rt_nodes_
+    ]
+    tabulated = []
+    if tabulate:
+        overridden = set(evaluator.input_names)
+        constants = {name: value for name, value in evaluator.rt_inits_.items() if name not in overridden}
+        entries, tabulated = code_tables(entries, constants, set(evaluator.output_names), _call)
     last = {}
-    for i, node in enumerate(evaluator.rt_nodes_):
-        for name in [*node.onnx_node.input, *subgraph_reads(node.onnx_node)]:
+    for i, entry in enumerate(entries):
+        for name in entry[4]:
             last[name] = i
     kept = set(evaluator.output_names) | set(evaluator.rt_inits_) | set(evaluator.input_names)
-    done = [[] for _ in evaluator.rt_nodes_]
+    done = [[] for _ in entries]
     for name, i in last.items():
         if name and name not in kept:
             done[i].append(name)
-    return [
-        (node, tuple(node.input), tuple(node.output), bool(node.need_context()), tuple(gone))
-        for node, gone in zip(evaluator.rt_nodes_, done)
+    plan = [
+        (node, inputs, outputs, context, tuple(gone))
+        for (node, inputs, outputs, context, _), gone in zip(entries, done)
     ]
+    return plan, tabulated
 
 
 def _run_nodes(evaluator, plan, output_names, feed) -> list[np.ndarray]:
