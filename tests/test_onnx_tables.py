@@ -206,3 +206,22 @@ def test_other_code_types_and_ranks_run_the_nodes(lookups):
 def test_tabulate_is_a_flag():
     with pytest.raises(TypeError, match="^InferenceSession: tabulate must be True or False, got str"):
         qo.InferenceSession(gelu_model(), tabulate="yes")
+
+
+def test_cli_run_tabulates_unless_told_not_to(tmp_path, capsys):
+    import onnx
+
+    import quantmatmul.cli as cli
+
+    m = gelu_model(np.uint8)
+    path, x_path = tmp_path / "gelu.onnx", tmp_path / "x.npy"
+    onnx.save(m, path)
+    x = codes(np.uint8, (2, 16, 96))
+    np.save(x_path, x)
+    want = qo.InferenceSession(m, tabulate=False).run(None, {"x": x})[0]
+    for flags, note in (([], "1 element-wise group as lookup tables"), (["--no-tabulate"], None)):
+        out_dir = tmp_path / ("out" + "".join(flags))
+        assert cli.main(["run", str(path), "--input", f"x={x_path}", "--output-dir", str(out_dir), *flags]) == 0
+        text = capsys.readouterr().out
+        assert (note in text) if note else ("lookup" not in text)
+        assert np.load(out_dir / "y.npy").tobytes() == want.tobytes()

@@ -195,6 +195,13 @@ def _add_model_commands(sub):
         help="run QDQ MatMul / Gemm groups as written (a float MatMul or Gemm between DequantizeLinear and "
         "QuantizeLinear) rather than as one QLinearMatMul / QGemm, as ONNX Runtime's optimizer runs them",
     )
+    r.add_argument(
+        "--no-tabulate",
+        dest="tabulate",
+        action="store_false",
+        help="run element-wise groups on one 8-bit tensor (an erf-GELU on codes) node by node rather than as "
+        "one lookup table of their 256 codes (the same outputs)",
+    )
 
 
 def _model_command(args) -> int:
@@ -363,7 +370,7 @@ def _run(args, qonnx) -> int:
     from .onnx._common import format_table
 
     feed = _pairs("run", "--input", args.input, _npy("run"))
-    session = qonnx.InferenceSession(args.model, numerics=args.numerics, fuse_qdq=args.fuse_qdq)
+    session = qonnx.InferenceSession(args.model, numerics=args.numerics, fuse_qdq=args.fuse_qdq, tabulate=args.tabulate)
     print(f"running {args.model} on quantmatmul ...", file=sys.stderr, flush=True)
     start = time.perf_counter()
     outputs = session.run(None, feed)
@@ -378,6 +385,8 @@ def _run(args, qonnx) -> int:
     print(format_table(["output", "dtype", "shape", "file"], table))
     count = len(session.fused)
     fused = f", {count} QDQ group{'s' * (count != 1)} fused into QLinearMatMul / QGemm" if count else ""
+    count = len(session.tabulated)
+    fused += f", {count} element-wise group{'s' * (count != 1)} as lookup tables" if count else ""
     print(f"\n{len(outputs)} outputs in {elapsed:.2f} s (numerics={args.numerics!r}{fused})")
     return 0
 

@@ -5,7 +5,7 @@ Three entry points (docs/onnx.md):
 * ``quantize(model, *, bits=4, block_size=128, method="mse", ...)``: every MatMul / Gemm with a
   constant float weight becomes a ``com.microsoft`` MatMulNBits node, in the form ONNX Runtime's
   ``MatMulNBitsQuantizer`` writes (byte for byte with ``method="rtn"``).
-* ``InferenceSession(model, *, numerics="onnxruntime", fuse_qdq=True)``: ``.run(output_names,
+* ``InferenceSession(model, *, numerics="onnxruntime", fuse_qdq=True, tabulate=True)``: ``.run(output_names,
   input_feed)`` as in onnxruntime, on ``onnx.reference.ReferenceEvaluator`` with quantmatmul's
   QLinearMatMul, MatMulNBits, QuantizeLinear, DequantizeLinear, DynamicQuantizeLinear and
   MatMulInteger, QLinearConv, ConvInteger and com.microsoft QGemm, QLinearAdd, QLinearMul, QLinearSoftmax; a QDQ

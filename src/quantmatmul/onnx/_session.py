@@ -71,7 +71,7 @@ OPS = (
 class InferenceSession:
     """Runs an ONNX model the way ``onnxruntime.InferenceSession`` does, on quantmatmul's kernels.
 
-    ``InferenceSession(model, *, numerics="onnxruntime", fuse_qdq=True)``: model is an ``onnx.ModelProto``
+    ``InferenceSession(model, *, numerics="onnxruntime", fuse_qdq=True, tabulate=True)``: model is an ``onnx.ModelProto``
     or a path.
     Every node runs in ``onnx.reference.ReferenceEvaluator``, except QLinearMatMul, com.microsoft
     MatMulNBits, QuantizeLinear, DequantizeLinear, DynamicQuantizeLinear, MatMulInteger, QLinearConv and
