@@ -59,6 +59,9 @@ struct QGemmDispatch {
   QGemmTapsKernel kernel_taps = nullptr;
   // Small products read in place (csrc/qgemm.h), where the entry has them (null: always packed).
   QGemmSmallProduct small_product = nullptr;
+  // The kernel with the ONNX Runtime epilogue in registers, for blocks whose K fits one kernel call
+  // (csrc/qgemm.h), where the entry has it (null: the sums go through requantize_onnxruntime).
+  QGemmRequantizedKernel kernel_requantized = nullptr;
 };
 
 struct NBitsDispatch {

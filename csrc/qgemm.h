@@ -143,6 +143,16 @@ using RequantizeRows = void (*)(const int32_t* raw, int64_t ld, const RowTerms* 
                                 const float* multiplier, int64_t multiplier_ld, const int32_t* zp, int64_t zp_ld,
                                 int64_t count, bool y_signed, uint8_t* y, int64_t ldy);
 
+// The packed kernel and that epilogue in one pass, no int32 sums stored (kLayoutQuads: A row-major,
+// read in place or packed, lda int32s from one row to the next): rows [0, rows) (<= mr) x columns
+// [0, cols) (<= nr) of the B panel at b_panel over k-groups [0, groups), for a block whose rows share
+// za' and whose output has no row term (every zb' 0): acc = sum - colterm[j] (wrapping; colterm is
+// RowTerms' colsum where za is 1: za' * colsum(b') - bias), y[r * ldy + j] = RequantizeRows' value
+// of acc with multiplier[j] and the output zero point zp of every column. Writes y there only.
+using QGemmRequantizedKernel = void (*)(const int32_t* a, int64_t lda, int64_t rows, const int8_t* b_panel,
+                                        int64_t groups, const int32_t* colterm, const float* multiplier, int32_t zp,
+                                        bool y_signed, int64_t cols, uint8_t* y, int64_t ldy);
+
 // y[r * ldy + n] = sum_k a[r, k] * b[k, n] for rows r < rows and columns n < cols, float32 fused
 // multiply-adds in order of k from +0 (kernels/sgemm_rows.inc): the float8 path. b comes in panels
 // of 16 columns, [ceil(cols / 16)][K][16], zero padded. a holds the rows interleaved by k in groups

@@ -194,8 +194,23 @@ const QGemmDispatch& call_entry(const QGemmProblem& p) {
 //   acc = sum a'*b' - zb' * rowsum(a') - za' * colsum(b') + K * za' * zb'
 //       = sum a'*b' - zb' * (rowsum(a') - K * za') - za' * colsum(b'),
 // where rowsum(a') = rowsum(a) + K * oa and colsum(b') = colsum(b) + K * ob.
-template <class Acc, class Epilogue>
-void accumulate(const QGemmDispatch& q, const QGemmProblem& p, Epilogue&& epilogue) {
+//
+// fused(batch, m0, rows, n0, cols) -> FusedOutput: where it names multipliers, and the entry has a
+// kernel_requantized, a block whose K fits one kernel call, whose A is row-major with one za' for its
+// rows and whose output has no row term runs that kernel (the ONNX Runtime epilogue in registers) in
+// place of the kernels and epilogue.
+struct FusedOutput {
+  const float* multiplier = nullptr;  // the block's columns' (every row's), or null: not fused
+  int32_t zp = 0;  // every column's output zero point
+  bool y_signed = false;
+  uint8_t* y = nullptr;  // output (m0, n0)
+  int64_t ldy = 0;
+};
+struct NoFusion {
+  FusedOutput operator()(int64_t, int64_t, int64_t, int64_t, int64_t) const { return {}; }
+};
+template <class Acc, class Epilogue, class Fused = NoFusion>
+void accumulate(const QGemmDispatch& q, const QGemmProblem& p, Epilogue&& epilogue, Fused&& fused = Fused{}) {
   constexpr bool kExact = std::is_same_v<Acc, int64_t>;
   if (kExact && p.column_bias) throw std::invalid_argument("a column bias is added to int32 sums only");
   const QGemmLayout& L = *q.layout;
@@ -311,6 +326,10 @@ void accumulate(const QGemmDispatch& q, const QGemmProblem& p, Epilogue&& epilog
     }
   }
   const int32_t* a_packed_data = a_in_place ? static_cast<const int32_t*>(p.a) : a_buffer;
+  // Blocks that may run the kernel with the epilogue in registers (fused, above): K in one kernel
+  // call, A row-major (read in place, or packed: int8 a as a + 128), no row term.
+  const bool fusable = !kExact && !std::is_same_v<std::decay_t<Fused>, NoFusion> && q.kernel_requantized &&
+                       L.a_row_major && !small && !a_taps && !need_rowsums && groups >= 1 && groups <= groups_per_block;
   // The row sums, where needed: with the packing (below), or by each task for its own rows where a is
   // read in place (no job of its own to wake the helpers for: a row sum is one addition per byte of a
   // row that the task then multiplies by a block of columns).
@@ -357,7 +376,37 @@ void accumulate(const QGemmDispatch& q, const QGemmProblem& p, Epilogue&& epilog
     const int32_t* b_zp = p.b_zero_point + ib * zb_ld + n0;
     const int32_t* bias = p.column_bias ? p.column_bias + ib * N + n0 : nullptr;
     const int32_t* a_zp = p.a_zero_point + ia * za_ld + m0;
+    auto wrap = [](int64_t x) { return static_cast<Acc>(static_cast<std::make_unsigned_t<Acc>>(x)); };
+    const bool uniform_za = std::all_of(a_zp, a_zp + rows, [&](int32_t z) { return z == a_zp[0]; });
+    const int64_t za0 = int64_t{a_zp[0]} + oa;
+    // The column terms zb' and colsum(b') (times za', less the bias, where the rows share za'), once per
+    // task where its blocks share za' (at K = 16, 96 columns, the loop cost a fifth of a block's products).
+    auto column_terms = [&] {
+      if (scratch.columns_ready && scratch.columns_uniform == uniform_za && (!uniform_za || scratch.columns_za == za0))
+        return;
+      zb_stored.resize(static_cast<size_t>(cols));
+      colsum_stored.resize(static_cast<size_t>(cols));
+      for (int64_t j = 0; j < cols; ++j) {
+        zb_stored[j] = wrap(int64_t{b_zp[j]} + ob);
+        colsum_stored[j] = wrap(int64_t{colsum[j]} + K * ob);
+        // (wrapping: za' * colsum(b') - bias modulo 2^32, as the epilogue's za' * colsum and + bias would give)
+        if (uniform_za) colsum_stored[j] = wrap(za0 * int64_t{colsum_stored[j]} - (bias ? bias[j] : 0));
+      }
+      scratch.columns_ready = true, scratch.columns_uniform = uniform_za, scratch.columns_za = za0;
+    };
     if (q.begin_task) q.begin_task();
+    if constexpr (!kExact) {
+      const FusedOutput out = fusable && uniform_za ? fused(bt, m0, rows, n0, cols) : FusedOutput{};
+      if (out.multiplier) {  // the kernel with the epilogue in registers: acc = sums - colsum_stored
+        column_terms();
+        for (int64_t j = 0; j < panels; ++j)
+          for (int64_t r0 = 0; r0 < rows; r0 += mr)
+            q.kernel_requantized(a_block + r0 * a_row, a_row, std::min(mr, rows - r0), b_panels + j * panel_bytes,
+                                 groups, colsum_stored.data() + j * nr, out.multiplier + j * nr, out.zp, out.y_signed,
+                                 std::min(nr, cols - j * nr), out.y + r0 * out.ldy + j * nr, out.ldy);
+        return;
+      }
+    }
     c32.resize(static_cast<size_t>(rows * ldc));
     if (kExact) c64.assign(static_cast<size_t>(rows * ldc), 0);
     if (small)
@@ -395,8 +444,6 @@ void accumulate(const QGemmDispatch& q, const QGemmProblem& p, Epilogue&& epilog
       // row terms (no multiply per output in the epilogue); a column bias (int32 sums only) joins it
       // there, else it is added to the sums here. Where every column has the same zb' (a per-tensor
       // zero point), the row term zb' * t is formed once per row (RowTerms' zb null).
-      auto wrap = [](int64_t x) { return static_cast<Acc>(static_cast<std::make_unsigned_t<Acc>>(x)); };
-      const bool uniform_za = std::all_of(a_zp, a_zp + rows, [&](int32_t z) { return z == a_zp[0]; });
       const bool uniform_zb = std::all_of(b_zp, b_zp + cols, [&](int32_t z) { return z == b_zp[0]; });
       if (bias && !uniform_za) {  // (added as the int32 sums add: wrapping, through uint32)
         for (int64_t r = 0; r < rows; ++r) {
@@ -405,21 +452,8 @@ void accumulate(const QGemmDispatch& q, const QGemmProblem& p, Epilogue&& epilog
             c[j] = static_cast<int32_t>(static_cast<uint32_t>(c[j]) + static_cast<uint32_t>(bias[j]));
         }
       }
-      const int64_t za0 = int64_t{a_zp[0]} + oa, zb0 = int64_t{b_zp[0]} + ob;
-      // once per task where its blocks share za' (at K = 16, 96 columns, the loop cost a fifth of a
-      // block's products)
-      if (!scratch.columns_ready || scratch.columns_uniform != uniform_za ||
-          (uniform_za && scratch.columns_za != za0)) {
-        zb_stored.resize(static_cast<size_t>(cols));
-        colsum_stored.resize(static_cast<size_t>(cols));
-        for (int64_t j = 0; j < cols; ++j) {
-          zb_stored[j] = wrap(int64_t{b_zp[j]} + ob);
-          colsum_stored[j] = wrap(int64_t{colsum[j]} + K * ob);
-          // (wrapping: za' * colsum(b') - bias modulo 2^32, as the epilogue's za' * colsum and + bias would give)
-          if (uniform_za) colsum_stored[j] = wrap(za0 * int64_t{colsum_stored[j]} - (bias ? bias[j] : 0));
-        }
-        scratch.columns_ready = true, scratch.columns_uniform = uniform_za, scratch.columns_za = za0;
-      }
+      const int64_t zb0 = int64_t{b_zp[0]} + ob;
+      column_terms();
       row_terms.resize(static_cast<size_t>(rows));
       for (int64_t r = 0; r < rows; ++r) {
         const int64_t za = int64_t{a_zp[r]} + oa;
@@ -538,12 +572,22 @@ void qlinear_matmul_onnxruntime(const QGemmProblem& p, View3<float> multiplier, 
     return std::nullopt;
   };
   const auto multiplier_ld = row_step(multiplier), zp_ld = row_step(out.zero_point);
+  thread_local RowOf<int32_t> zp_row;
+  thread_local RowOf<float> multiplier_row;
+  // The kernel with the epilogue in registers where the block's rows share their multipliers and every
+  // column has one output zero point (a per-tensor y zero point: QLinearMatMul's, QLinearConv's).
+  const bool fusable = multiplier_ld == 0 && zp_ld == 0;
+  auto fused = [&](int64_t bt, int64_t m0, int64_t, int64_t n0, int64_t cols) -> FusedOutput {
+    if (!fusable) return {};
+    const int32_t* zp = zp_row(out.zero_point, call, bt, m0, n0, cols);
+    if (!std::all_of(zp, zp + cols, [&](int32_t z) { return z == zp[0]; })) return {};
+    return {multiplier_row(multiplier, call, bt, m0, n0, cols), zp[0], out.is_signed,
+            static_cast<uint8_t*>(out.data) + (bt * M + m0) * N + n0, N};
+  };
   accumulate<int32_t>(
       q, p,
       [&](int64_t bt, int64_t m0, int64_t rows, int64_t n0, int64_t cols, const int32_t* raw, int64_t ld,
           const RowTerms* terms) {
-        thread_local RowOf<int32_t> zp_row;
-        thread_local RowOf<float> multiplier_row;
         RowOf<int32_t>& zp_of = zp_row;
         RowOf<float>& multiplier_of = multiplier_row;
         auto* y = static_cast<uint8_t*>(out.data) + (bt * M + m0) * N + n0;
@@ -555,7 +599,8 @@ void qlinear_matmul_onnxruntime(const QGemmProblem& p, View3<float> multiplier, 
         for (int64_t r = 0; r < rows; ++r)
           requantize_rows(raw + r * ld, ld, terms + r, 1, multiplier_of(multiplier, call, bt, m0 + r, n0, cols), 0,
                           zp_of(out.zero_point, call, bt, m0 + r, n0, cols), 0, cols, out.is_signed, y + r * N, N);
-      });
+      },
+      fused);
 }
 
 bool taps_usable(const QGemmProblem& p) {

@@ -52,6 +52,7 @@ void kernel_vnni_taps(const uint8_t* x, const int32_t* offsets, int64_t taps, co
 
 #include "requantize_avx512.inc"
 #include "small_product_avx512.inc"
+#include "vnni_requantized.inc"
 
 #if defined(QMM_EMULATED)
 constexpr EntryInfo kInfo = {.name = "avx512_vnni", .isa = Isa::kAvx512Vnni, .needs = kAvx2Features, .emulated = true};
@@ -70,6 +71,7 @@ const QGemmDispatch kQGemm = {
     .begin_task = nullptr,
     .kernel_taps = kernel_vnni_taps,
     .small_product = small_product_avx512,
+    .kernel_requantized = kernel_vnni_requantized,
 };
 
 // MatMulNBits: level 4 on vpdpbusd (nbits_int8_avx512vnni.cpp), levels 0-3 on AVX-512F FMAs
