@@ -62,6 +62,7 @@ struct QGemmDispatch {
   // The kernel with the ONNX Runtime epilogue in registers, for blocks whose K fits one kernel call
   // (csrc/qgemm.h), where the entry has it (null: the sums go through requantize_onnxruntime).
   QGemmRequantizedKernel kernel_requantized = nullptr;
+  QGemmTapsRequantizedKernel kernel_taps_requantized = nullptr;  // (kernel_taps' form of it)
 };
 
 struct NBitsDispatch {

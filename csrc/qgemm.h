@@ -153,6 +153,13 @@ using QGemmRequantizedKernel = void (*)(const int32_t* a, int64_t lda, int64_t r
                                         int64_t groups, const int32_t* colterm, const float* multiplier, int32_t zp,
                                         bool y_signed, int64_t cols, uint8_t* y, int64_t ldy);
 
+// The same for an A read through a table of receptive fields (QGemmTapsKernel's x, offsets, taps,
+// pad, rows and quads_per_tap): all of K in one call, the block's outputs at y.
+using QGemmTapsRequantizedKernel = void (*)(const uint8_t* x, const int32_t* offsets, int64_t taps, const uint8_t* pad,
+                                            int64_t rows, int64_t quads_per_tap, const int8_t* b_panel,
+                                            const int32_t* colterm, const float* multiplier, int32_t zp, bool y_signed,
+                                            int64_t cols, uint8_t* y, int64_t ldy);
+
 // y[r * ldy + n] = sum_k a[r, k] * b[k, n] for rows r < rows and columns n < cols, float32 fused
 // multiply-adds in order of k from +0 (kernels/sgemm_rows.inc): the float8 path. b comes in panels
 // of 16 columns, [ceil(cols / 16)][K][16], zero padded. a holds the rows interleaved by k in groups

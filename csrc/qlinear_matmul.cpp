@@ -328,8 +328,10 @@ void accumulate(const QGemmDispatch& q, const QGemmProblem& p, Epilogue&& epilog
   const int32_t* a_packed_data = a_in_place ? static_cast<const int32_t*>(p.a) : a_buffer;
   // Blocks that may run the kernel with the epilogue in registers (fused, above): K in one kernel
   // call, A row-major (read in place, or packed: int8 a as a + 128), no row term.
-  const bool fusable = !kExact && !std::is_same_v<std::decay_t<Fused>, NoFusion> && q.kernel_requantized &&
-                       L.a_row_major && !small && !a_taps && !need_rowsums && groups >= 1 && groups <= groups_per_block;
+  const bool fusable = !kExact && !std::is_same_v<std::decay_t<Fused>, NoFusion> && !small && !need_rowsums &&
+                       groups >= 1 &&
+                       (a_taps ? q.kernel_taps_requantized != nullptr
+                               : q.kernel_requantized && L.a_row_major && groups <= groups_per_block);
   // The row sums, where needed: with the packing (below), or by each task for its own rows where a is
   // read in place (no job of its own to wake the helpers for: a row sum is one addition per byte of a
   // row that the task then multiplies by a block of columns).
@@ -400,10 +402,18 @@ void accumulate(const QGemmDispatch& q, const QGemmProblem& p, Epilogue&& epilog
       if (out.multiplier) {  // the kernel with the epilogue in registers: acc = sums - colsum_stored
         column_terms();
         for (int64_t j = 0; j < panels; ++j)
-          for (int64_t r0 = 0; r0 < rows; r0 += mr)
-            q.kernel_requantized(a_block + r0 * a_row, a_row, std::min(mr, rows - r0), b_panels + j * panel_bytes,
-                                 groups, colsum_stored.data() + j * nr, out.multiplier + j * nr, out.zp, out.y_signed,
-                                 std::min(nr, cols - j * nr), out.y + r0 * out.ldy + j * nr, out.ldy);
+          for (int64_t r0 = 0; r0 < rows; r0 += mr) {
+            const int32_t* colterm = colsum_stored.data() + j * nr;
+            const int64_t group_rows = std::min(mr, rows - r0), panel_cols = std::min(nr, cols - j * nr);
+            uint8_t* y = out.y + r0 * out.ldy + j * nr;
+            if (a_taps)
+              q.kernel_taps_requantized(static_cast<const uint8_t*>(p.a), p.a_offsets + (m0 + r0) * p.a_taps, p.a_taps,
+                                        p.a_pad, group_rows, groups / p.a_taps, b_panels + j * panel_bytes, colterm,
+                                        out.multiplier + j * nr, out.zp, out.y_signed, panel_cols, y, out.ldy);
+            else
+              q.kernel_requantized(a_block + r0 * a_row, a_row, group_rows, b_panels + j * panel_bytes, groups, colterm,
+                                   out.multiplier + j * nr, out.zp, out.y_signed, panel_cols, y, out.ldy);
+          }
         return;
       }
     }

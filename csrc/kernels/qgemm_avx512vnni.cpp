@@ -72,6 +72,7 @@ const QGemmDispatch kQGemm = {
     .kernel_taps = kernel_vnni_taps,
     .small_product = small_product_avx512,
     .kernel_requantized = kernel_vnni_requantized,
+    .kernel_taps_requantized = kernel_vnni_taps_requantized,
 };
 
 // MatMulNBits: level 4 on vpdpbusd (nbits_int8_avx512vnni.cpp), levels 0-3 on AVX-512F FMAs
