@@ -5,6 +5,7 @@
 #include <nanobind/nanobind.h>
 #include <nanobind/ndarray.h>
 
+#include <nanobind/stl/array.h>
 #include <nanobind/stl/optional.h>
 #include <nanobind/stl/pair.h>
 #include <nanobind/stl/string.h>
@@ -341,12 +342,19 @@ void bind_runtime(nb::module_& m) {
 // multiplier one value (per tensor) or N (per column).
 nb::ndarray<nb::numpy> qlinear_matmul_2d(const In& a, bool a_signed, int32_t a_zp, nb::handle b, bool b_signed,
                                          const int32_t* b_zp, bool b_zp_per_tensor, const float* multiplier,
-                                         bool multiplier_per_tensor, int32_t y_zp, bool y_signed) {
+                                         bool multiplier_per_tensor, int32_t y_zp, bool y_signed,
+                                         const std::optional<In>& add_codes, bool add_product_first,
+                                         const std::array<float, 3>& add_rx_ry_k) {
   const int64_t M = static_cast<int64_t>(a.shape(0)), K = static_cast<int64_t>(a.shape(1));
   const qmm::PackedB* packed = nb::isinstance<qmm::PackedB>(b) ? nb::inst_ptr<qmm::PackedB>(b) : nullptr;
   In raw_b;
   if (!packed) raw_b = nb::cast<In>(b);  // a contiguous [K, N] array
   const int64_t N = packed ? packed->N : static_cast<int64_t>(raw_b.shape(1));
+  if (add_codes && (add_codes->ndim() != 1 || static_cast<int64_t>(add_codes->shape(0)) != N ||
+                    add_codes->itemsize() != 1 || add_codes->stride(0) != 1))
+    throw std::invalid_argument("qlinear_matmul_2d: add_codes [N] contiguous 8-bit codes expected");
+  const qmm::QLinearAddStage add{add_codes ? add_codes->data() : nullptr, add_product_first, add_rx_ry_k[0],
+                                 add_rx_ry_k[1], add_rx_ry_k[2]};
   NewArray<uint8_t> y({M, N});
   {
     nb::gil_scoped_release release;
@@ -362,7 +370,7 @@ nb::ndarray<nb::numpy> qlinear_matmul_2d(const In& a, bool a_signed, int32_t a_z
                         b_zps.data()};
     const qmm::View3<float> mult_view{multiplier, 0, 0, multiplier_per_tensor ? 0 : 1};
     const qmm::View3<int32_t> zp_view{&y_zp, 0, 0, 0};
-    qmm::qlinear_matmul_onnxruntime(p, mult_view, {y.data(), y_signed, zp_view});
+    qmm::qlinear_matmul_onnxruntime(p, mult_view, {y.data(), y_signed, zp_view, add_codes ? &add : nullptr});
   }
   return y.array(y_signed ? nb::dtype<int8_t>() : nb::dtype<uint8_t>());
 }
@@ -456,18 +464,33 @@ void bind_qlinear_matmul(nb::module_& m) {
   // float32 multiplier (length 1 or N), zero points are plain integers or an int32 vector.
   // QLinearMatMul's common case, 2-D a and b, per-tensor a and y parameters, b per tensor or per
   // column: the ONNX Runtime numerics with the multiplier(s) computed by the caller.
-  m.def("qlinear_matmul_2d_onnxruntime", [](const In& a, bool a_signed, int32_t a_zp, nb::handle b, bool b_signed,
-                                            const In& b_zp, const In& multiplier, int32_t y_zp, bool y_signed) {
-    const bool per_tensor = multiplier.shape(0) == 1;
-    return qlinear_matmul_2d(a, a_signed, a_zp, b, b_signed, static_cast<const int32_t*>(b_zp.data()),
-                             b_zp.shape(0) == 1, static_cast<const float*>(multiplier.data()), per_tensor, y_zp,
-                             y_signed);
-  });
+  // add_codes (or None), add_product_first, add_rx_ry_k: a QLinearAdd of the product and a row of codes
+  // after it (qmm::QLinearAddStage; the session's QLinearMatMul -> QLinearAdd(bias) pairs).
+  m.def(
+      "qlinear_matmul_2d_onnxruntime",
+      [](const In& a, bool a_signed, int32_t a_zp, nb::handle b, bool b_signed, const In& b_zp, const In& multiplier,
+         int32_t y_zp, bool y_signed, const std::optional<In>& add_codes, bool add_product_first,
+         const std::array<float, 3>& add_rx_ry_k) {
+        const bool per_tensor = multiplier.shape(0) == 1;
+        return qlinear_matmul_2d(a, a_signed, a_zp, b, b_signed, static_cast<const int32_t*>(b_zp.data()),
+                                 b_zp.shape(0) == 1, static_cast<const float*>(multiplier.data()), per_tensor, y_zp,
+                                 y_signed, add_codes, add_product_first, add_rx_ry_k);
+      },
+      nb::arg("a"), nb::arg("a_signed"), nb::arg("a_zp"), nb::arg("b"), nb::arg("b_signed"), nb::arg("b_zp"),
+      nb::arg("multiplier"), nb::arg("y_zp"), nb::arg("y_signed"), nb::arg("add_codes") = nb::none(),
+      nb::arg("add_product_first") = true, nb::arg("add_rx_ry_k") = std::array<float, 3>{0, 0, 0});
   // The same with per-tensor b parameters as Python numbers (no arrays to build for a small call).
-  m.def("qlinear_matmul_2d_per_tensor", [](const In& a, bool a_signed, int32_t a_zp, nb::handle b, bool b_signed,
-                                           int32_t b_zp, float multiplier, int32_t y_zp, bool y_signed) {
-    return qlinear_matmul_2d(a, a_signed, a_zp, b, b_signed, &b_zp, true, &multiplier, true, y_zp, y_signed);
-  });
+  m.def(
+      "qlinear_matmul_2d_per_tensor",
+      [](const In& a, bool a_signed, int32_t a_zp, nb::handle b, bool b_signed, int32_t b_zp, float multiplier,
+         int32_t y_zp, bool y_signed, const std::optional<In>& add_codes, bool add_product_first,
+         const std::array<float, 3>& add_rx_ry_k) {
+        return qlinear_matmul_2d(a, a_signed, a_zp, b, b_signed, &b_zp, true, &multiplier, true, y_zp, y_signed,
+                                 add_codes, add_product_first, add_rx_ry_k);
+      },
+      nb::arg("a"), nb::arg("a_signed"), nb::arg("a_zp"), nb::arg("b"), nb::arg("b_signed"), nb::arg("b_zp"),
+      nb::arg("multiplier"), nb::arg("y_zp"), nb::arg("y_signed"), nb::arg("add_codes") = nb::none(),
+      nb::arg("add_product_first") = true, nb::arg("add_rx_ry_k") = std::array<float, 3>{0, 0, 0});
 
   // Batches of products with every parameter per tensor, a [B, M, K] and b [B, K, N] contiguous
   // (attention's): y [B, M, N], the index maps and zero-point arrays built here, not in Python.

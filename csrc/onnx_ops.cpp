@@ -283,6 +283,11 @@ void qlinear_add_codes(const void* x, int64_t x_count, const void* y, int64_t y_
   over_codes(QMM_BINARY_RANGE(qlinear_add_range), x, x_count, y, y_count, count, out, is_signed, rx, ry, k);
 }
 
+void qlinear_add_span(const void* x, const void* y, int64_t count, bool is_signed, float rx, float ry, float k,
+                      void* out) {
+  QMM_BINARY_RANGE(qlinear_add_range)(x, y, 0, count, is_signed, rx, ry, k, out);
+}
+
 void qlinear_mul_codes(const void* x, int64_t x_count, const void* y, int64_t y_count, int64_t count, bool is_signed,
                        int32_t zx, int32_t zy, float r, float zc, void* out) {
   over_codes(QMM_BINARY_RANGE(qlinear_mul_range), x, x_count, y, y_count, count, out, is_signed, zx, zy, r, zc);

@@ -46,6 +46,10 @@ void qlinear_add_codes(const void* x, int64_t x_count, const void* y, int64_t y_
                        float rx, float ry, float k, void* out);
 void qlinear_mul_codes(const void* x, int64_t x_count, const void* y, int64_t y_count, int64_t count, bool is_signed,
                        int32_t zx, int32_t zy, float r, float zc, void* out);
+// qlinear_add_codes' arithmetic on count elements of x and y into out (out may be x or y), on the calling
+// thread (the QLinearMatMul driver's QLinearAddStage, a block's row at a time).
+void qlinear_add_span(const void* x, const void* y, int64_t count, bool is_signed, float rx, float ry, float k,
+                      void* out);
 // QLinearSoftmax's rows as ONNX Runtime computes them (onnx/_qlinear_ops.py): x [rows, D] int8 (is_signed)
 // or uint8 codes, contiguous; per row e_j = table[255 - (max_k x_k - x_j)], sum = e_0 + e_1 + ... in
 // float32 one after another, out_j = sat(nearbyint(double(e_j) * yd / double(sum)) + y_zp) in double

@@ -17,6 +17,7 @@
 
 #include "buffer.h"
 #include "dispatch.h"
+#include "onnx_ops.h"
 #include "qgemm.h"
 #include "requantize.h"
 #include "thread_pool.h"
@@ -205,10 +206,22 @@ struct FusedOutput {
   bool y_signed = false;
   uint8_t* y = nullptr;  // output (m0, n0)
   int64_t ldy = 0;
+  const QLinearAddStage* add = nullptr;  // applied to the block once written, or null
 };
 struct NoFusion {
   FusedOutput operator()(int64_t, int64_t, int64_t, int64_t, int64_t) const { return {}; }
 };
+// The QLinearAdd stage on a block of the output just written: rows rows of cols codes at y (row stride
+// ldy), its columns from n0, in place.
+void add_stage(const QLinearAddStage& add, bool is_signed, uint8_t* y, int64_t ldy, int64_t rows, int64_t n0,
+               int64_t cols) {
+  const uint8_t* codes = static_cast<const uint8_t*>(add.codes) + n0;
+  for (int64_t r = 0; r < rows; ++r) {
+    uint8_t* row = y + r * ldy;
+    qlinear_add_span(add.product_first ? row : codes, add.product_first ? codes : row, cols, is_signed, add.rx, add.ry,
+                     add.k, row);
+  }
+}
 template <class Acc, class Epilogue, class Fused = NoFusion>
 void accumulate(const QGemmDispatch& q, const QGemmProblem& p, Epilogue&& epilogue, Fused&& fused = Fused{}) {
   constexpr bool kExact = std::is_same_v<Acc, int64_t>;
@@ -414,6 +427,7 @@ void accumulate(const QGemmDispatch& q, const QGemmProblem& p, Epilogue&& epilog
               q.kernel_requantized(a_block + r0 * a_row, a_row, group_rows, b_panels + j * panel_bytes, groups, colterm,
                                    out.multiplier + j * nr, out.zp, out.y_signed, panel_cols, y, out.ldy);
           }
+        if (out.add) add_stage(*out.add, out.y_signed, out.y, out.ldy, rows, n0, cols);
         return;
       }
     }
@@ -591,8 +605,8 @@ void qlinear_matmul_onnxruntime(const QGemmProblem& p, View3<float> multiplier, 
     if (!fusable) return {};
     const int32_t* zp = zp_row(out.zero_point, call, bt, m0, n0, cols);
     if (!std::all_of(zp, zp + cols, [&](int32_t z) { return z == zp[0]; })) return {};
-    return {multiplier_row(multiplier, call, bt, m0, n0, cols), zp[0], out.is_signed,
-            static_cast<uint8_t*>(out.data) + (bt * M + m0) * N + n0, N};
+    return {multiplier_row(multiplier, call, bt, m0, n0, cols),       zp[0], out.is_signed,
+            static_cast<uint8_t*>(out.data) + (bt * M + m0) * N + n0, N,     out.add};
   };
   accumulate<int32_t>(
       q, p,
@@ -604,11 +618,12 @@ void qlinear_matmul_onnxruntime(const QGemmProblem& p, View3<float> multiplier, 
         if (multiplier_ld && zp_ld) {
           requantize_rows(raw, ld, terms, rows, multiplier_of(multiplier, call, bt, m0, n0, cols), *multiplier_ld,
                           zp_of(out.zero_point, call, bt, m0, n0, cols), *zp_ld, cols, out.is_signed, y, N);
-          return;
+        } else {
+          for (int64_t r = 0; r < rows; ++r)
+            requantize_rows(raw + r * ld, ld, terms + r, 1, multiplier_of(multiplier, call, bt, m0 + r, n0, cols), 0,
+                            zp_of(out.zero_point, call, bt, m0 + r, n0, cols), 0, cols, out.is_signed, y + r * N, N);
         }
-        for (int64_t r = 0; r < rows; ++r)
-          requantize_rows(raw + r * ld, ld, terms + r, 1, multiplier_of(multiplier, call, bt, m0 + r, n0, cols), 0,
-                          zp_of(out.zero_point, call, bt, m0 + r, n0, cols), 0, cols, out.is_signed, y + r * N, N);
+        if (out.add) add_stage(*out.add, out.is_signed, y, N, rows, n0, cols);
       },
       fused);
 }

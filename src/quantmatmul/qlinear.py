@@ -152,6 +152,22 @@ class QLinearMatMul:
             self._packed_for_kernels(),
         )
 
+    def _with_add(self, a, a_scale, a_zero_point, y_scale, y_zero_point, add):
+        """The product in numerics "onnxruntime" with a QLinearAdd of a row of codes applied to its output
+        (_fast_2d's add), or None where the fast path does not take the call (the caller then runs the two)."""
+        return _fast_2d(
+            a,
+            a_scale,
+            a_zero_point,
+            self.b,
+            self.b_scale,
+            self.b_zero_point,
+            y_scale,
+            y_zero_point,
+            self._packed_for_kernels(),
+            add,
+        )
+
     def __repr__(self) -> str:
         return (
             f"QLinearMatMul(b: {self.b.dtype} {self.b.shape}, b_scale: {self.b_scale.dtype} {self.b_scale.shape}, "
@@ -674,10 +690,12 @@ def _per_tensor_multiplier(sa: float, sb: float, sy: float):
     return m if math.isfinite(m) else None
 
 
-def _fast_2d(a, a_scale, a_zero_point, b, b_scale, b_zero_point, y_scale, y_zero_point, packed_b):
+def _fast_2d(a, a_scale, a_zero_point, b, b_scale, b_zero_point, y_scale, y_zero_point, packed_b, add=()):
     """a [..., K] times a matrix b, a and y per tensor: a's leading dimensions folded into its rows, as
     _foldable's product (one call, not a recursion through _run: 5 us of a transformer's [8, 16, 384]
-    call); None where the call is not that case."""
+    call); None where the call is not that case. add: () or (codes [N] of y's type, product first, (rx,
+    ry, k)), a QLinearAdd of the product and a row of codes applied as its blocks are written
+    (onnx/_pairs.py)."""
     if type(a) is not np.ndarray or a.ndim < 2 or b.ndim != 2 or not _is_int8(b.dtype):
         return None
     a_y = _per_tensor_a_y(a, a_scale, a_zero_point, y_scale, y_zero_point)
@@ -693,7 +711,7 @@ def _fast_2d(a, a_scale, a_zero_point, b, b_scale, b_zero_point, y_scale, y_zero
         zb, m = _per_tensor_int(b_zero_point, b.dtype, b_scale), _per_tensor_multiplier(sa, sb, sy)
         if zb is None or m is None:
             return None
-        y = _core.qlinear_matmul_2d_per_tensor(a_operand, a_signed, za, b_operand, b_signed, zb, m, zy, y_signed)
+        y = _core.qlinear_matmul_2d_per_tensor(a_operand, a_signed, za, b_operand, b_signed, zb, m, zy, y_signed, *add)
         return y if a.ndim == 2 else y.reshape(a.shape[:-1] + (N,))
     elif (
         type(b_scale) is np.ndarray
@@ -713,7 +731,7 @@ def _fast_2d(a, a_scale, a_zero_point, b, b_scale, b_zero_point, y_scale, y_zero
     else:
         return None
     y = _core.qlinear_matmul_2d_onnxruntime(
-        a_operand, a_signed, za, b_operand, b_signed, b_zp, multiplier, zy, y_signed
+        a_operand, a_signed, za, b_operand, b_signed, b_zp, multiplier, zy, y_signed, *add
     )
     return y if a.ndim == 2 else y.reshape(a.shape[:-1] + (N,))
 

@@ -34,6 +34,7 @@ from ._common import (
 from ._fuse import fuse_qdq as _fuse_qdq
 from ._fuse import subgraph_reads
 from ._integer import _integer_operand, _matmul_integer, dynamic_quantize_linear, matmul_integer
+from ._pairs import matmul_adds
 from ._pool import max_pool
 from ._qconv import QLinearConvCall, conv_integer, conv_weight, qlinear_conv
 from ._qgemm import QGemmCall, qgemm, qgemm_weight
@@ -131,7 +132,7 @@ class InferenceSession:
             raise error.public(self._FN) from None
         except Exception as error:  # onnx.reference refuses an operator or an attribute
             raise ValueError(f"{self._FN}: onnx.reference cannot run this model: {_first_line(error)}") from None
-        self._plan, self.tabulated = _run_plan(self._evaluator, tabulate)
+        self._plan, self.tabulated = _run_plan(self._evaluator, numerics, tabulate)
         self._feed_spec = feed_spec(self._model)  # (the initializers' names read once, not per run)
         self._inputs = [arg for arg, _ in self._feed_spec.values()]
         self._outputs = [node_arg(v) for v in self._model.graph.output]
@@ -179,11 +180,12 @@ class InferenceSession:
 # every default op type 0.97-1.08x (8 x 16 and 36 x 19 tokens).
 
 
-def _run_plan(evaluator, tabulate: bool) -> tuple[list[tuple], list]:
+def _run_plan(evaluator, numerics: str, tabulate: bool) -> tuple[list[tuple], list]:
     """(for each node: (the node, its input names, its output names, whether it runs a subgraph that reads
     the outer values, and the values no later node reads: graph outputs, initializers and feeds are kept);
     with tabulate, element-wise groups on one 8-bit tensor as one lookup-table node each (onnx/_tables.py),
-    and their nodes' names). A node that runs a subgraph (If, Loop, Scan) reads outer values inside it:
+    and their nodes' names); in numerics "onnxruntime", QLinearMatMul -> QLinearAdd(bias) pairs as one
+    call (onnx/_pairs.py). A node that runs a subgraph (If, Loop, Scan) reads outer values inside it:
     they count as its inputs."""
     entries = [
         (
@@ -195,10 +197,11 @@ def _run_plan(evaluator, tabulate: bool) -> tuple[list[tuple], list]:
         )
         for node in evaluator.rt_nodes_
     ]
+    overridden = set(evaluator.input_names)
+    constants = {name: value for name, value in evaluator.rt_inits_.items() if name not in overridden}
+    entries = matmul_adds(entries, constants, set(evaluator.output_names), numerics, _call)
     tabulated = []
     if tabulate:
-        overridden = set(evaluator.input_names)
-        constants = {name: value for name, value in evaluator.rt_inits_.items() if name not in overridden}
         entries, tabulated = code_tables(entries, constants, set(evaluator.output_names), _call)
     last = {}
     for i, entry in enumerate(entries):

@@ -1,0 +1,104 @@
+"""onnx/_pairs.py: the session's QLinearMatMul -> QLinearAdd(bias) pairs as one call: the add applied to each block of the product as the kernels write it (numerics "onnxruntime"), the bits of the two nodes.
+
+``quantize_static`` writes a transformer's MatMul with its bias as a QLinearMatMul whose output one
+com.microsoft QLinearAdd reads with a constant row of N codes (QOperator; the QDQ form fuses to the
+same pair): 36 of all-MiniLM-L6-v2's 48 QLinearMatMul. Run as two nodes, the add is a second pass over
+the product's output and a second node's call (about 15-25 us each at 8 x 16 tokens). Where the
+QLinearMatMul holds a constant b (a QLinearMatMul object), its y scale and zero point are constants,
+its output is read by the add alone, and the add's scales and zero points and its other operand are
+constants (that operand of the product's type, [N] after leading ones), the session runs the pair as
+one call of the product with the add as a stage of its output (csrc/qlinear_matmul.h,
+QLinearAddStage: ONNX Runtime's QLinearAdd arithmetic on each block's rows, in place). A call the
+fast product does not take (another a type or layout, a per-row parameter) runs the two nodes.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+
+import numpy as np
+
+from ._common import MS_DOMAIN, without_leading_ones
+from ._qlinear_ops import _SPANS, _add_parameters, _span_mode
+
+_CODES = (np.dtype(np.uint8), np.dtype(np.int8))
+
+
+class MatMulAdd:
+    """A QLinearMatMul -> QLinearAdd pair in the session's plan: ``_run(*the product's inputs)`` returns the
+    add's output."""
+
+    def __init__(self, matmul, add, slot: int, codes: np.ndarray, parameters: tuple, add_inputs: list, call):
+        self.matmul, self.add, self.slot, self.codes, self.call = matmul, add, slot, codes, call
+        self.stage = (codes.reshape(-1), slot == 0, parameters)  # qlinear._fast_2d's add
+        self.add_inputs = add_inputs  # the add's inputs, the product's slot None
+        self.op_type = f"{matmul.op_type}+{add.op_type}"
+        self.onnx_node = matmul.onnx_node  # (error messages name the product's node)
+        self._qmm_attributes = {}  # (the session's _call: no attributes)
+
+    def _run(self, a, a_scale, a_zero_point, b, b_scale, b_zero_point, y_scale, y_zero_point=None):
+        y = None
+        if type(a) is np.ndarray and a.ndim >= 1 and getattr(y_zero_point, "dtype", None) == self.codes.dtype:
+            shapes = (a.shape[:-1] + (self.codes.size,), self.codes.shape)
+            if _span_mode(*(shapes if self.slot == 0 else shapes[::-1])) == _SPANS:
+                y = self.matmul._held._with_add(a, a_scale, a_zero_point, y_scale, y_zero_point, self.stage)
+        if y is not None:
+            return (y.reshape(np.broadcast_shapes(y.shape, self.codes.shape)),)
+        inputs = [a, a_scale, a_zero_point, b, b_scale, b_zero_point, y_scale, y_zero_point]
+        (product,) = self.call(self.matmul, inputs)
+        add_inputs = list(self.add_inputs)
+        add_inputs[self.slot] = product
+        return self.call(self.add, add_inputs)
+
+
+def matmul_adds(entries: list, constants: dict, graph_outputs: set, numerics: str, call) -> list:
+    """entries (the plan's, as onnx/_tables.py's code_tables takes them) with each such pair as one entry."""
+    if numerics != "onnxruntime":
+        return entries
+    readers = defaultdict(set)
+    for i, entry in enumerate(entries):
+        for name in entry[4]:
+            readers[name].add(i)
+    pairs = {}  # the product's entry -> (its replacement, the add's entry)
+    for i, (node, inputs, outputs, _, _) in enumerate(entries):
+        if node.op_type != "QLinearMatMul" or getattr(node, "_held", None) is None or len(outputs) != 1:
+            continue
+        y = outputs[0]
+        users = readers.get(y, set())
+        if y in graph_outputs or len(users) != 1:
+            continue
+        (j,) = users
+        found = _pair(node, inputs, entries[j], y, constants, call)
+        if found is not None:
+            pairs[i] = ((found, inputs, entries[j][2], False, entries[i][4]), j)
+    if not pairs:
+        return entries
+    dropped = {j for _, j in pairs.values()}
+    return [pairs[i][0] if i in pairs else entry for i, entry in enumerate(entries) if i not in dropped]
+
+
+def _pair(matmul, inputs, add_entry, y: str, constants: dict, call):
+    """The MatMulAdd for a product and the add reading its output y, or None where they do not pair."""
+    add, add_inputs, _, context, _ = add_entry
+    if context or add.op_type != "QLinearAdd" or (add.onnx_node.domain or "") != MS_DOMAIN:
+        return None
+    if getattr(add, "_scalars", None) is None or len(inputs) < 8 or len(add_inputs) < 8:
+        return None
+    slots = [s for s in (0, 3) if add_inputs[s] == y]
+    y_zero_point = constants.get(inputs[7]) if inputs[7] else None
+    if len(slots) != 1 or not isinstance(y_zero_point, np.ndarray) or y_zero_point.dtype not in _CODES:
+        return None
+    slot = slots[0]
+    codes = constants.get(add_inputs[3 - slot])
+    N = matmul._held.b.shape[1]
+    if not isinstance(codes, np.ndarray) or codes.dtype != y_zero_point.dtype or N < 2:
+        return None
+    if without_leading_ones(codes.shape) != (N,) or any(add_inputs[s] not in constants for s in (1, 2, 4, 5, 6, 7)):
+        return None
+    try:
+        (a_s, b_s, c_s), (zpa, zpb, zpc) = add._scalars.checked(codes.dtype)
+    except (TypeError, ValueError):  # the add's own run raises it, as it would have
+        return None
+    parameters = _add_parameters(float(a_s), zpa, float(b_s), zpb, float(c_s), zpc)  # (x, y) = (A, B)
+    values = [None if not name or i == slot else constants[name] for i, name in enumerate(add_inputs)]
+    return MatMulAdd(matmul, add, slot, np.ascontiguousarray(codes), parameters, values, call)
