@@ -138,35 +138,14 @@ class QLinearMatMul:
 
     def __call__(self, a, a_scale, a_zero_point, y_scale, y_zero_point, *, numerics: str = "onnxruntime") -> np.ndarray:
         _check_numerics(numerics, self._FN)
-        return _run(
-            a,
-            a_scale,
-            a_zero_point,
-            self.b,
-            self.b_scale,
-            self.b_zero_point,
-            y_scale,
-            y_zero_point,
-            numerics,
-            self._FN,
-            self._packed_for_kernels(),
-        )
+        b = (self.b, self.b_scale, self.b_zero_point)
+        return _run(a, a_scale, a_zero_point, *b, y_scale, y_zero_point, numerics, self._FN, self._packed_for_kernels())
 
     def _with_add(self, a, a_scale, a_zero_point, y_scale, y_zero_point, add):
         """The product in numerics "onnxruntime" with a QLinearAdd of a row of codes applied to its output
         (_fast_2d's add), or None where the fast path does not take the call (the caller then runs the two)."""
-        return _fast_2d(
-            a,
-            a_scale,
-            a_zero_point,
-            self.b,
-            self.b_scale,
-            self.b_zero_point,
-            y_scale,
-            y_zero_point,
-            self._packed_for_kernels(),
-            add,
-        )
+        b = (self.b, self.b_scale, self.b_zero_point)
+        return _fast_2d(a, a_scale, a_zero_point, *b, y_scale, y_zero_point, self._packed_for_kernels(), add)
 
     def __repr__(self) -> str:
         return (
