@@ -100,8 +100,10 @@ class InferenceSession:
     ``fuse_qdq=False`` runs the graph as written. With ``tabulate`` (the default), a group of element-wise
     nodes on one int8 / uint8 tensor (an erf-GELU on quantized codes: DequantizeLinear, Div, Erf,
     QuantizeLinear, QLinearAdd, QLinearMul) runs once on the type's 256 codes and then as a table lookup
-    per element, the same bits (onnx/_tables.py; ``tabulated``: the groups' node names). The caller's
-    model is never modified.
+    per element, the same bits (onnx/_tables.py; ``tabulated``: the groups' node names). In numerics
+    "onnxruntime" a QLinearMatMul with a constant b whose output only a QLinearAdd of a constant row of
+    codes reads (a MatMul's bias) runs with the add applied to its output blocks as they are written,
+    the two nodes' bits (onnx/_pairs.py). The caller's model is never modified.
 
     ``run(output_names, input_feed)`` returns a list of numpy arrays (``output_names`` None: every
     output); ``get_inputs()`` / ``get_outputs()`` return :class:`NodeArg` (name, shape, type) as
