@@ -82,6 +82,34 @@ qmm::QGemmProblem problem(const In& a, bool a_signed, const In& a_index, const I
 
 qmm::QOutput output(Out& y, bool y_signed, const In& y_zp) { return {y.data(), y_signed, view3<int32_t>(y_zp)}; }
 
+// The QLinearAdd stage of a product with M output rows and N columns (qmm::QLinearAddStage) from a
+// binding's add_codes (None; or contiguous 8-bit codes, [N]: a row for every row, or [M, N]),
+// add_product_first and add_rx_ry_k; nullopt for None.
+std::optional<qmm::QLinearAddStage> add_stage(const char* fn, const std::optional<In>& codes, bool product_first,
+                                              const std::array<float, 3>& rx_ry_k, int64_t M, int64_t N) {
+  if (!codes) return std::nullopt;
+  const int64_t n = codes->ndim();
+  const bool row = n == 1 && static_cast<int64_t>(codes->shape(0)) == N && codes->stride(0) == 1;
+  const bool matrix = n == 2 && static_cast<int64_t>(codes->shape(0)) == M &&
+                      static_cast<int64_t>(codes->shape(1)) == N && codes->stride(1) == 1 &&
+                      codes->stride(0) == static_cast<int64_t>(N);
+  if (codes->itemsize() != 1 || !(row || matrix))
+    throw std::invalid_argument(std::string(fn) + ": add_codes [N] or [M, N] contiguous 8-bit codes expected");
+  return qmm::QLinearAddStage{codes->data(), product_first, rx_ry_k[0], rx_ry_k[1], rx_ry_k[2], matrix ? N : 0};
+}
+
+// qlinear_matmul_onnxruntime of p into y with the binding's add stage (add_stage above), the GIL released.
+void onnxruntime_with_add(const char* fn, const qmm::QGemmProblem& p, const In& multiplier, Out& y, bool y_signed,
+                          const In& y_zp, const std::optional<In>& add_codes, bool add_product_first,
+                          const std::array<float, 3>& add_rx_ry_k) {
+  auto out = output(y, y_signed, y_zp);
+  const auto add = add_stage(fn, add_codes, add_product_first, add_rx_ry_k, p.M, p.N);
+  out.add = add ? &*add : nullptr;
+  const auto mult = view3<float>(multiplier);
+  nb::gil_scoped_release release;
+  qmm::qlinear_matmul_onnxruntime(p, mult, out);
+}
+
 // QLinearMatMul with a multiplier view of type T (float32 for "onnxruntime", float64 for
 // "onnx-reference"), writing into y.
 template <class T, void (*product)(const qmm::QGemmProblem&, qmm::View3<T>, qmm::QOutput)>
@@ -350,11 +378,7 @@ nb::ndarray<nb::numpy> qlinear_matmul_2d(const In& a, bool a_signed, int32_t a_z
   In raw_b;
   if (!packed) raw_b = nb::cast<In>(b);  // a contiguous [K, N] array
   const int64_t N = packed ? packed->N : static_cast<int64_t>(raw_b.shape(1));
-  if (add_codes && (add_codes->ndim() != 1 || static_cast<int64_t>(add_codes->shape(0)) != N ||
-                    add_codes->itemsize() != 1 || add_codes->stride(0) != 1))
-    throw std::invalid_argument("qlinear_matmul_2d: add_codes [N] contiguous 8-bit codes expected");
-  const qmm::QLinearAddStage add{add_codes ? add_codes->data() : nullptr, add_product_first, add_rx_ry_k[0],
-                                 add_rx_ry_k[1], add_rx_ry_k[2]};
+  const auto add = add_stage("qlinear_matmul_2d", add_codes, add_product_first, add_rx_ry_k, M, N);
   NewArray<uint8_t> y({M, N});
   {
     nb::gil_scoped_release release;
@@ -370,7 +394,7 @@ nb::ndarray<nb::numpy> qlinear_matmul_2d(const In& a, bool a_signed, int32_t a_z
                         b_zps.data()};
     const qmm::View3<float> mult_view{multiplier, 0, 0, multiplier_per_tensor ? 0 : 1};
     const qmm::View3<int32_t> zp_view{&y_zp, 0, 0, 0};
-    qmm::qlinear_matmul_onnxruntime(p, mult_view, {y.data(), y_signed, zp_view, add_codes ? &add : nullptr});
+    qmm::qlinear_matmul_onnxruntime(p, mult_view, {y.data(), y_signed, zp_view, add ? &*add : nullptr});
   }
   return y.array(y_signed ? nb::dtype<int8_t>() : nb::dtype<uint8_t>());
 }
@@ -400,50 +424,61 @@ void bind_qlinear_matmul(nb::module_& m) {
   m.def("qlinear_matmul_onnxruntime", qlinear_binding<float, qmm::qlinear_matmul_onnxruntime>);
   // The same with a bias per column of each b matrix (int32 [b count, N], contiguous) added to the sums
   // before the epilogue: QLinearConv's GEMM (onnx/_qconv.py).
+  // add_codes (or None), add_product_first, add_rx_ry_k: a QLinearAdd after it (add_stage above; a single
+  // product: batch 1), QLinearConv -> QLinearAdd in the session.
   m.def(
       "qlinear_matmul_onnxruntime_bias",
       [](const In& a, bool a_signed, const In& a_index, const In& a_zp, nb::handle b, bool b_signed, const In& b_index,
-         const In& b_zp, const In& bias, const In& multiplier, Out y, bool y_signed, const In& y_zp) {
+         const In& b_zp, const In& bias, const In& multiplier, Out y, bool y_signed, const In& y_zp,
+         const std::optional<In>& add_codes, bool add_product_first, const std::array<float, 3>& add_rx_ry_k) {
         auto p = problem(a, a_signed, a_index, a_zp, b, b_signed, b_index, b_zp);
         p.column_bias = static_cast<const int32_t*>(bias.data());
-        const auto out = output(y, y_signed, y_zp);
-        const auto mult = view3<float>(multiplier);
-        nb::gil_scoped_release release;
-        qmm::qlinear_matmul_onnxruntime(p, mult, out);
-      });
+        if (add_codes && p.batch != 1)
+          throw std::invalid_argument("qlinear_matmul_onnxruntime_bias: an add stage on one product only");
+        onnxruntime_with_add("qlinear_matmul_onnxruntime_bias", p, multiplier, y, y_signed, y_zp, add_codes,
+                             add_product_first, add_rx_ry_k);
+      },
+      nb::arg("a"), nb::arg("a_signed"), nb::arg("a_index"), nb::arg("a_zp"), nb::arg("b"), nb::arg("b_signed"),
+      nb::arg("b_index"), nb::arg("b_zp"), nb::arg("bias"), nb::arg("multiplier"), nb::arg("y"), nb::arg("y_signed"),
+      nb::arg("y_zp"), nb::arg("add_codes") = nb::none(), nb::arg("add_product_first") = true,
+      nb::arg("add_rx_ry_k") = std::array<float, 3>{0, 0, 0});
   // The same for a convolution read in place (QGemmProblem::a_offsets): x channels-last, its receptive
   // fields offsets [M, taps] (conv_offsets), pad x's zero point; a_zp [1, M]. False, computing nothing,
   // where the entry in use cannot read it (taps_usable): the caller forms an im2col instead.
-  m.def("qlinear_matmul_onnxruntime_taps",
-        [](const In& x, const In& offsets, int pad, const In& a_zp, nb::handle b, bool b_signed, const In& b_index,
-           const In& b_zp, const In& bias, const In& multiplier, Out y, bool y_signed, const In& y_zp) {
-          const int64_t M = static_cast<int64_t>(offsets.shape(0)), taps = static_cast<int64_t>(offsets.shape(1));
-          qmm::QGemmProblem p;
-          p.batch = 1;
-          p.M = M;
-          p.b_packed = nb::inst_ptr<qmm::PackedB>(b);
-          p.b_raw = nullptr;
-          p.N = p.b_packed->N;
-          p.K = p.b_packed->K;
-          p.a = x.data();
-          p.a_signed = false;
-          p.a_index = static_cast<const int64_t*>(b_index.data());  // (both [0])
-          p.a_zero_point = static_cast<const int32_t*>(a_zp.data());
-          p.b_signed = b_signed;
-          p.b_index = static_cast<const int64_t*>(b_index.data());
-          p.b_zero_point = static_cast<const int32_t*>(b_zp.data());
-          p.column_bias = bias.size() ? static_cast<const int32_t*>(bias.data()) : nullptr;
-          p.a_offsets = static_cast<const int32_t*>(offsets.data());
-          p.a_taps = taps;
-          if (!qmm::taps_usable(p)) return false;
-          const std::vector<uint8_t> pad_row(static_cast<size_t>(p.K / taps), static_cast<uint8_t>(pad));
-          p.a_pad = pad_row.data();
-          const auto out = output(y, y_signed, y_zp);
-          const auto mult = view3<float>(multiplier);
-          nb::gil_scoped_release release;
-          qmm::qlinear_matmul_onnxruntime(p, mult, out);
-          return true;
-        });
+  m.def(
+      "qlinear_matmul_onnxruntime_taps",
+      [](const In& x, const In& offsets, int pad, const In& a_zp, nb::handle b, bool b_signed, const In& b_index,
+         const In& b_zp, const In& bias, const In& multiplier, Out y, bool y_signed, const In& y_zp,
+         const std::optional<In>& add_codes, bool add_product_first, const std::array<float, 3>& add_rx_ry_k) {
+        const int64_t M = static_cast<int64_t>(offsets.shape(0)), taps = static_cast<int64_t>(offsets.shape(1));
+        qmm::QGemmProblem p;
+        p.batch = 1;
+        p.M = M;
+        p.b_packed = nb::inst_ptr<qmm::PackedB>(b);
+        p.b_raw = nullptr;
+        p.N = p.b_packed->N;
+        p.K = p.b_packed->K;
+        p.a = x.data();
+        p.a_signed = false;
+        p.a_index = static_cast<const int64_t*>(b_index.data());  // (both [0])
+        p.a_zero_point = static_cast<const int32_t*>(a_zp.data());
+        p.b_signed = b_signed;
+        p.b_index = static_cast<const int64_t*>(b_index.data());
+        p.b_zero_point = static_cast<const int32_t*>(b_zp.data());
+        p.column_bias = bias.size() ? static_cast<const int32_t*>(bias.data()) : nullptr;
+        p.a_offsets = static_cast<const int32_t*>(offsets.data());
+        p.a_taps = taps;
+        if (!qmm::taps_usable(p)) return false;
+        const std::vector<uint8_t> pad_row(static_cast<size_t>(p.K / taps), static_cast<uint8_t>(pad));
+        p.a_pad = pad_row.data();
+        onnxruntime_with_add("qlinear_matmul_onnxruntime_taps", p, multiplier, y, y_signed, y_zp, add_codes,
+                             add_product_first, add_rx_ry_k);
+        return true;
+      },
+      nb::arg("x"), nb::arg("offsets"), nb::arg("pad"), nb::arg("a_zp"), nb::arg("b"), nb::arg("b_signed"),
+      nb::arg("b_index"), nb::arg("b_zp"), nb::arg("bias"), nb::arg("multiplier"), nb::arg("y"), nb::arg("y_signed"),
+      nb::arg("y_zp"), nb::arg("add_codes") = nb::none(), nb::arg("add_product_first") = true,
+      nb::arg("add_rx_ry_k") = std::array<float, 3>{0, 0, 0});
   m.def("qlinear_matmul_onnx_reference", qlinear_binding<double, qmm::qlinear_matmul_onnx_reference>);
 
   // MatMulInteger: (a - a_zp) x (b - b_zp) in wrapping int32, [batch, M, N]; the operands as the

@@ -212,11 +212,11 @@ struct NoFusion {
   FusedOutput operator()(int64_t, int64_t, int64_t, int64_t, int64_t) const { return {}; }
 };
 // The QLinearAdd stage on a block of the output just written: rows rows of cols codes at y (row stride
-// ldy), its columns from n0, in place.
-void add_stage(const QLinearAddStage& add, bool is_signed, uint8_t* y, int64_t ldy, int64_t rows, int64_t n0,
-               int64_t cols) {
-  const uint8_t* codes = static_cast<const uint8_t*>(add.codes) + n0;
+// ldy), output rows from row0 (batch * M + m), columns from n0, in place.
+void add_stage(const QLinearAddStage& add, bool is_signed, uint8_t* y, int64_t ldy, int64_t rows, int64_t row0,
+               int64_t n0, int64_t cols) {
   for (int64_t r = 0; r < rows; ++r) {
+    const uint8_t* codes = static_cast<const uint8_t*>(add.codes) + (row0 + r) * add.ld + n0;
     uint8_t* row = y + r * ldy;
     qlinear_add_span(add.product_first ? row : codes, add.product_first ? codes : row, cols, is_signed, add.rx, add.ry,
                      add.k, row);
@@ -427,7 +427,7 @@ void accumulate(const QGemmDispatch& q, const QGemmProblem& p, Epilogue&& epilog
               q.kernel_requantized(a_block + r0 * a_row, a_row, group_rows, b_panels + j * panel_bytes, groups, colterm,
                                    out.multiplier + j * nr, out.zp, out.y_signed, panel_cols, y, out.ldy);
           }
-        if (out.add) add_stage(*out.add, out.y_signed, out.y, out.ldy, rows, n0, cols);
+        if (out.add) add_stage(*out.add, out.y_signed, out.y, out.ldy, rows, bt * M + m0, n0, cols);
         return;
       }
     }
@@ -623,7 +623,7 @@ void qlinear_matmul_onnxruntime(const QGemmProblem& p, View3<float> multiplier, 
             requantize_rows(raw + r * ld, ld, terms + r, 1, multiplier_of(multiplier, call, bt, m0 + r, n0, cols), 0,
                             zp_of(out.zero_point, call, bt, m0 + r, n0, cols), 0, cols, out.is_signed, y + r * N, N);
         }
-        if (out.add) add_stage(*out.add, out.is_signed, y, N, rows, n0, cols);
+        if (out.add) add_stage(*out.add, out.is_signed, y, N, rows, bt * M + m0, n0, cols);
       },
       fused);
 }

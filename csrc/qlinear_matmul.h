@@ -84,15 +84,18 @@ bool taps_usable(const QGemmDispatch& q, bool a_signed, bool need_rowsums, int64
 // The same for problem p (a_taps set) on the entry a call would run it on now.
 bool taps_usable(const QGemmProblem& p);
 
-// A com.microsoft QLinearAdd of the product's output and a constant row of N codes (a bias), as ONNX
+// A com.microsoft QLinearAdd of the product's output and a row of N codes (a bias) or a matrix of them
+// laid out as the output (a residual: ld = N), as ONNX
 // Runtime computes it (onnx_ops.h, qlinear_add_codes): with p the product's 8-bit output and c the
 // row's code of its column, out = sat(cvt(fma32(x, rx, fma32(y, ry, k)))) with (x, y) = (p, c) where
 // product_first, else (c, p). Applied to each block of the output as the block is written (numerics
-// "onnxruntime" only): the session's QLinearMatMul -> QLinearAdd(bias) pairs without a second pass.
+// "onnxruntime" only): the session's QLinearMatMul -> QLinearAdd(bias) and QLinearConv -> QLinearAdd
+// pairs without a second pass.
 struct QLinearAddStage {
-  const void* codes;  // [N], the output's type
+  const void* codes;  // the output's type: output row m's codes at codes + m * ld (ld 0: one row [N] for all)
   bool product_first;
   float rx, ry, k;
+  int64_t ld = 0;
 };
 
 // The 8-bit integer output, contiguous [batch, M, N], and its (broadcast) zero point; add: a

@@ -142,3 +142,100 @@ def test_what_does_not_pair():
     assert pairs_in(session) == 0
     a = np.random.default_rng(4).integers(0, 256, (5, 32)).astype(np.uint8)
     assert session.run(None, {"a": a})[0].tobytes() == two_nodes(w, a).tobytes()
+
+
+def residual_model(x_dtype, C, M, kernel, *, product_first=True, seed=0, bias=True):
+    """x [1, C, 9, 11] -> QLinearConv 1x1 (C -> M) -> r -> QLinearConv kernel x kernel (M -> M, same padding)
+    -> p; y = QLinearAdd(p, r) (or (r, p)): a residual block's shape. Also a second output z =
+    QLinearAdd(p2, x2) with x2 a graph input laid out in C order (the pair's other path)."""
+    rng = np.random.default_rng(seed)
+    info = np.iinfo(x_dtype)
+    elem = ELEM[np.dtype(x_dtype)]
+
+    def zp():
+        return np.asarray(rng.integers(info.min // 2, info.max // 2 + 1), x_dtype)
+
+    w = {
+        "xs": np.float32(0.05), "xz": zp(),
+        "w1": rng.integers(-127, 128, (M, C, 1, 1)).astype(np.int8), "w1s": np.full(M, 0.01, np.float32),
+        "w1z": np.zeros(M, np.int8), "rs": np.float32(0.08), "rz": zp(),
+        "w2": rng.integers(-127, 128, (M, M, kernel, kernel)).astype(np.int8),
+        "w2s": rng.uniform(0.002, 0.01, M).astype(np.float32), "w2z": np.zeros(M, np.int8),
+        "ps": np.float32(0.11), "pz": zp(), "cs": np.float32(0.13), "cz": zp(),
+        "b1": rng.integers(-500, 500, M).astype(np.int32), "b2": rng.integers(-500, 500, M).astype(np.int32),
+    }  # fmt: skip
+    pad = kernel // 2
+    conv2_in = ["r", "rs", "rz", "w2", "w2s", "w2z", "ps", "pz"] + (["b2"] if bias else [])
+    first, second = (["p", "ps", "pz"], ["r", "rs", "rz"]) if product_first else (["r", "rs", "rz"], ["p", "ps", "pz"])
+    nodes = [
+        helper.make_node("QLinearConv", ["x", "xs", "xz", "w1", "w1s", "w1z", "rs", "rz", "b1"], ["r"]),
+        helper.make_node("QLinearConv", conv2_in, ["p"], pads=[pad] * 4),
+        helper.make_node("QLinearAdd", [*first, *second, "cs", "cz"], ["y"], domain=MS),
+        helper.make_node("QLinearConv", conv2_in, ["p2"], pads=[pad] * 4),
+        helper.make_node("QLinearAdd", ["p2", "ps", "pz", "x2", "ps", "pz", "cs", "cz"], ["z"], domain=MS),
+    ]
+    graph = helper.make_graph(
+        nodes,
+        "residual",
+        [helper.make_tensor_value_info(n, elem, s) for n, s in (("x", [1, C, 9, 11]), ("x2", [1, M, 9, 11]))],
+        [helper.make_tensor_value_info(n, elem, None) for n in ("y", "z")],
+        [numpy_helper.from_array(np.asarray(v), k) for k, v in w.items()],
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid(MS, 1)])
+    model.ir_version = 10
+    return model
+
+
+def unpaired(model, monkeypatch):
+    from quantmatmul.onnx import _session
+
+    with monkeypatch.context() as m:
+        m.setattr(_session, "matmul_adds", lambda entries, *_: entries)
+        return qo.InferenceSession(model)
+
+
+@pytest.mark.parametrize("x_dtype", [np.uint8, np.int8])
+def test_a_residual_add_after_a_convolution_gives_the_two_nodes_bits(x_dtype, isa, monkeypatch):
+    """The add's other operand another convolution's output (channels-last: the add runs in the GEMM's
+    output), 1x1 and 3x3 convolutions (the 3x3 read in place where the kernels can), both operand orders,
+    with and without a bias; a second add whose other operand is a graph input in C order runs the two
+    nodes. Each kernel level."""
+    from quantmatmul.onnx import _qconv
+
+    taken = []
+    with_add = _qconv.QLinearConvCall.with_add
+    monkeypatch.setattr(
+        _qconv.QLinearConvCall, "with_add", lambda *a: taken.append(r := with_add(*a)) or r, raising=True
+    )
+    info = np.iinfo(x_dtype)
+    for seed, (C, M, kernel, product_first, bias) in enumerate(
+        [(8, 16, 1, True, True), (12, 40, 3, False, True), (4, 24, 3, True, False), (16, 33, 1, False, False)]
+    ):
+        model = residual_model(x_dtype, C, M, kernel, product_first=product_first, seed=seed, bias=bias)
+        session = qo.InferenceSession(model)
+        assert sum(type(e[0]).__name__ == "ConvAdd" for e in session._plan) == 2
+        rng = np.random.default_rng(seed)
+        feed = {
+            "x": rng.integers(info.min, info.max + 1, (1, C, 9, 11)).astype(x_dtype),
+            "x2": rng.integers(info.min, info.max + 1, (1, M, 9, 11)).astype(x_dtype),
+        }
+        taken.clear()
+        got = session.run(None, feed)
+        assert [r is not None for r in taken] == [True, False]  # y in the GEMM, z by the two nodes
+        want = unpaired(model, monkeypatch).run(None, feed)
+        for g, w_ in zip(got, want, strict=True):
+            assert g.dtype == w_.dtype and g.shape == w_.shape and g.tobytes() == w_.tobytes(), (C, M, kernel)
+
+
+@ORT_PINNED
+def test_a_residual_pair_is_onnxruntimes():
+    model = residual_model(np.uint8, 12, 40, 3, product_first=False, seed=9)
+    rng = np.random.default_rng(3)
+    feed = {
+        "x": rng.integers(0, 256, (1, 12, 9, 11)).astype(np.uint8),
+        "x2": rng.integers(0, 256, (1, 40, 9, 11)).astype(np.uint8),
+    }
+    got = qo.InferenceSession(model).run(None, feed)
+    want = peers.session(model).run(None, feed)
+    for g, w_ in zip(got, want, strict=True):
+        assert g.tobytes() == w_.tobytes() and g.shape == w_.shape

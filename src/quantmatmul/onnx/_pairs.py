@@ -1,4 +1,4 @@
-"""onnx/_pairs.py: the session's QLinearMatMul -> QLinearAdd(bias) pairs as one call: the add applied to each block of the product as the kernels write it (numerics "onnxruntime"), the bits of the two nodes.
+"""onnx/_pairs.py: the session's QLinearMatMul -> QLinearAdd(bias) and QLinearConv -> QLinearAdd(residual) pairs as one call: the add applied to each block of the product as the kernels write it (numerics "onnxruntime"), the bits of the two nodes.
 
 ``quantize_static`` writes a transformer's MatMul with its bias as a QLinearMatMul whose output one
 com.microsoft QLinearAdd reads with a constant row of N codes (QOperator; the QDQ form fuses to the
@@ -51,30 +51,88 @@ class MatMulAdd:
         return self.call(self.add, add_inputs)
 
 
+class ConvAdd:
+    """A QLinearConv -> QLinearAdd pair whose other operand is a value of the graph (a residual): ``_run(*the
+    convolution's inputs, the other operand)`` returns the add's output. In the plan where the add was."""
+
+    def __init__(self, conv, add, slot: int, parameters: tuple, add_inputs: list, call):
+        self.conv, self.add, self.slot, self.parameters, self.call = conv, add, slot, parameters, call
+        self.add_inputs = add_inputs  # the add's inputs, both operands' slots None
+        self.op_type = f"{conv.op_type}+{add.op_type}"
+        self.onnx_node = conv.onnx_node
+        self._qmm_attributes = {}
+
+    def _run(self, *inputs):
+        *conv_inputs, other = inputs
+        y = self.conv._call.with_add(conv_inputs[0], other, self.slot == 0, self.parameters)
+        if y is not None:
+            return (y,)
+        (product,) = self.call(self.conv, conv_inputs)
+        add_inputs = list(self.add_inputs)
+        add_inputs[self.slot], add_inputs[3 - self.slot] = product, other
+        return self.call(self.add, add_inputs)
+
+
 def matmul_adds(entries: list, constants: dict, graph_outputs: set, numerics: str, call) -> list:
-    """entries (the plan's, as onnx/_tables.py's code_tables takes them) with each such pair as one entry."""
+    """entries (the plan's, as onnx/_tables.py's code_tables takes them) with each such pair as one entry: a
+    QLinearMatMul -> QLinearAdd(bias) where the product was, a QLinearConv -> QLinearAdd (a residual) where
+    the add was (its other operand may come after the convolution)."""
     if numerics != "onnxruntime":
         return entries
     readers = defaultdict(set)
     for i, entry in enumerate(entries):
         for name in entry[4]:
             readers[name].add(i)
-    pairs = {}  # the product's entry -> (its replacement, the add's entry)
+    placed, dropped = {}, set()  # entry index -> its replacement; the entries folded into a pair
     for i, (node, inputs, outputs, _, _) in enumerate(entries):
-        if node.op_type != "QLinearMatMul" or getattr(node, "_held", None) is None or len(outputs) != 1:
+        if node.op_type not in ("QLinearMatMul", "QLinearConv") or len(outputs) != 1 or i in dropped:
             continue
         y = outputs[0]
         users = readers.get(y, set())
         if y in graph_outputs or len(users) != 1:
             continue
         (j,) = users
-        found = _pair(node, inputs, entries[j], y, constants, call)
-        if found is not None:
-            pairs[i] = ((found, inputs, entries[j][2], False, entries[i][4]), j)
-    if not pairs:
+        if j in dropped or j in placed:
+            continue
+        if node.op_type == "QLinearMatMul" and getattr(node, "_held", None) is not None:
+            found = _pair(node, inputs, entries[j], y, constants, call)
+            if found is not None:
+                placed[i] = (found, inputs, entries[j][2], False, entries[i][4])
+                dropped.add(j)
+        elif node.op_type == "QLinearConv" and getattr(node, "_call", None) is not None:
+            found = _conv_pair(node, entries[j], y, constants, call)
+            if found is not None:
+                pair, other = found
+                placed[j] = (pair, (*inputs, other), entries[j][2], False, (*entries[i][4], other))
+                dropped.add(i)
+    if not placed:
         return entries
-    dropped = {j for _, j in pairs.values()}
-    return [pairs[i][0] if i in pairs else entry for i, entry in enumerate(entries) if i not in dropped]
+    return [placed.get(i, entry) for i, entry in enumerate(entries) if i not in dropped]
+
+
+def _conv_pair(conv, add_entry, y: str, constants: dict, call):
+    """(the ConvAdd, the other operand's name) for a convolution and the add reading its output y, where the
+    add's other operand is a value of the graph and its parameters constants; else None."""
+    add, add_inputs, _, context, _ = add_entry
+    if context or add.op_type != "QLinearAdd" or (add.onnx_node.domain or "") != MS_DOMAIN:
+        return None
+    if getattr(add, "_scalars", None) is None or len(add_inputs) < 8:
+        return None
+    slots = [s for s in (0, 3) if add_inputs[s] == y]
+    if len(slots) != 1:
+        return None
+    slot = slots[0]
+    other = add_inputs[3 - slot]
+    dtype = conv._call._y_zp.dtype
+    if not other or other in constants or any(add_inputs[s] not in constants for s in (1, 2, 4, 5, 6, 7)):
+        return None
+    try:
+        (a_s, b_s, c_s), (zpa, zpb, zpc) = add._scalars.checked(dtype)
+    except (TypeError, ValueError):
+        return None
+    parameters = _add_parameters(float(a_s), zpa, float(b_s), zpb, float(c_s), zpc)  # (x, y) = (A, B)
+    values = [None if not name or i in (0, 3) else constants[name] for i, name in enumerate(add_inputs)]
+    return ConvAdd(conv, add, slot, parameters, values, call), other
 
 
 def _pair(matmul, inputs, add_entry, y: str, constants: dict, call):

@@ -273,9 +273,11 @@ class _Conv:
         x_zp = 0 if x_zero_point is None else int(_scalar(x_zero_point, "x_zero_point", fn, x.dtype))
         return x, x_zp
 
-    def sums(self, x, x_zero_point, requantize: _Requantization | None = None):
+    def sums(self, x, x_zero_point, requantize: _Requantization | None = None, add: tuple = ()):
         """The int32 sums [N * prod(out), M] (rows: positions, columns: output channels) and x's _Shapes; with
-        requantize (and a GEMM: not depthwise), the 8-bit outputs instead, ONNX Runtime's bits."""
+        requantize (and a GEMM: not depthwise), the 8-bit outputs instead, ONNX Runtime's bits; add (with
+        requantize and one group): a QLinearAdd stage applied to them (the C++ products' add_codes,
+        add_product_first, add_rx_ry_k: QLinearConvCall.with_add)."""
         x, x_zp = self.checked_x(x, x_zero_point)
         shapes = self.shapes(x)
         weight, rows = self.weight, shapes.rows
@@ -294,7 +296,7 @@ class _Conv:
             codes, zp = channels_last, x_zp
             if x.dtype == np.int8:  # as uint8 x + 128 with zero point x_zp + 128: the same differences
                 codes, zp = np.bitwise_xor(channels_last.view(np.uint8), np.uint8(0x80)), x_zp + 128
-            acc = self._read_in_place(codes, zp, shapes, requantize)
+            acc = self._read_in_place(codes, zp, shapes, requantize, add)
             if acc is not None:
                 return acc, shapes
         if shapes.one_by_one:  # (C a multiple of 4: K unpadded) each pixel's channels are its row
@@ -318,7 +320,10 @@ class _Conv:
         else:
             acc = np.empty((group, rows, M // group), requantize.dtype)
             tail = (multiplier, acc, acc.dtype == np.int8, zero_point)
-            if requantize.bias is None:
+            if add:  # (one group: checked by with_add) a zero bias where there is none, to take the stage
+                bias = requantize.bias if requantize.bias is not None else np.zeros((1, M), np.int32)
+                _core.qlinear_matmul_onnxruntime_bias(*operands, bias, *tail, *add)
+            elif requantize.bias is None:
                 _core.qlinear_matmul_onnxruntime(*operands, *tail)
             else:
                 _core.qlinear_matmul_onnxruntime_bias(*operands, requantize.bias, *tail)
@@ -326,7 +331,7 @@ class _Conv:
             return acc.reshape(rows, M), shapes
         return np.ascontiguousarray(acc.transpose(1, 0, 2)).reshape(rows, M), shapes
 
-    def _read_in_place(self, channels_last, x_zp: int, shapes: _Shapes, requantize: _Requantization):
+    def _read_in_place(self, channels_last, x_zp: int, shapes: _Shapes, requantize: _Requantization, add=()):
         """The requantized outputs [rows, M] of the GEMM reading uint8 x (channels_last, with its zero point
         x_zp) in place through its receptive fields, or None where the int8 kernels in use cannot (then an
         im2col)."""
@@ -351,6 +356,7 @@ class _Conv:
             acc,
             acc.dtype == np.int8,
             zero_point,
+            *add,
         )
         return acc.reshape(rows, M) if done else None
 
@@ -425,6 +431,29 @@ class QLinearConvCall(_Conv):
         y = np.empty(acc.shape, self._y_zp.dtype)
         _core.requantize_columns(acc, *self._requantization(y))
         return _channels_first(y, shapes.out_shape, memory_format)
+
+    def with_add(self, x, other, product_first: bool, parameters: tuple):
+        """This convolution of x in numerics "onnxruntime" with a QLinearAdd of other (y's type and shape, its
+        memory channels-last, as this call's result is: another convolution's) applied to its outputs as the
+        GEMM writes them, (rx, ry, k) its float32 constants (onnx/_pairs.py); channels-last like __call__'s
+        result. None where this call cannot take it (a depthwise or grouped convolution, another numerics,
+        another layout or type of other): the caller then runs the two."""
+        if self._fused is None or self.weight.group != 1 or type(other) is not np.ndarray:
+            return None
+        if other.dtype != self._y_zp.dtype:
+            return None
+        x_checked, _ = self.checked_x(x, self._x_zero_point)
+        shapes = self.shapes(x_checked)
+        if other.shape != shapes.out_shape or shapes.rows == 0:
+            return None
+        rows = _channels_last(other) if other.transpose(0, *range(2, other.ndim), 1).flags.c_contiguous else None
+        if rows is None:
+            return None
+        codes = rows.reshape(shapes.rows, -1)
+        acc, shapes = self.sums(x, self._x_zero_point, self._fused, (codes, product_first, parameters))
+        if acc.dtype == np.int32:  # (no input channels: sums, no stage)
+            return None
+        return _channels_first(acc, shapes.out_shape, "channels_last")
 
     def _requantization(self, y: np.ndarray) -> tuple:
         """requantize_columns' arguments after the sums (conv_depthwise_requantized's too), writing y."""

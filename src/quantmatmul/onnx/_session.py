@@ -103,7 +103,8 @@ class InferenceSession:
     per element, the same bits (onnx/_tables.py; ``tabulated``: the groups' node names). In numerics
     "onnxruntime" a QLinearMatMul with a constant b whose output only a QLinearAdd of a constant row of
     codes reads (a MatMul's bias) runs with the add applied to its output blocks as they are written,
-    the two nodes' bits (onnx/_pairs.py). The caller's model is never modified.
+    and a QLinearConv whose output only a QLinearAdd of another value reads (a residual) likewise, the
+    two nodes' bits (onnx/_pairs.py). The caller's model is never modified.
 
     ``run(output_names, input_feed)`` returns a list of numpy arrays (``output_names`` None: every
     output); ``get_inputs()`` / ``get_outputs()`` return :class:`NodeArg` (name, shape, type) as
