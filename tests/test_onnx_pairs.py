@@ -239,3 +239,17 @@ def test_a_residual_pair_is_onnxruntimes():
     want = peers.session(model).run(None, feed)
     for g, w_ in zip(got, want, strict=True):
         assert g.tobytes() == w_.tobytes() and g.shape == w_.shape
+
+
+def test_bad_input_to_a_pair_is_the_nodes_error():
+    """A pair's bad input (here a float a the model declares so) raises what the node would, naming it:
+    the fast path's own error is not what the caller sees."""
+    model, _ = pair_model(np.uint8, 32, 40, seed=8)
+    model.graph.input[0].type.tensor_type.elem_type = TensorProto.FLOAT
+    with pytest.raises(TypeError, match="^InferenceSession.run: .*'mm'"):
+        qo.InferenceSession(model).run(None, {"a": np.zeros((2, 3, 32), np.float32)})
+    model = residual_model(np.uint8, 8, 16, 1, seed=1)
+    model.graph.input[0].type.tensor_type.elem_type = TensorProto.FLOAT
+    feed = {"x": np.zeros((1, 8, 9, 11), np.float32), "x2": np.zeros((1, 16, 9, 11), np.uint8)}
+    with pytest.raises(TypeError, match="^InferenceSession.run: .*x must be int8 or uint8"):
+        qo.InferenceSession(model).run(None, feed)

@@ -41,7 +41,10 @@ class MatMulAdd:
         if type(a) is np.ndarray and a.ndim >= 1 and getattr(y_zero_point, "dtype", None) == self.codes.dtype:
             shapes = (a.shape[:-1] + (self.codes.size,), self.codes.shape)
             if _span_mode(*(shapes if self.slot == 0 else shapes[::-1])) == _SPANS:
-                y = self.matmul._held._with_add(a, a_scale, a_zero_point, y_scale, y_zero_point, self.stage)
+                try:
+                    y = self.matmul._held._with_add(a, a_scale, a_zero_point, y_scale, y_zero_point, self.stage)
+                except (TypeError, ValueError):  # bad input: the node raises it, naming itself
+                    y = None
         if y is not None:
             return (y.reshape(np.broadcast_shapes(y.shape, self.codes.shape)),)
         inputs = [a, a_scale, a_zero_point, b, b_scale, b_zero_point, y_scale, y_zero_point]
@@ -64,7 +67,10 @@ class ConvAdd:
 
     def _run(self, *inputs):
         *conv_inputs, other = inputs
-        y = self.conv._call.with_add(conv_inputs[0], other, self.slot == 0, self.parameters)
+        try:
+            y = self.conv._call.with_add(conv_inputs[0], other, self.slot == 0, self.parameters)
+        except (TypeError, ValueError):  # bad input: the node raises it, naming itself
+            y = None
         if y is not None:
             return (y,)
         (product,) = self.call(self.conv, conv_inputs)
