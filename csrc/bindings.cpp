@@ -98,6 +98,12 @@ std::optional<qmm::QLinearAddStage> add_stage(const char* fn, const std::optiona
   return qmm::QLinearAddStage{codes->data(), product_first, rx_ry_k[0], rx_ry_k[1], rx_ry_k[2], matrix ? N : 0};
 }
 
+// A binding's three keyword arguments of an add stage (add_stage above), named prefix_codes (default
+// None), prefix_product_first and prefix_rx_ry_k.
+#define QMM_ADD_STAGE_ARGS(prefix)                                                  \
+  nb::arg(#prefix "_codes") = nb::none(), nb::arg(#prefix "_product_first") = true, \
+                  nb::arg(#prefix "_rx_ry_k") = std::array<float, 3>{0, 0, 0}
+
 // qlinear_matmul_onnxruntime of p into y with the binding's add stage (add_stage above), the GIL released.
 void onnxruntime_with_add(const char* fn, const qmm::QGemmProblem& p, const In& multiplier, Out& y, bool y_signed,
                           const In& y_zp, const std::optional<In>& add_codes, bool add_product_first,
@@ -372,13 +378,17 @@ nb::ndarray<nb::numpy> qlinear_matmul_2d(const In& a, bool a_signed, int32_t a_z
                                          const int32_t* b_zp, bool b_zp_per_tensor, const float* multiplier,
                                          bool multiplier_per_tensor, int32_t y_zp, bool y_signed,
                                          const std::optional<In>& add_codes, bool add_product_first,
-                                         const std::array<float, 3>& add_rx_ry_k) {
+                                         const std::array<float, 3>& add_rx_ry_k, const std::optional<In>& add2_codes,
+                                         bool add2_product_first, const std::array<float, 3>& add2_rx_ry_k) {
   const int64_t M = static_cast<int64_t>(a.shape(0)), K = static_cast<int64_t>(a.shape(1));
   const qmm::PackedB* packed = nb::isinstance<qmm::PackedB>(b) ? nb::inst_ptr<qmm::PackedB>(b) : nullptr;
   In raw_b;
   if (!packed) raw_b = nb::cast<In>(b);  // a contiguous [K, N] array
   const int64_t N = packed ? packed->N : static_cast<int64_t>(raw_b.shape(1));
-  const auto add = add_stage("qlinear_matmul_2d", add_codes, add_product_first, add_rx_ry_k, M, N);
+  auto add = add_stage("qlinear_matmul_2d", add_codes, add_product_first, add_rx_ry_k, M, N);
+  const auto add2 = add_stage("qlinear_matmul_2d", add2_codes, add2_product_first, add2_rx_ry_k, M, N);
+  if (add2 && !add) throw std::invalid_argument("qlinear_matmul_2d: add2_codes without add_codes");
+  if (add2) add->next = &*add2;
   NewArray<uint8_t> y({M, N});
   {
     nb::gil_scoped_release release;
@@ -440,8 +450,7 @@ void bind_qlinear_matmul(nb::module_& m) {
       },
       nb::arg("a"), nb::arg("a_signed"), nb::arg("a_index"), nb::arg("a_zp"), nb::arg("b"), nb::arg("b_signed"),
       nb::arg("b_index"), nb::arg("b_zp"), nb::arg("bias"), nb::arg("multiplier"), nb::arg("y"), nb::arg("y_signed"),
-      nb::arg("y_zp"), nb::arg("add_codes") = nb::none(), nb::arg("add_product_first") = true,
-      nb::arg("add_rx_ry_k") = std::array<float, 3>{0, 0, 0});
+      nb::arg("y_zp"), QMM_ADD_STAGE_ARGS(add));
   // The same for a convolution read in place (QGemmProblem::a_offsets): x channels-last, its receptive
   // fields offsets [M, taps] (conv_offsets), pad x's zero point; a_zp [1, M]. False, computing nothing,
   // where the entry in use cannot read it (taps_usable): the caller forms an im2col instead.
@@ -477,8 +486,7 @@ void bind_qlinear_matmul(nb::module_& m) {
       },
       nb::arg("x"), nb::arg("offsets"), nb::arg("pad"), nb::arg("a_zp"), nb::arg("b"), nb::arg("b_signed"),
       nb::arg("b_index"), nb::arg("b_zp"), nb::arg("bias"), nb::arg("multiplier"), nb::arg("y"), nb::arg("y_signed"),
-      nb::arg("y_zp"), nb::arg("add_codes") = nb::none(), nb::arg("add_product_first") = true,
-      nb::arg("add_rx_ry_k") = std::array<float, 3>{0, 0, 0});
+      nb::arg("y_zp"), QMM_ADD_STAGE_ARGS(add));
   m.def("qlinear_matmul_onnx_reference", qlinear_binding<double, qmm::qlinear_matmul_onnx_reference>);
 
   // MatMulInteger: (a - a_zp) x (b - b_zp) in wrapping int32, [batch, M, N]; the operands as the
@@ -500,32 +508,35 @@ void bind_qlinear_matmul(nb::module_& m) {
   // QLinearMatMul's common case, 2-D a and b, per-tensor a and y parameters, b per tensor or per
   // column: the ONNX Runtime numerics with the multiplier(s) computed by the caller.
   // add_codes (or None), add_product_first, add_rx_ry_k: a QLinearAdd of the product and a row of codes
-  // after it (qmm::QLinearAddStage; the session's QLinearMatMul -> QLinearAdd(bias) pairs).
+  // after it (qmm::QLinearAddStage; the session's QLinearMatMul -> QLinearAdd(bias) pairs); add2_*: a
+  // second one on that add's output, of an [M, N] matrix of codes (a residual).
   m.def(
       "qlinear_matmul_2d_onnxruntime",
       [](const In& a, bool a_signed, int32_t a_zp, nb::handle b, bool b_signed, const In& b_zp, const In& multiplier,
          int32_t y_zp, bool y_signed, const std::optional<In>& add_codes, bool add_product_first,
-         const std::array<float, 3>& add_rx_ry_k) {
+         const std::array<float, 3>& add_rx_ry_k, const std::optional<In>& add2_codes, bool add2_product_first,
+         const std::array<float, 3>& add2_rx_ry_k) {
         const bool per_tensor = multiplier.shape(0) == 1;
         return qlinear_matmul_2d(a, a_signed, a_zp, b, b_signed, static_cast<const int32_t*>(b_zp.data()),
                                  b_zp.shape(0) == 1, static_cast<const float*>(multiplier.data()), per_tensor, y_zp,
-                                 y_signed, add_codes, add_product_first, add_rx_ry_k);
+                                 y_signed, add_codes, add_product_first, add_rx_ry_k, add2_codes, add2_product_first,
+                                 add2_rx_ry_k);
       },
       nb::arg("a"), nb::arg("a_signed"), nb::arg("a_zp"), nb::arg("b"), nb::arg("b_signed"), nb::arg("b_zp"),
-      nb::arg("multiplier"), nb::arg("y_zp"), nb::arg("y_signed"), nb::arg("add_codes") = nb::none(),
-      nb::arg("add_product_first") = true, nb::arg("add_rx_ry_k") = std::array<float, 3>{0, 0, 0});
+      nb::arg("multiplier"), nb::arg("y_zp"), nb::arg("y_signed"), QMM_ADD_STAGE_ARGS(add), QMM_ADD_STAGE_ARGS(add2));
   // The same with per-tensor b parameters as Python numbers (no arrays to build for a small call).
   m.def(
       "qlinear_matmul_2d_per_tensor",
       [](const In& a, bool a_signed, int32_t a_zp, nb::handle b, bool b_signed, int32_t b_zp, float multiplier,
          int32_t y_zp, bool y_signed, const std::optional<In>& add_codes, bool add_product_first,
-         const std::array<float, 3>& add_rx_ry_k) {
+         const std::array<float, 3>& add_rx_ry_k, const std::optional<In>& add2_codes, bool add2_product_first,
+         const std::array<float, 3>& add2_rx_ry_k) {
         return qlinear_matmul_2d(a, a_signed, a_zp, b, b_signed, &b_zp, true, &multiplier, true, y_zp, y_signed,
-                                 add_codes, add_product_first, add_rx_ry_k);
+                                 add_codes, add_product_first, add_rx_ry_k, add2_codes, add2_product_first,
+                                 add2_rx_ry_k);
       },
       nb::arg("a"), nb::arg("a_signed"), nb::arg("a_zp"), nb::arg("b"), nb::arg("b_signed"), nb::arg("b_zp"),
-      nb::arg("multiplier"), nb::arg("y_zp"), nb::arg("y_signed"), nb::arg("add_codes") = nb::none(),
-      nb::arg("add_product_first") = true, nb::arg("add_rx_ry_k") = std::array<float, 3>{0, 0, 0});
+      nb::arg("multiplier"), nb::arg("y_zp"), nb::arg("y_signed"), QMM_ADD_STAGE_ARGS(add), QMM_ADD_STAGE_ARGS(add2));
 
   // Batches of products with every parameter per tensor, a [B, M, K] and b [B, K, N] contiguous
   // (attention's): y [B, M, N], the index maps and zero-point arrays built here, not in Python.

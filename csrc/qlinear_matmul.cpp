@@ -216,10 +216,12 @@ struct NoFusion {
 void add_stage(const QLinearAddStage& add, bool is_signed, uint8_t* y, int64_t ldy, int64_t rows, int64_t row0,
                int64_t n0, int64_t cols) {
   for (int64_t r = 0; r < rows; ++r) {
-    const uint8_t* codes = static_cast<const uint8_t*>(add.codes) + (row0 + r) * add.ld + n0;
     uint8_t* row = y + r * ldy;
-    qlinear_add_span(add.product_first ? row : codes, add.product_first ? codes : row, cols, is_signed, add.rx, add.ry,
-                     add.k, row);
+    for (const QLinearAddStage* s = &add; s; s = s->next) {  // each add on the row while it is in cache
+      const uint8_t* codes = static_cast<const uint8_t*>(s->codes) + (row0 + r) * s->ld + n0;
+      qlinear_add_span(s->product_first ? row : codes, s->product_first ? codes : row, cols, is_signed, s->rx, s->ry,
+                       s->k, row);
+    }
   }
 }
 template <class Acc, class Epilogue, class Fused = NoFusion>

@@ -96,6 +96,7 @@ struct QLinearAddStage {
   bool product_first;
   float rx, ry, k;
   int64_t ld = 0;
+  const QLinearAddStage* next = nullptr;  // a second add on this one's output (a residual after a bias), or null
 };
 
 // The 8-bit integer output, contiguous [batch, M, N], and its (broadcast) zero point; add: a

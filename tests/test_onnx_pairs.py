@@ -253,3 +253,75 @@ def test_bad_input_to_a_pair_is_the_nodes_error():
     feed = {"x": np.zeros((1, 8, 9, 11), np.float32), "x2": np.zeros((1, 16, 9, 11), np.uint8)}
     with pytest.raises(TypeError, match="^InferenceSession.run: .*x must be int8 or uint8"):
         qo.InferenceSession(model).run(None, feed)
+
+
+def residual_after_bias_model(y_dtype, K, N, *, product_first=True, residual_first=False, seed=0):
+    """pair_model's product and bias add, then a second QLinearAdd of that output and a graph input r of its
+    shape (a transformer block's residual): out."""
+    model, w = pair_model(y_dtype, K, N, product_first=product_first, seed=seed)
+    rng = np.random.default_rng(100 + seed)
+    info = np.iinfo(y_dtype)
+    extra = {
+        "rs": np.float32(rng.uniform(0.02, 0.2)),
+        "rz": np.asarray(rng.integers(info.min, info.max + 1), y_dtype),
+        "os": np.float32(rng.uniform(0.05, 0.4)),
+        "oz": np.asarray(rng.integers(info.min, info.max + 1), y_dtype),
+    }
+    model.graph.initializer.extend(numpy_helper.from_array(np.asarray(v), k) for k, v in extra.items())
+    operands = [["y", "cs", "cz"], ["r", "rs", "rz"]]
+    if residual_first:
+        operands.reverse()
+    model.graph.node.append(
+        helper.make_node("QLinearAdd", [*operands[0], *operands[1], "os", "oz"], ["out"], domain=MS)
+    )
+    model.graph.input.append(helper.make_tensor_value_info("r", ELEM[np.dtype(y_dtype)], ["batch", "S", N]))
+    del model.graph.output[:]
+    model.graph.output.append(helper.make_tensor_value_info("out", ELEM[np.dtype(y_dtype)], None))
+    return model
+
+
+@pytest.mark.parametrize("y_dtype", [np.uint8, np.int8])
+def test_a_residual_after_the_bias_joins_the_pair(y_dtype, isa, monkeypatch):
+    """QLinearMatMul -> QLinearAdd(bias) -> QLinearAdd(residual): one call with two stages where the residual
+    is laid out as the product's rows; a transposed (not C-contiguous) residual runs its add as a node.
+    Both operand orders of both adds; the nodes' bits on each kernel level."""
+    from quantmatmul import qlinear
+
+    stages = []
+    with_add = qlinear.QLinearMatMul._with_add
+    monkeypatch.setattr(
+        qlinear.QLinearMatMul, "_with_add", lambda self, *a: stages.append(len(a[-1])) or with_add(self, *a)
+    )
+    info = np.iinfo(y_dtype)
+    for seed, (K, N, product_first, residual_first) in enumerate(
+        [(64, 96, True, False), (40, 37, False, True), (384, 130, True, True)]
+    ):
+        model = residual_after_bias_model(
+            y_dtype, K, N, product_first=product_first, residual_first=residual_first, seed=seed
+        )
+        session = qo.InferenceSession(model)
+        pairs = [e[0] for e in session._plan if isinstance(e[0], MatMulAdd)]
+        assert len(pairs) == 1 and pairs[0].residual is not None
+        plain = unpaired(model, monkeypatch)
+        rng = np.random.default_rng(seed)
+        a = rng.integers(0, 256, (2, 5, K)).astype(np.uint8)
+        r = rng.integers(info.min, info.max + 1, (2, 5, N)).astype(y_dtype)
+        for residual in (r, np.ascontiguousarray(r.transpose(1, 0, 2)).transpose(1, 0, 2)):
+            stages.clear()
+            got = session.run(None, {"a": a, "r": residual})[0]
+            want = plain.run(None, {"a": a, "r": residual})[0]
+            assert got.dtype == want.dtype and got.shape == want.shape and got.tobytes() == want.tobytes(), (K, N)
+            assert stages == [6 if residual.flags.c_contiguous else 3]
+
+
+@ORT_PINNED
+def test_a_residual_after_the_bias_is_onnxruntimes():
+    model = residual_after_bias_model(np.uint8, 96, 70, product_first=False, residual_first=True, seed=4)
+    rng = np.random.default_rng(5)
+    feed = {
+        "a": rng.integers(0, 256, (3, 4, 96)).astype(np.uint8),
+        "r": rng.integers(0, 256, (3, 4, 70)).astype(np.uint8),
+    }
+    got = qo.InferenceSession(model).run(None, feed)[0]
+    want = peers.session(model).run(None, feed)[0]
+    assert got.tobytes() == want.tobytes() and got.shape == want.shape

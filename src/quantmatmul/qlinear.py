@@ -673,8 +673,9 @@ def _fast_2d(a, a_scale, a_zero_point, b, b_scale, b_zero_point, y_scale, y_zero
     """a [..., K] times a matrix b, a and y per tensor: a's leading dimensions folded into its rows, as
     _foldable's product (one call, not a recursion through _run: 5 us of a transformer's [8, 16, 384]
     call); None where the call is not that case. add: () or (codes [N] of y's type, product first, (rx,
-    ry, k)), a QLinearAdd of the product and a row of codes applied as its blocks are written
-    (onnx/_pairs.py)."""
+    ry, k)), a QLinearAdd of the product and a row of codes applied as its blocks are written, and
+    optionally three more for a second one on that output with an [M, N] matrix of codes (a residual;
+    onnx/_pairs.py)."""
     if type(a) is not np.ndarray or a.ndim < 2 or b.ndim != 2 or not _is_int8(b.dtype):
         return None
     a_y = _per_tensor_a_y(a, a_scale, a_zero_point, y_scale, y_zero_point)

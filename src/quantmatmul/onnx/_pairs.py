@@ -26,32 +26,63 @@ _CODES = (np.dtype(np.uint8), np.dtype(np.int8))
 
 class MatMulAdd:
     """A QLinearMatMul -> QLinearAdd pair in the session's plan: ``_run(*the product's inputs)`` returns the
-    add's output."""
+    add's output. With a residual (``with_residual``), a second QLinearAdd of that output and another value
+    of the graph follows: ``_run(*the product's inputs, the other value)`` returns the second add's output."""
 
     def __init__(self, matmul, add, slot: int, codes: np.ndarray, parameters: tuple, add_inputs: list, call):
         self.matmul, self.add, self.slot, self.codes, self.call = matmul, add, slot, codes, call
         self.stage = (codes.reshape(-1), slot == 0, parameters)  # qlinear._fast_2d's add
         self.add_inputs = add_inputs  # the add's inputs, the product's slot None
+        self.residual = None  # (the second add, the first's output's slot in it, its parameters, its inputs)
         self.op_type = f"{matmul.op_type}+{add.op_type}"
         self.onnx_node = matmul.onnx_node  # (error messages name the product's node)
         self._qmm_attributes = {}  # (the session's _call: no attributes)
 
-    def _run(self, a, a_scale, a_zero_point, b, b_scale, b_zero_point, y_scale, y_zero_point=None):
-        y = None
+    def with_residual(self, add, slot: int, parameters: tuple, add_inputs: list) -> MatMulAdd:
+        self.residual = (add, slot, parameters, add_inputs)
+        self.op_type += f"+{add.op_type}"
+        return self
+
+    def _run(self, *inputs):
+        if self.residual is None:
+            product_inputs, other = list(inputs), None
+        else:
+            *product_inputs, other = inputs
+        a, a_scale, a_zero_point, _, _, _, y_scale, y_zero_point = product_inputs + [None] * (8 - len(product_inputs))
+        y, residual_done = None, False
         if type(a) is np.ndarray and a.ndim >= 1 and getattr(y_zero_point, "dtype", None) == self.codes.dtype:
+            shape = np.broadcast_shapes(a.shape[:-1] + (self.codes.size,), self.codes.shape)
             shapes = (a.shape[:-1] + (self.codes.size,), self.codes.shape)
             if _span_mode(*(shapes if self.slot == 0 else shapes[::-1])) == _SPANS:
+                stage = self.stage
+                if (
+                    self.residual is not None
+                    and type(other) is np.ndarray
+                    and other.dtype == self.codes.dtype
+                    and other.shape == shape
+                    and other.flags.c_contiguous
+                ):  # the residual's codes laid out as the product's rows: a second stage
+                    _, slot, parameters, _ = self.residual
+                    stage += (other.reshape(-1, self.codes.size), slot == 0, parameters)
+                    residual_done = True
                 try:
-                    y = self.matmul._held._with_add(a, a_scale, a_zero_point, y_scale, y_zero_point, self.stage)
+                    y = self.matmul._held._with_add(a, a_scale, a_zero_point, y_scale, y_zero_point, stage)
                 except (TypeError, ValueError):  # bad input: the node raises it, naming itself
                     y = None
-        if y is not None:
-            return (y.reshape(np.broadcast_shapes(y.shape, self.codes.shape)),)
-        inputs = [a, a_scale, a_zero_point, b, b_scale, b_zero_point, y_scale, y_zero_point]
-        (product,) = self.call(self.matmul, inputs)
-        add_inputs = list(self.add_inputs)
-        add_inputs[self.slot] = product
-        return self.call(self.add, add_inputs)
+            if y is not None:
+                y = y.reshape(shape)
+        if y is None:
+            residual_done = False
+            (product,) = self.call(self.matmul, product_inputs)
+            add_inputs = list(self.add_inputs)
+            add_inputs[self.slot] = product
+            (y,) = self.call(self.add, add_inputs)
+        if self.residual is None or residual_done:
+            return (y,)
+        add, slot, _, add_inputs = self.residual
+        add_inputs = list(add_inputs)
+        add_inputs[slot], add_inputs[3 - slot] = y, other
+        return self.call(add, add_inputs)
 
 
 class ConvAdd:
@@ -102,9 +133,31 @@ def matmul_adds(entries: list, constants: dict, graph_outputs: set, numerics: st
             continue
         if node.op_type == "QLinearMatMul" and getattr(node, "_held", None) is not None:
             found = _pair(node, inputs, entries[j], y, constants, call)
-            if found is not None:
-                placed[i] = (found, inputs, entries[j][2], False, entries[i][4])
-                dropped.add(j)
+            if found is None:
+                continue
+            placed[i] = (found, inputs, entries[j][2], False, entries[i][4])
+            dropped.add(j)
+            # a residual add after the bias (a transformer's attention and FFN outputs): the pair takes it too,
+            # where that add was (its other operand may come after the product)
+            z = entries[j][2][0] if len(entries[j][2]) == 1 else ""
+            z_users = readers.get(z, set())
+            if not z or z in graph_outputs or len(z_users) != 1:
+                continue
+            (k,) = z_users
+            if k in dropped or k in placed:
+                continue
+            residual = _residual(entries[k], z, found.codes.dtype, constants)
+            if residual is not None:
+                add, slot, parameters, values, other = residual
+                del placed[i]
+                dropped.add(i)
+                placed[k] = (
+                    found.with_residual(add, slot, parameters, values),
+                    (*inputs, other),
+                    entries[k][2],
+                    False,
+                    (*entries[i][4], other),
+                )
         elif node.op_type == "QLinearConv" and getattr(node, "_call", None) is not None:
             found = _conv_pair(node, entries[j], y, constants, call)
             if found is not None:
@@ -116,9 +169,10 @@ def matmul_adds(entries: list, constants: dict, graph_outputs: set, numerics: st
     return [placed.get(i, entry) for i, entry in enumerate(entries) if i not in dropped]
 
 
-def _conv_pair(conv, add_entry, y: str, constants: dict, call):
-    """(the ConvAdd, the other operand's name) for a convolution and the add reading its output y, where the
-    add's other operand is a value of the graph and its parameters constants; else None."""
+def _residual(add_entry, y: str, dtype, constants: dict):
+    """(the add, y's slot in it, its (rx, ry, k), its inputs with both operands' slots None, the other
+    operand's name) where an add reading y has another value of the graph as its other operand and its
+    parameters constants; else None."""
     add, add_inputs, _, context, _ = add_entry
     if context or add.op_type != "QLinearAdd" or (add.onnx_node.domain or "") != MS_DOMAIN:
         return None
@@ -129,7 +183,6 @@ def _conv_pair(conv, add_entry, y: str, constants: dict, call):
         return None
     slot = slots[0]
     other = add_inputs[3 - slot]
-    dtype = conv._call._y_zp.dtype
     if not other or other in constants or any(add_inputs[s] not in constants for s in (1, 2, 4, 5, 6, 7)):
         return None
     try:
@@ -138,6 +191,16 @@ def _conv_pair(conv, add_entry, y: str, constants: dict, call):
         return None
     parameters = _add_parameters(float(a_s), zpa, float(b_s), zpb, float(c_s), zpc)  # (x, y) = (A, B)
     values = [None if not name or i in (0, 3) else constants[name] for i, name in enumerate(add_inputs)]
+    return add, slot, parameters, values, other
+
+
+def _conv_pair(conv, add_entry, y: str, constants: dict, call):
+    """(the ConvAdd, the other operand's name) for a convolution and the add reading its output y, where the
+    add's other operand is a value of the graph and its parameters constants; else None."""
+    residual = _residual(add_entry, y, conv._call._y_zp.dtype, constants)
+    if residual is None:
+        return None
+    add, slot, parameters, values, other = residual
     return ConvAdd(conv, add, slot, parameters, values, call), other
 
 

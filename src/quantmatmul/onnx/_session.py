@@ -102,8 +102,9 @@ class InferenceSession:
     QuantizeLinear, QLinearAdd, QLinearMul) runs once on the type's 256 codes and then as a table lookup
     per element, the same bits (onnx/_tables.py; ``tabulated``: the groups' node names). In numerics
     "onnxruntime" a QLinearMatMul with a constant b whose output only a QLinearAdd of a constant row of
-    codes reads (a MatMul's bias) runs with the add applied to its output blocks as they are written,
-    and a QLinearConv whose output only a QLinearAdd of another value reads (a residual) likewise, the
+    codes reads (a MatMul's bias) runs with the add applied to its output blocks as they are written
+    (and a residual QLinearAdd after it as a second stage), and a QLinearConv whose output only a
+    QLinearAdd of another value reads (a residual) likewise, the
     two nodes' bits (onnx/_pairs.py). The caller's model is never modified.
 
     ``run(output_names, input_feed)`` returns a list of numpy arrays (``output_names`` None: every
