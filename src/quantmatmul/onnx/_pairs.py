@@ -51,8 +51,8 @@ class MatMulAdd:
         a, a_scale, a_zero_point, _, _, _, y_scale, y_zero_point = product_inputs + [None] * (8 - len(product_inputs))
         y, residual_done = None, False
         if type(a) is np.ndarray and a.ndim >= 1 and getattr(y_zero_point, "dtype", None) == self.codes.dtype:
-            shape = np.broadcast_shapes(a.shape[:-1] + (self.codes.size,), self.codes.shape)
             shapes = (a.shape[:-1] + (self.codes.size,), self.codes.shape)
+            shape = np.broadcast_shapes(*shapes)
             if _span_mode(*(shapes if self.slot == 0 else shapes[::-1])) == _SPANS:
                 stage = self.stage
                 if (
@@ -112,8 +112,9 @@ class ConvAdd:
 
 def matmul_adds(entries: list, constants: dict, graph_outputs: set, numerics: str, call) -> list:
     """entries (the plan's, as onnx/_tables.py's code_tables takes them) with each such pair as one entry: a
-    QLinearMatMul -> QLinearAdd(bias) where the product was, a QLinearConv -> QLinearAdd (a residual) where
-    the add was (its other operand may come after the convolution)."""
+    QLinearMatMul -> QLinearAdd(bias) where the product was (where a residual QLinearAdd follows the bias,
+    the three where that add was), a QLinearConv -> QLinearAdd (a residual) where the add was (the other
+    operand may come after the product)."""
     if numerics != "onnxruntime":
         return entries
     readers = defaultdict(set)
@@ -169,27 +170,41 @@ def matmul_adds(entries: list, constants: dict, graph_outputs: set, numerics: st
     return [placed.get(i, entry) for i, entry in enumerate(entries) if i not in dropped]
 
 
-def _residual(add_entry, y: str, dtype, constants: dict):
-    """(the add, y's slot in it, its (rx, ry, k), its inputs with both operands' slots None, the other
-    operand's name) where an add reading y has another value of the graph as its other operand and its
-    parameters constants; else None."""
+def _reading(add_entry, y: str, constants: dict):
+    """(the add, its inputs, y's slot in it, the other operand's name) where add_entry is a com.microsoft
+    QLinearAdd (no subgraph) reading y as one operand, with its scales and zero points constants (and
+    checked once: BinaryScalars); else None."""
     add, add_inputs, _, context, _ = add_entry
     if context or add.op_type != "QLinearAdd" or (add.onnx_node.domain or "") != MS_DOMAIN:
         return None
     if getattr(add, "_scalars", None) is None or len(add_inputs) < 8:
         return None
     slots = [s for s in (0, 3) if add_inputs[s] == y]
-    if len(slots) != 1:
+    if len(slots) != 1 or any(add_inputs[s] not in constants for s in (1, 2, 4, 5, 6, 7)):
         return None
-    slot = slots[0]
-    other = add_inputs[3 - slot]
-    if not other or other in constants or any(add_inputs[s] not in constants for s in (1, 2, 4, 5, 6, 7)):
-        return None
+    return add, add_inputs, slots[0], add_inputs[3 - slots[0]]
+
+
+def _parameters(add, dtype):
+    """The add's float32 (rx, ry, k) for operands of dtype, (x, y) = (A, B); None where its scales or zero
+    points are refused (the add's own run raises that, as it would have)."""
     try:
         (a_s, b_s, c_s), (zpa, zpb, zpc) = add._scalars.checked(dtype)
     except (TypeError, ValueError):
         return None
-    parameters = _add_parameters(float(a_s), zpa, float(b_s), zpb, float(c_s), zpc)  # (x, y) = (A, B)
+    return _add_parameters(float(a_s), zpa, float(b_s), zpb, float(c_s), zpc)
+
+
+def _residual(add_entry, y: str, dtype, constants: dict):
+    """(the add, y's slot in it, its (rx, ry, k), its inputs with both operands' slots None, the other
+    operand's name) where an add reading y has another value of the graph as its other operand; else None."""
+    found = _reading(add_entry, y, constants)
+    if found is None:
+        return None
+    add, add_inputs, slot, other = found
+    parameters = _parameters(add, dtype) if other and other not in constants else None
+    if parameters is None:
+        return None
     values = [None if not name or i in (0, 3) else constants[name] for i, name in enumerate(add_inputs)]
     return add, slot, parameters, values, other
 
@@ -205,27 +220,18 @@ def _conv_pair(conv, add_entry, y: str, constants: dict, call):
 
 
 def _pair(matmul, inputs, add_entry, y: str, constants: dict, call):
-    """The MatMulAdd for a product and the add reading its output y, or None where they do not pair."""
-    add, add_inputs, _, context, _ = add_entry
-    if context or add.op_type != "QLinearAdd" or (add.onnx_node.domain or "") != MS_DOMAIN:
+    """The MatMulAdd for a product and the add reading its output y with a constant row of codes (a bias), or
+    None where they do not pair."""
+    found = _reading(add_entry, y, constants)
+    y_zero_point = constants.get(inputs[7]) if len(inputs) >= 8 and inputs[7] else None
+    if found is None or not isinstance(y_zero_point, np.ndarray) or y_zero_point.dtype not in _CODES:
         return None
-    if getattr(add, "_scalars", None) is None or len(inputs) < 8 or len(add_inputs) < 8:
-        return None
-    slots = [s for s in (0, 3) if add_inputs[s] == y]
-    y_zero_point = constants.get(inputs[7]) if inputs[7] else None
-    if len(slots) != 1 or not isinstance(y_zero_point, np.ndarray) or y_zero_point.dtype not in _CODES:
-        return None
-    slot = slots[0]
-    codes = constants.get(add_inputs[3 - slot])
-    N = matmul._held.b.shape[1]
+    add, add_inputs, slot, other = found
+    codes, N = constants.get(other), matmul._held.b.shape[1]
     if not isinstance(codes, np.ndarray) or codes.dtype != y_zero_point.dtype or N < 2:
         return None
-    if without_leading_ones(codes.shape) != (N,) or any(add_inputs[s] not in constants for s in (1, 2, 4, 5, 6, 7)):
+    parameters = _parameters(add, codes.dtype) if without_leading_ones(codes.shape) == (N,) else None
+    if parameters is None:
         return None
-    try:
-        (a_s, b_s, c_s), (zpa, zpb, zpc) = add._scalars.checked(codes.dtype)
-    except (TypeError, ValueError):  # the add's own run raises it, as it would have
-        return None
-    parameters = _add_parameters(float(a_s), zpa, float(b_s), zpb, float(c_s), zpc)  # (x, y) = (A, B)
     values = [None if not name or i == slot else constants[name] for i, name in enumerate(add_inputs)]
     return MatMulAdd(matmul, add, slot, np.ascontiguousarray(codes), parameters, values, call)
