@@ -297,6 +297,7 @@ void bind_runtime(nb::module_& m) {
                                                                 {"avx512dq", qmm::kFeatAvx512dq},
                                                                 {"avx512_vnni", qmm::kFeatAvx512vnni},
                                                                 {"avx512_bf16", qmm::kFeatAvx512bf16},
+                                                                {"avx512_vbmi", qmm::kFeatAvx512vbmi},
                                                                 {"avx_vnni", qmm::kFeatAvxVnni},
                                                                 {"amx_tile", qmm::kFeatAmxTile},
                                                                 {"amx_int8", qmm::kFeatAmxInt8},
@@ -357,6 +358,7 @@ void bind_runtime(nb::module_& m) {
                                                   {"avx512dq", f.avx512dq},
                                                   {"avx512vl", f.avx512vl},
                                                   {"avx512_vnni", f.avx512vnni},
+                                                  {"avx512_vbmi", f.avx512vbmi},
                                                   {"avx512_bf16", f.avx512bf16},
                                                   {"avx_vnni", f.avx_vnni},
                                                   {"amx_tile", f.amx_tile},
@@ -844,18 +846,26 @@ void bind_onnx_ops(nb::module_& m) {
   m.def("erf_paths", &qmm::erf_paths);
   m.def("keep_heap", &qmm::keep_heap);  // the session's heap settings (glibc)
   // out[i] = table[codes[i]] (onnx/_tables.py): codes uint8 contiguous, table 256 contiguous elements of
-  // 1, 2, 4 or 8 bytes, out contiguous of codes' size and table's element size; False for another size.
+  // 1, 2, 4 or 8 bytes, out contiguous of codes' size and table's element size; False for another size,
+  // or for a table of bytes and a path that is not there (lookup_paths()).
   using Contiguous = nb::ndarray<nb::ro, nb::c_contig, nb::device::cpu>;
-  m.def("lookup_codes", [](const Contiguous& codes, const Contiguous& table,
-                           nb::ndarray<nb::c_contig, nb::device::cpu> out) {
-    const auto count = static_cast<int64_t>(codes.size());
-    const auto bytes = static_cast<int>(table.itemsize());
-    if (codes.dtype() != nb::dtype<uint8_t>() || table.size() != 256 || static_cast<int64_t>(out.size()) != count ||
-        static_cast<int>(out.itemsize()) != bytes)
-      throw std::invalid_argument("lookup_codes: uint8 codes, a 256-entry table, out of codes' size and table's type");
-    nb::gil_scoped_release release;
-    return qmm::lookup_codes(static_cast<const uint8_t*>(codes.data()), count, table.data(), bytes, out.data());
-  });
+  m.def(
+      "lookup_codes",
+      [](const Contiguous& codes, const Contiguous& table, nb::ndarray<nb::c_contig, nb::device::cpu> out,
+         const std::string& path) {
+        const auto count = static_cast<int64_t>(codes.size());
+        const auto bytes = static_cast<int>(table.itemsize());
+        if (codes.dtype() != nb::dtype<uint8_t>() || table.size() != 256 || static_cast<int64_t>(out.size()) != count ||
+            static_cast<int>(out.itemsize()) != bytes)
+          throw std::invalid_argument(
+              "lookup_codes: uint8 codes, a 256-entry table, out of codes' size and table's type");
+        nb::gil_scoped_release release;
+        return qmm::lookup_codes(static_cast<const uint8_t*>(codes.data()), count, table.data(), bytes, out.data(),
+                                 path.c_str());
+      },
+      nb::arg("codes"), nb::arg("table"), nb::arg("out"), nb::arg("path") = "");
+  m.def("lookup_path", [] { return std::string(qmm::lookup_path()); });
+  m.def("lookup_paths", &qmm::lookup_paths);
   // QLinearAdd / QLinearMul (onnx/_qlinear_ops.py): x, y and out contiguous 8-bit codes of one size.
   // x and y of out's size, or one of them of a divisor of it (repeated: onnx_ops.h): (x, y, out) counts.
   const auto binary_counts = [](const char* fn, const In& x, const In& y, const Out& out) {

@@ -82,6 +82,7 @@ CpuFeatures detect() {
     f.avx512dq = (r[1] >> 17) & 1;
     f.avx512bw = (r[1] >> 30) & 1;
     f.avx512vl = (r[1] >> 31) & 1;
+    f.avx512vbmi = (r[2] >> 1) & 1;
     f.avx512vnni = (r[2] >> 11) & 1;
     f.amx_bf16 = (r[3] >> 22) & 1;
     f.amx_tile = (r[3] >> 24) & 1;
@@ -130,6 +131,7 @@ Features usable_features() {
     add(f.avx512dq, kFeatAvx512dq);
     add(f.avx512vnni, kFeatAvx512vnni);
     add(f.avx512bf16, kFeatAvx512bf16);
+    add(f.avx512vbmi, kFeatAvx512vbmi);
   }
   if (f.os_amx) {
     add(f.amx_tile, kFeatAmxTile);

@@ -29,6 +29,7 @@ enum Feature : uint32_t {
   kFeatAmxTile = 1u << 11,
   kFeatAmxInt8 = 1u << 12,
   kFeatAmxBf16 = 1u << 13,
+  kFeatAvx512vbmi = 1u << 14,
 };
 using Features = uint32_t;
 // What the AVX2 kernel files are compiled for (-mavx2 -mfma -mf16c -mbmi2), and so what the
@@ -39,6 +40,7 @@ constexpr Features kAvx512Features = kAvx2Features | kFeatAvx512f | kFeatAvx512b
 struct CpuFeatures {
   bool avx2 = false, fma = false, f16c = false, bmi2 = false;
   bool avx512f = false, avx512bw = false, avx512dq = false, avx512vl = false, avx512vnni = false, avx512bf16 = false;
+  bool avx512vbmi = false;
   bool avx_vnni = false;
   bool amx_tile = false, amx_int8 = false, amx_bf16 = false;
   bool os_avx = false, os_avx512 = false, os_amx = false;  // the OS saves the registers (XCR0, arch_prctl)

@@ -75,8 +75,17 @@ void layer_norm_rows(const float* x, int64_t rows, int64_t cols, const float* sc
 
 // out[i] = table[codes[i]] for i in [0, count): an element-wise group of the session on one 8-bit
 // tensor, run once on its 256 codes (onnx/_tables.py); table 256 elements of element_bytes each
-// (1, 2, 4 or 8; false, computing nothing, otherwise). Over the thread pool.
-bool lookup_codes(const uint8_t* codes, int64_t count, const void* table, int element_bytes, void* out);
+// (1, 2, 4 or 8; false, computing nothing, otherwise). Over the thread pool. Tables of bytes go
+// through `path`: "scalar" (a load of the code and one of the entry each), "avx512vbmi"
+// (kernels/lookup_avx512vbmi.cpp: 64 codes at a time), "avx512vbmi-emulated" (that code over
+// SIMDe, for the tests), or "" (the one lookup_path() names); false for a path that is not there.
+bool lookup_codes(const uint8_t* codes, int64_t count, const void* table, int element_bytes, void* out,
+                  const char* path = "");
+// The path "" takes now: "avx512vbmi" where it is built, the CPU has AVX-512 VBMI (with F, BW, DQ,
+// VL) and the kernel level (set_isa, hidden features) is avx512_vnni or higher, else "scalar".
+const char* lookup_path();
+// The paths this build and CPU can run.
+std::vector<std::string> lookup_paths();
 
 // The C library's heap keeps up to top_pad bytes of freed memory at its top for reuse instead of
 // handing them back to the system, and serves blocks below mmap_threshold bytes from the heap

@@ -122,10 +122,14 @@ thread_local bool t_inside_task = false;
 // How long the caller of a job spins for its helpers to finish before it sleeps (Pool::run): about
 // what waking it would cost, so that waiting costs at most twice the better choice.
 constexpr std::chrono::microseconds kDoneSpin{50};
-// Inside a ParallelRegion: how long a helper spins for the region's next job before it sleeps (a
-// caller's serial step between jobs takes some microseconds to some tens: A's quantization at
-// 64 x 384 about 12).
-constexpr std::chrono::microseconds kRegionSpin{100};
+// Inside a ParallelRegion: how long a helper spins for the region's next job before it sleeps. A
+// caller's serial steps between jobs take some microseconds to some hundreds: in the ONNX session,
+// the Python nodes between two products (all-MiniLM-L6-v2, one sentence of 16 tokens: a median 20-65
+// us between products, and up to about 170 us from one pool job to the next across an attention's
+// softmax). A helper asleep by then wakes after the next small job is over (tens of microseconds on a
+// VM): with 100 us, the model's 384 x 384 products ran at their one-thread time (20.6 us, 12.4 us
+// back to back).
+constexpr std::chrono::microseconds kRegionSpin{1000};
 
 inline void cpu_relax() {
 #if defined(__x86_64__) || defined(__i386__)

@@ -41,7 +41,7 @@ void parallel_ranges(int64_t count, int64_t task, int64_t min_per_thread, Range&
 }
 
 // While alive, up to threads - 1 of the pool's helpers stay awake for this thread's parallel_for
-// calls: woken when it begins, each spins for the next job (up to 100 microseconds at a time)
+// calls: woken when it begins, each spins for the next job (up to a millisecond at a time)
 // instead of sleeping. For a call made of serial steps and jobs (A prepared by the caller, then
 // the products; or two jobs in a row): one wake-up, overlapped with the first serial step, instead
 // of one after each step. Ends with the call: no helper spins between calls. None begins where the

@@ -225,3 +225,46 @@ def test_cli_run_tabulates_unless_told_not_to(tmp_path, capsys):
         text = capsys.readouterr().out
         assert (note in text) if note else ("lookup" not in text)
         assert np.load(out_dir / "y.npy").tobytes() == want.tobytes()
+
+
+def test_lookup_paths_give_the_table_s_entries():
+    # Every path of the byte tables (scalar, AVX-512 VBMI natively and over SIMDe) against numpy's
+    # indexing: lengths around a vector of 64 and across tasks, codes at both ends, in place (out is the
+    # codes), and a path off this CPU refused; wider entries take the scalar loop whatever the path.
+    from quantmatmul import _core
+
+    paths = _core.lookup_paths()
+    assert paths[0] == "scalar" and set(paths) <= {"scalar", "avx512vbmi", "avx512vbmi-emulated"}
+    rng = np.random.default_rng(5)
+    table = rng.permutation(256).astype(np.uint8)
+    for path in paths:
+        for n in (0, 1, 13, 63, 64, 65, 127, 128, 129, 1000, 262144 + 77, 600000):
+            x = rng.integers(0, 256, n, dtype=np.uint8)
+            x[: min(n, 2)] = [0, 255][: min(n, 2)]
+            out = np.full(n, 7, np.uint8)
+            assert _core.lookup_codes(x, table, out, path)
+            assert np.array_equal(out, table[x]), (path, n)
+            want, before = table[x], x.copy()
+            assert _core.lookup_codes(x, table, x, path)  # in place
+            assert np.array_equal(x, want), (path, n)
+            wide = np.arange(256, dtype=np.float32) * 1.5
+            got = np.empty(n, np.float32)
+            assert _core.lookup_codes(before, wide, got, path)
+            assert np.array_equal(got, wide[before])
+    assert not _core.lookup_codes(np.zeros(3, np.uint8), table, np.empty(3, np.uint8), "no such path")
+    if "avx512vbmi" not in paths:
+        assert not _core.lookup_codes(np.zeros(3, np.uint8), table, np.empty(3, np.uint8), "avx512vbmi")
+
+
+def test_lookup_path_follows_the_kernel_level():
+    import quantmatmul
+    from quantmatmul import _core
+
+    before = quantmatmul.cpu_info()["isa"]
+    try:
+        quantmatmul.set_isa("avx2" if "avx2" in quantmatmul.cpu_info()["available_isas"] else "portable")
+        assert _core.lookup_path() == "scalar"
+        quantmatmul.set_isa(quantmatmul.cpu_info()["best_isa"])
+        assert _core.lookup_path() == ("avx512vbmi" if "avx512vbmi" in _core.lookup_paths() else "scalar")
+    finally:
+        quantmatmul.set_isa(before)

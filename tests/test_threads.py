@@ -168,7 +168,7 @@ def test_a_forked_child_gets_a_pool_of_its_own():
 def test_a_parallel_region_keeps_results_and_leaves_no_thread_spinning():
     """_core.ParallelRegion (the session's run holds one): products inside give the same bits; regions nest,
     end on an exception, and run beside another thread's products; a helper spins only briefly after each
-    job (about 100 us), so neither an idle region nor its end leaves a core busy."""
+    job (up to a millisecond), so neither an idle region nor its end leaves a core busy."""
     import threading
     import time
 
