@@ -147,6 +147,27 @@ class QLinearMatMul:
         b = (self.b, self.b_scale, self.b_zero_point)
         return _fast_2d(a, a_scale, a_zero_point, *b, y_scale, y_zero_point, self._packed_for_kernels(), add)
 
+    def _bind(self, a_scale, a_zero_point, y_scale, y_zero_point):
+        """For parameters that stay the same from call to call (a model's initializers): a function of (a,
+        add=()) giving what _with_add gives for them, with a's type, rank and K the only checks per call (a
+        of a_zero_point's type), or None where _with_add never takes them. The function returns None for an
+        a it does not take: the caller then runs the general call."""
+        a_dtype = _zero_point_dtype(a_zero_point)
+        if a_dtype is None or self.b.ndim != 2 or not _is_int8(self.b.dtype):
+            return None
+        b = (self.b, self.b_scale, self.b_zero_point)
+        call = _fast_2d_call(a_dtype, a_scale, a_zero_point, *b, y_scale, y_zero_point)
+        if call is None:
+            return None
+        K, N = self.b.shape
+
+        def product(a, add=()):
+            if type(a) is not np.ndarray or a.dtype is not a_dtype or a.ndim < 2 or a.shape[-1] != K:
+                return None
+            return _product_2d(a, self._packed_for_kernels(), N, call, add)
+
+        return product
+
     def __repr__(self) -> str:
         return (
             f"QLinearMatMul(b: {self.b.dtype} {self.b.shape}, b_scale: {self.b_scale.dtype} {self.b_scale.shape}, "
@@ -621,43 +642,78 @@ def _fast_batched(a, a_scale, a_zero_point, b, b_scale, b_zero_point, y_scale, y
     """Batches of matrices of one batch shape, a and b per call (attention's products), every parameter per
     tensor: the integer kernel on [B, M, K] x [B, K, N] without the general path's normalization (its
     Python was most of a call of 96 16 x 32 x 16 products). None where the call is not that case."""
-    if (
-        type(a) is not np.ndarray
-        or type(b) is not np.ndarray
-        or a.ndim < 3
-        or a.shape[:-2] != b.shape[:-2]
-        or a.shape[-1] != b.shape[-2]
-        or not _is_int8(b.dtype)
-    ):
+    if type(a) is not np.ndarray or type(b) is not np.ndarray or not _is_int8(b.dtype):
         return None
-    a_y, sb = _per_tensor_a_y(a, a_scale, a_zero_point, y_scale, y_zero_point), _per_tensor_f32(b_scale)
+    parameters = _batched_parameters(
+        a.dtype, a_scale, a_zero_point, b.dtype, b_scale, b_zero_point, y_scale, y_zero_point
+    )
+    return None if parameters is None else _batched(a, b, parameters)
+
+
+def _batched_parameters(a_dtype, a_scale, a_zero_point, b_dtype, b_scale, b_zero_point, y_scale, y_zero_point):
+    """_fast_batched's kernel arguments but a and b, (a_signed, za, b_signed, zb, m, zy, y_signed), for a of
+    a_dtype and b of b_dtype (int8 or uint8) with these parameters; None where they are not that case."""
+    a_y, sb = _per_tensor_a_y(a_dtype, a_scale, a_zero_point, y_scale, y_zero_point), _per_tensor_f32(b_scale)
     if a_y is None or sb is None:
         return None
     sa, za, sy, zy = a_y
-    zb, m = _per_tensor_int(b_zero_point, b.dtype, b_scale), _per_tensor_multiplier(sa, sb, sy)
+    zb, m = _per_tensor_int(b_zero_point, b_dtype, b_scale), _per_tensor_multiplier(sa, sb, sy)
     if zb is None or m is None:
+        return None
+    return a_dtype is _I8, za, b_dtype is _I8, zb, m, zy, _zero_point_dtype(y_zero_point) is _I8
+
+
+def _bind_batched(a_scale, a_zero_point, b_scale, b_zero_point, y_scale, y_zero_point):
+    """For parameters that stay the same from call to call (a model's initializers): a function of (a, b)
+    giving what qlinear_matmul gives in numerics "onnxruntime" where _fast_batched takes the call (a and b of
+    their zero points' types, ndarrays, b not a matrix), else None; or None where it never does."""
+    a_dtype, b_dtype = _zero_point_dtype(a_zero_point), _zero_point_dtype(b_zero_point)
+    if a_dtype is None or not _is_int8(b_dtype):
+        return None
+    parameters = _batched_parameters(
+        a_dtype, a_scale, a_zero_point, b_dtype, b_scale, b_zero_point, y_scale, y_zero_point
+    )
+    if parameters is None:
+        return None
+
+    def product(a, b):
+        if type(a) is not np.ndarray or type(b) is not np.ndarray or a.dtype is not a_dtype or b.dtype is not b_dtype:
+            return None
+        return _batched(a, b, parameters)
+
+    return product
+
+
+def _batched(a, b, parameters):
+    """_fast_batched's product of ndarrays a and b of the types parameters were formed for, or None where
+    their shapes are not that case."""
+    if a.ndim < 3 or a.shape[:-2] != b.shape[:-2] or a.shape[-1] != b.shape[-2]:
         return None
     (M, K), N, count = a.shape[-2:], b.shape[-1], prod(a.shape[:-2])
     if count == 0 or M == 0 or N == 0 or K == 0:
         return None
     a3, b3 = np.ascontiguousarray(a).reshape(count, M, K), np.ascontiguousarray(b).reshape(count, K, N)
-    y = _core.qlinear_matmul_batched_per_tensor(
-        a3, a.dtype is _I8, za, b3, b.dtype is _I8, zb, m, zy, y_zero_point.dtype is _I8
-    )
+    a_signed, za, b_signed, zb, m, zy, y_signed = parameters
+    y = _core.qlinear_matmul_batched_per_tensor(a3, a_signed, za, b3, b_signed, zb, m, zy, y_signed)
     return y.reshape(a.shape[:-1] + (N,))
 
 
-def _per_tensor_a_y(a, a_scale, a_zero_point, y_scale, y_zero_point):
-    """(a_scale, a_zero_point, y_scale, y_zero_point) as Python numbers where a (int8 or uint8) and y have
-    one valid scale and zero point each and y's zero point is int8 or uint8, else None."""
-    t = type(y_zero_point)
-    y_dtype = y_zero_point.dtype if t is np.ndarray else _INT8_SCALARS.get(t)
-    if not _is_int8(a.dtype) or not _is_int8(y_dtype):
+def _zero_point_dtype(zero_point):
+    """The dtype of an int8 / uint8 zero point given as an array or a numpy scalar, else None."""
+    t = type(zero_point)
+    return zero_point.dtype if t is np.ndarray else _INT8_SCALARS.get(t)
+
+
+def _per_tensor_a_y(a_dtype, a_scale, a_zero_point, y_scale, y_zero_point):
+    """(a_scale, a_zero_point, y_scale, y_zero_point) as Python numbers where a (of a_dtype: int8 or uint8) and
+    y have one valid scale and zero point each and y's zero point is int8 or uint8, else None."""
+    y_dtype = _zero_point_dtype(y_zero_point)
+    if not _is_int8(a_dtype) or not _is_int8(y_dtype):
         return None
     sa, sy = _per_tensor_f32(a_scale), _per_tensor_f32(y_scale)
     if sa is None or sy is None:
         return None
-    za = _per_tensor_int(a_zero_point, a.dtype, a_scale)
+    za = _per_tensor_int(a_zero_point, a_dtype, a_scale)
     zy = _per_tensor_int(y_zero_point, y_dtype, y_scale)
     return None if za is None or zy is None else (sa, za, sy, zy)
 
@@ -676,24 +732,32 @@ def _fast_2d(a, a_scale, a_zero_point, b, b_scale, b_zero_point, y_scale, y_zero
     ry, k)), a QLinearAdd of the product and a row of codes applied as its blocks are written, and
     optionally three more for a second one on that output with an [M, N] matrix of codes (a residual;
     onnx/_pairs.py)."""
-    if type(a) is not np.ndarray or a.ndim < 2 or b.ndim != 2 or not _is_int8(b.dtype):
+    if type(a) is not np.ndarray or a.ndim < 2 or b.ndim != 2 or not _is_int8(b.dtype) or a.shape[-1] != b.shape[0]:
         return None
-    a_y = _per_tensor_a_y(a, a_scale, a_zero_point, y_scale, y_zero_point)
-    if a_y is None or a.shape[-1] != b.shape[0]:
+    call = _fast_2d_call(a.dtype, a_scale, a_zero_point, b, b_scale, b_zero_point, y_scale, y_zero_point)
+    if call is None:
+        return None
+    b_operand = packed_b if packed_b is not None else np.ascontiguousarray(b)  # packed per call, in cache
+    return _product_2d(a, b_operand, b.shape[1], call, add)
+
+
+def _fast_2d_call(a_dtype, a_scale, a_zero_point, b, b_scale, b_zero_point, y_scale, y_zero_point):
+    """(the kernel function, its arguments after a and b: a_signed, za, b_signed, zb, m, zy, y_signed) of
+    _fast_2d's call for an a of a_dtype and these parameters (b an int8 or uint8 matrix), or None where
+    they are not that case: zb and m numbers for a per-tensor b, else int32 and float32 arrays [N]."""
+    a_y = _per_tensor_a_y(a_dtype, a_scale, a_zero_point, y_scale, y_zero_point)
+    if a_y is None:
         return None
     sa, za, sy, zy = a_y
     N = b.shape[1]
-    a_operand = np.ascontiguousarray(a if a.ndim == 2 else a.reshape(prod(a.shape[:-1]), a.shape[-1]))
-    b_operand = packed_b if packed_b is not None else np.ascontiguousarray(b)  # packed per call, in cache
-    a_signed, b_signed, y_signed = a.dtype is _I8, b.dtype is _I8, y_zero_point.dtype is _I8
+    signs = a_dtype is _I8, b.dtype is _I8, _zero_point_dtype(y_zero_point) is _I8
     sb = _per_tensor_f32(b_scale)
     if sb is not None:
         zb, m = _per_tensor_int(b_zero_point, b.dtype, b_scale), _per_tensor_multiplier(sa, sb, sy)
         if zb is None or m is None:
             return None
-        y = _core.qlinear_matmul_2d_per_tensor(a_operand, a_signed, za, b_operand, b_signed, zb, m, zy, y_signed, *add)
-        return y if a.ndim == 2 else y.reshape(a.shape[:-1] + (N,))
-    elif (
+        return _core.qlinear_matmul_2d_per_tensor, (signs[0], za, signs[1], zb, m, zy, signs[2])
+    if not (
         type(b_scale) is np.ndarray
         and b_scale.dtype == _F32
         and b_scale.shape == (N,)
@@ -703,16 +767,21 @@ def _fast_2d(a, a_scale, a_zero_point, b, b_scale, b_zero_point, y_scale, y_zero
         and np.isfinite(b_scale).all()
         and b_scale.all()
     ):
-        with np.errstate(over="ignore", under="ignore"):
-            multiplier = (np.float32(sa) * b_scale) / np.float32(sy)
-        if not np.isfinite(multiplier).all():
-            return None
-        b_zp = b_zero_point.astype(np.int32)
-    else:
         return None
-    y = _core.qlinear_matmul_2d_onnxruntime(
-        a_operand, a_signed, za, b_operand, b_signed, b_zp, multiplier, zy, y_signed, *add
-    )
+    with np.errstate(over="ignore", under="ignore"):
+        multiplier = (np.float32(sa) * b_scale) / np.float32(sy)
+    if not np.isfinite(multiplier).all():
+        return None
+    b_zp = b_zero_point.astype(np.int32)
+    return _core.qlinear_matmul_2d_onnxruntime, (signs[0], za, signs[1], b_zp, multiplier, zy, signs[2])
+
+
+def _product_2d(a, b_operand, N: int, call, add=()):
+    """_fast_2d's product of an ndarray a [..., K] (of the type call was formed for, ndim >= 2) and b's
+    operand (packed, or the contiguous matrix) with N columns."""
+    function, (a_signed, za, b_signed, zb, m, zy, y_signed) = call
+    a_operand = np.ascontiguousarray(a if a.ndim == 2 else a.reshape(prod(a.shape[:-1]), a.shape[-1]))
+    y = function(a_operand, a_signed, za, b_operand, b_signed, zb, m, zy, y_signed, *add)
     return y if a.ndim == 2 else y.reshape(a.shape[:-1] + (N,))
 
 

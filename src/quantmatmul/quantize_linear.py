@@ -217,7 +217,7 @@ def _single(value, dtypes):
     return value.item() if isinstance(value, np.generic) and value.dtype in dtypes else None
 
 
-def _per_tensor_call(x, scale, zero_point, zero_point_dtypes, axis, block_size, flag):
+def _per_tensor_call(scale, zero_point, zero_point_dtypes, axis, block_size, flag):
     """The most frequent call (an ndarray, per-tensor float32 scale, 8/16-bit integer or no zero point,
     default-typed attributes) checked with as little Python as gives the full path's verdict: the
     scale and zero point as numbers, or None (then the full path checks and runs it)."""
@@ -231,6 +231,51 @@ def _per_tensor_call(x, scale, zero_point, zero_point_dtypes, axis, block_size, 
     z = _single(zero_point, zero_point_dtypes)
     same_shape = np.shape(zero_point) == np.shape(scale) or {np.shape(zero_point), np.shape(scale)} <= {(), (1,)}
     return (s, z) if z is not None and same_shape else None
+
+
+def _bind_quantize(y_scale, y_zero_point, *, axis, block_size, saturate):
+    """quantize_linear's per-tensor call in C++ for these parameters: a function of x (a float32 ndarray)
+    giving quantize_linear(x, y_scale, y_zero_point, axis=axis, block_size=block_size, saturate=saturate),
+    or None where they are not that call (the full path checks and runs it). For parameters that stay the
+    same from call to call (a model's initializers), once."""
+    single = _per_tensor_call(y_scale, y_zero_point, _CORE_TYPES, axis, block_size, saturate)
+    if single is None:
+        return None
+    out_dtype = np.dtype(np.uint8) if y_zero_point is None else np.asarray(y_zero_point).dtype
+    scale, zero_point, kind = np.array([single[0]], _F32), np.array([single[1]], np.int32), _CORE_TYPES[out_dtype]
+
+    def quantize(x):
+        y = np.empty(x.shape, out_dtype)
+        _core.quantize_linear_f32(np.ascontiguousarray(x), scale, zero_point, max(1, x.size), kind, y)
+        return y
+
+    return quantize
+
+
+def _bind_dequantize(x_scale, x_zero_point, *, axis, block_size, x_dtype=None):
+    """dequantize_linear's per-tensor call in C++ for these parameters: a function of x (an ndarray) giving
+    dequantize_linear(x, x_scale, x_zero_point, axis=axis, block_size=block_size) where x has x_dtype (where
+    not given: x_zero_point's type, or with no zero point any 8- or 16-bit integer type), else None; or None
+    where the parameters are not that call. For parameters that stay the same from call to call, once."""
+    if x_dtype is not None:
+        dtypes = (x_dtype,)
+    elif x_zero_point is None:
+        dtypes = tuple(_CORE_TYPES)
+    else:
+        dtypes = (x_zero_point.dtype,) if isinstance(x_zero_point, (np.ndarray, np.generic)) else ()
+    single = _per_tensor_call(x_scale, x_zero_point, dtypes, axis, block_size, True)
+    if single is None or not set(dtypes) <= set(_CORE_TYPES):
+        return None
+    scale, zero_point = np.array([single[0]], _F32), np.array([single[1]], np.int32)
+
+    def dequantize(x):
+        if type(x) is not np.ndarray or x.dtype not in dtypes:
+            return None
+        y = np.empty(x.shape, _F32)
+        _core.dequantize_linear_f32(np.ascontiguousarray(x), _CORE_TYPES[x.dtype], scale, zero_point, max(1, x.size), y)
+        return y
+
+    return dequantize
 
 
 def _quantize(x, y_scale, y_zero_point, out_dtype, kind, ax, block_size, compute, saturate):
@@ -315,13 +360,9 @@ def quantize_linear(
     array([[  0,  13, 100]], dtype=uint8)
     """
     if type(x) is np.ndarray and x.dtype == _F32:
-        single = _per_tensor_call(x, y_scale, y_zero_point, _CORE_TYPES, axis, block_size, saturate)
-        if single is not None:
-            out_dtype = np.dtype(np.uint8) if y_zero_point is None else np.asarray(y_zero_point).dtype
-            y = np.empty(x.shape, out_dtype)
-            _core.quantize_linear_f32(np.ascontiguousarray(x), np.array([single[0]], _F32),
-                                      np.array([single[1]], np.int32), max(1, x.size), _CORE_TYPES[out_dtype], y)
-            return y
+        quantize = _bind_quantize(y_scale, y_zero_point, axis=axis, block_size=block_size, saturate=saturate)
+        if quantize is not None:
+            return quantize(x)
     prefix = "quantize_linear: "
     x = np.asarray(x)
     _check_dtype(prefix, "x", x.dtype, _QUANTIZE_INPUT_TYPES)
@@ -392,12 +433,9 @@ def dequantize_linear(
     array([[-1.  ,  0.26,  2.  ]], dtype=float32)
     """
     if type(x) is np.ndarray and x.dtype in _CORE_TYPES:
-        single = _per_tensor_call(x, x_scale, x_zero_point, (x.dtype,), axis, block_size, True)
-        if single is not None:
-            y = np.empty(x.shape, _F32)
-            _core.dequantize_linear_f32(np.ascontiguousarray(x), _CORE_TYPES[x.dtype], np.array([single[0]], _F32),
-                                        np.array([single[1]], np.int32), max(1, x.size), y)
-            return y
+        dequantize = _bind_dequantize(x_scale, x_zero_point, axis=axis, block_size=block_size, x_dtype=x.dtype)
+        if dequantize is not None:
+            return dequantize(x)
     prefix = "dequantize_linear: "
     x = np.asarray(x)
     _check_dtype(prefix, "x", x.dtype, _QUANT_TYPES)

@@ -29,9 +29,10 @@ class MatMulAdd:
     add's output. With a residual (``with_residual``), a second QLinearAdd of that output and another value
     of the graph follows: ``_run(*the product's inputs, the other value)`` returns the second add's output."""
 
-    def __init__(self, matmul, add, slot: int, codes: np.ndarray, parameters: tuple, add_inputs: list, call):
+    def __init__(self, matmul, add, slot: int, codes: np.ndarray, parameters: tuple, add_inputs: list, call, product):
         self.matmul, self.add, self.slot, self.codes, self.call = matmul, add, slot, codes, call
         self.stage = (codes.reshape(-1), slot == 0, parameters)  # qlinear._fast_2d's add
+        self.product = product  # the held product bound to its constant parameters (QLinearMatMul._bind), or None
         self.add_inputs = add_inputs  # the add's inputs, the product's slot None
         self.residual = None  # (the second add, the first's output's slot in it, its parameters, its inputs)
         self.op_type = f"{matmul.op_type}+{add.op_type}"
@@ -44,6 +45,10 @@ class MatMulAdd:
         return self
 
     def _run(self, *inputs):
+        if self.product is not None:
+            y = self._bound(inputs)
+            if y is not None:
+                return (y,)
         if self.residual is None:
             product_inputs, other = list(inputs), None
         else:
@@ -83,6 +88,32 @@ class MatMulAdd:
         add_inputs = list(add_inputs)
         add_inputs[slot], add_inputs[3 - slot] = y, other
         return self.call(add, add_inputs)
+
+    def _bound(self, inputs):
+        """The pair's output by the bound product (the product's parameters constants, checked once), or None
+        where it does not take the call: an a it does not take, or a residual not laid out as the product's
+        rows (the general path then runs that add as a node)."""
+        a, codes = inputs[0], self.codes
+        if type(a) is not np.ndarray or a.ndim < 1:
+            return None
+        shape = (1,) * (codes.ndim - a.ndim) + a.shape[:-1] + (codes.size,)
+        stage = self.stage
+        if self.residual is not None:
+            other = inputs[-1]
+            if not (
+                type(other) is np.ndarray
+                and other.dtype == codes.dtype
+                and other.shape == shape
+                and other.flags.c_contiguous
+            ):
+                return None
+            _, slot, parameters, _ = self.residual
+            stage += (other.reshape(-1, codes.size), slot == 0, parameters)
+        try:
+            y = self.product(a, stage)
+        except (TypeError, ValueError):  # bad input: the general path raises it, naming the node
+            return None
+        return None if y is None else y.reshape(shape)
 
 
 class ConvAdd:
@@ -234,4 +265,6 @@ def _pair(matmul, inputs, add_entry, y: str, constants: dict, call):
     if parameters is None:
         return None
     values = [None if not name or i == slot else constants[name] for i, name in enumerate(add_inputs)]
-    return MatMulAdd(matmul, add, slot, np.ascontiguousarray(codes), parameters, values, call)
+    fixed = [constants.get(inputs[i]) if inputs[i] else None for i in (1, 2, 6, 7)]
+    product = matmul._held._bind(*fixed) if all(isinstance(v, np.ndarray) for v in fixed) else None
+    return MatMulAdd(matmul, add, slot, np.ascontiguousarray(codes), parameters, values, call, product)

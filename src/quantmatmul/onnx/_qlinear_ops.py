@@ -82,7 +82,7 @@ def _binary_operands(fn, A, A_scale, A_zero_point, B, B_scale, B_zero_point, C_s
     if A.dtype != B.dtype:
         raise TypeError(f"{fn}: A and B must have one type, got {A.dtype} and {B.dtype}")
     try:
-        shape = np.broadcast_shapes(A.shape, B.shape)
+        shape = A.shape if A.shape == B.shape else np.broadcast_shapes(A.shape, B.shape)
     except ValueError:
         raise ValueError(f"{fn}: A {A.shape} and B {B.shape} do not broadcast") from None
     if scalars is not None:
@@ -184,7 +184,7 @@ def _operands(x: np.ndarray, y: np.ndarray, shape) -> tuple[np.ndarray, np.ndarr
     repeating the second; else they are broadcast and copied into C order."""
     shape = tuple(shape)
     for full, other in ((x, y), (y, x)):
-        if full.shape == shape and full.flags.c_contiguous and other.flags.c_contiguous and other.size < full.size:
+        if full.shape == shape and full.flags.c_contiguous and other.flags.c_contiguous and other.size <= full.size:
             trailing = without_leading_ones(other.shape)
             if shape[len(shape) - len(trailing) :] == trailing:
                 out = np.empty(shape, x.dtype)
@@ -346,34 +346,68 @@ def qlinear_softmax(X, X_scale, x_zero_point, Y_scale, y_zero_point, *, axis: in
     X = _quantized(fn, "X", X)
     if X.ndim == 0:
         raise ValueError(f"{fn}: X must have at least 1 dimension")
+    parameters = _softmax_parameters(X.dtype, X_scale, x_zero_point, Y_scale, y_zero_point, axis, opset)
+    if not -X.ndim <= axis < X.ndim:
+        raise ValueError(f"{fn}: axis {axis} is out of range for {X.ndim}-D X")
+    return _softmax(X, int(axis) % X.ndim, opset, *parameters)
+
+
+def _softmax_parameters(dtype, X_scale, x_zero_point, Y_scale, y_zero_point, axis, opset) -> tuple[float, float, int]:
+    """qlinear_softmax's parameters, checked for an X of dtype: (X_scale, Yd, y_zero_point) as numbers."""
+    fn = "QLinearSoftmax"
     x_s = _scale(fn, "X_scale", X_scale)
     if not x_s > 0:
         raise ValueError(f"{fn}: X_scale must be positive, got {x_s}")
     y_s = _scale(fn, "Y_scale", Y_scale)
-    _zero_point(fn, "x_zero_point", x_zero_point, X.dtype)
-    y_zp = _zero_point(fn, "y_zero_point", y_zero_point, X.dtype)
+    _zero_point(fn, "x_zero_point", x_zero_point, dtype)
+    y_zp = _zero_point(fn, "y_zero_point", y_zero_point, dtype)
     for name, value in (("axis", axis), ("opset", opset)):
         if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, np.integer)):
             raise TypeError(f"{fn}: {name} must be an int, got {type(value).__name__}")
     if opset < 1:
         raise ValueError(f"{fn}: opset must be at least 1, got {opset}")
-    if not -X.ndim <= axis < X.ndim:
-        raise ValueError(f"{fn}: axis {axis} is out of range for {X.ndim}-D X")
-    axis = int(axis) % X.ndim
-    if X.size == 0:
-        return np.empty(X.shape, X.dtype)
-
-    rows = X.reshape(math.prod(X.shape[:axis]), -1) if opset < 13 else np.moveaxis(X, axis, -1)
-    table = _softmax_table(float(x_s), rows.shape[-1])
     with np.errstate(all="ignore"):
         y_float = np.floor(_F32(1.0) / y_s)
         y_double = float(y_float) if np.isfinite(y_float) else float(np.floor(_F64(1.0) / _F64(y_s)))
+    return float(x_s), y_double, y_zp
+
+
+def bind_softmax(X_scale, x_zero_point, Y_scale, y_zero_point, *, axis: int = -1, opset: int):
+    """For parameters that stay the same from call to call (a session node's initializers and attributes):
+    a function of X giving qlinear_softmax(X, X_scale, x_zero_point, Y_scale, y_zero_point, axis=axis,
+    opset=opset) for an ndarray X of the zero points' type (uint8 without them) and a rank axis fits, else
+    None; or None where the parameters are refused (qlinear_softmax raises that at the call)."""
+    given = [np.asarray(z).dtype for z in (x_zero_point, y_zero_point) if z is not None]
+    dtype = given[0] if given else np.dtype(np.uint8)
+    if dtype not in _INT8:
+        return None
+    try:
+        parameters = _softmax_parameters(dtype, X_scale, x_zero_point, Y_scale, y_zero_point, axis, opset)
+    except (TypeError, ValueError):
+        return None
+
+    def softmax(X):
+        if type(X) is not np.ndarray or X.dtype != dtype or not -X.ndim <= axis < X.ndim:
+            return None
+        return _softmax(X, int(axis) % X.ndim, opset, *parameters)
+
+    return softmax
+
+
+def _softmax(X: np.ndarray, axis: int, opset: int, x_s: float, y_double: float, y_zp: int) -> np.ndarray:
+    """qlinear_softmax's values for a checked X (0 <= axis < X.ndim) and parameters."""
+    if X.size == 0:
+        return np.empty(X.shape, X.dtype)
+    if opset < 13:
+        rows = X.reshape(math.prod(X.shape[:axis]), -1)
+    else:
+        rows = X if axis == X.ndim - 1 else np.moveaxis(X, axis, -1)
+    table = _softmax_table(x_s, rows.shape[-1])
     if X.size > _NATIVE_FROM:  # the same arithmetic in C++, row by row
         x2 = np.ascontiguousarray(rows).reshape(-1, rows.shape[-1])
         y = np.empty(x2.shape, X.dtype)
         _core.qlinear_softmax_rows(x2, X.dtype == np.int8, table, y_double, y_zp, y)
-        y = y.reshape(rows.shape)
-        return y.reshape(X.shape) if opset < 13 else np.ascontiguousarray(np.moveaxis(y, -1, axis))
+        return _softmax_layout(y.reshape(rows.shape), X.shape, axis, opset)
     x = rows.astype(np.int32)
     e = table[255 - (x.max(axis=-1, keepdims=True) - x)]
     total = np.cumsum(e, axis=-1, dtype=_F32)[..., -1:]  # accumulate is sequential, in float32
@@ -381,4 +415,11 @@ def qlinear_softmax(X, X_scale, x_zero_point, Y_scale, y_zero_point, *, axis: in
         v = np.rint(e.astype(_F64) * y_double / total.astype(_F64)) + y_zp
         info = np.iinfo(X.dtype)
         y = np.where(np.isnan(v), 0, np.clip(v, info.min, info.max)).astype(X.dtype)
-    return y.reshape(X.shape) if opset < 13 else np.ascontiguousarray(np.moveaxis(y, -1, axis))
+    return _softmax_layout(y, X.shape, axis, opset)
+
+
+def _softmax_layout(y: np.ndarray, shape: tuple, axis: int, opset: int) -> np.ndarray:
+    """The softmax rows y (contiguous) in X's shape and layout."""
+    if opset < 13:
+        return y.reshape(shape)
+    return y if axis == len(shape) - 1 else np.ascontiguousarray(np.moveaxis(y, -1, axis))

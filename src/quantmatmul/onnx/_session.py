@@ -13,9 +13,9 @@ from onnx.reference.op_run import OpFunction, OpRun
 
 from .. import _core
 from ..matmul_nbits import MatMulNBits, matmul_nbits
-from ..qlinear import NUMERICS, QLinearMatMul, qlinear_matmul
+from ..qlinear import NUMERICS, QLinearMatMul, _bind_batched, qlinear_matmul
 from ..quantize_linear import _QUANT_TYPES as DEQUANTIZE_TYPES
-from ..quantize_linear import dequantize_linear, quantize_linear
+from ..quantize_linear import _bind_dequantize, _bind_quantize, dequantize_linear, quantize_linear
 from ._common import (
     AVERAGE_POOL_ATTRIBUTES,
     CONV_ATTRIBUTES,
@@ -38,7 +38,7 @@ from ._pairs import matmul_adds
 from ._pool import max_pool
 from ._qconv import QLinearConvCall, conv_integer, conv_weight, qlinear_conv
 from ._qgemm import QGemmCall, qgemm, qgemm_weight
-from ._qlinear_ops import BinaryScalars, qlinear_add, qlinear_mul, qlinear_softmax
+from ._qlinear_ops import BinaryScalars, bind_softmax, qlinear_add, qlinear_mul, qlinear_softmax
 from ._qlinear_pool import qlinear_average_pool, qlinear_global_average_pool
 from ._qlinear_unary import qlinear_concat, qlinear_leaky_relu, qlinear_sigmoid
 from ._tables import code_tables
@@ -130,13 +130,14 @@ class InferenceSession:
         if fuse_qdq:
             runs, self.fused = _fuse_qdq(self._model, in_place=owned)
         constants = {t.name: t for t in runs.graph.initializer}
+        self._folded = {}  # values computed once from initializers alone (_run_plan)
         try:
-            self._evaluator = ReferenceEvaluator(runs, new_ops=_op_classes(constants, numerics))
+            self._evaluator = ReferenceEvaluator(runs, new_ops=_op_classes(constants, numerics, self._folded))
         except _NodeError as error:
             raise error.public(self._FN) from None
         except Exception as error:  # onnx.reference refuses an operator or an attribute
             raise ValueError(f"{self._FN}: onnx.reference cannot run this model: {_first_line(error)}") from None
-        self._plan, self.tabulated = _run_plan(self._evaluator, numerics, tabulate)
+        self._plan, self.tabulated = _run_plan(self._evaluator, numerics, tabulate, self._folded)
         self._feed_spec = feed_spec(self._model)  # (the initializers' names read once, not per run)
         self._inputs = [arg for arg, _ in self._feed_spec.values()]
         self._outputs = [node_arg(v) for v in self._model.graph.output]
@@ -165,7 +166,7 @@ class InferenceSession:
         feed = check_feed(fn, self._model, input_feed, spec=self._feed_spec)
         try:
             with np.errstate(all="ignore"), _core.ParallelRegion():
-                return _run_nodes(self._evaluator, self._plan, output_names, feed)
+                return _run_nodes(self._evaluator, self._plan, output_names, feed, self._folded)
         except _NodeError as error:
             raise error.public(fn) from None
 
@@ -184,13 +185,14 @@ class InferenceSession:
 # every default op type 0.97-1.08x (8 x 16 and 36 x 19 tokens).
 
 
-def _run_plan(evaluator, numerics: str, tabulate: bool) -> tuple[list[tuple], list]:
+def _run_plan(evaluator, numerics: str, tabulate: bool, folded: dict) -> tuple[list[tuple], list]:
     """(for each node: (the node, its input names, its output names, whether it runs a subgraph that reads
     the outer values, and the values no later node reads: graph outputs, initializers and feeds are kept);
     with tabulate, element-wise groups on one 8-bit tensor as one lookup-table node each (onnx/_tables.py),
     and their nodes' names); in numerics "onnxruntime", QLinearMatMul -> QLinearAdd(bias) pairs as one
     call (onnx/_pairs.py). A node that runs a subgraph (If, Loop, Scan) reads outer values inside it:
-    they count as its inputs."""
+    they count as its inputs. Nodes that read initializers alone are run here, once (_fold: their outputs
+    go to folded), and the others bind to what they read that is fixed (_Op._bind)."""
     entries = [
         (
             node,
@@ -203,6 +205,11 @@ def _run_plan(evaluator, numerics: str, tabulate: bool) -> tuple[list[tuple], li
     ]
     overridden = set(evaluator.input_names)
     constants = {name: value for name, value in evaluator.rt_inits_.items() if name not in overridden}
+    entries = _fold(entries, constants, set(evaluator.output_names), folded)
+    constants.update(folded)
+    for entry in entries:
+        if isinstance(entry[0], _Op):
+            entry[0]._bind()
     entries = matmul_adds(entries, constants, set(evaluator.output_names), numerics, _call)
     tabulated = []
     if tabulate:
@@ -223,9 +230,38 @@ def _run_plan(evaluator, numerics: str, tabulate: bool) -> tuple[list[tuple], li
     return plan, tabulated
 
 
-def _run_nodes(evaluator, plan, output_names, feed) -> list[np.ndarray]:
+def _fold(entries: list, constants: dict, graph_outputs: set, folded: dict) -> list:
+    """entries without the nodes that read initializers (constants) alone, run once here in order, their
+    outputs put in folded (a QDQ model's DequantizeLinear of a LayerNormalization's weights, a Constant
+    node): ONNX Runtime folds them when it loads a model too. A node that runs a subgraph or draws random
+    numbers, one that writes a graph output, and one that fails (its run raises then) stay in the plan."""
+    kept = []
+    for entry in entries:
+        node, inputs, outputs, context, reads = entry
+        fixed = all(not name or name in constants or name in folded for name in reads)
+        if not fixed or context or node.onnx_node.op_type in _UNFOLDED or any(o in graph_outputs for o in outputs):
+            kept.append(entry)
+            continue
+        try:
+            with np.errstate(all="ignore"):
+                values = _call(node, [None if not name else folded.get(name, constants.get(name)) for name in inputs])
+        except Exception:  # noqa: BLE001 (the node raises it at the run, as it would have)
+            kept.append(entry)
+            continue
+        folded.update(zip(outputs, values))
+    return kept
+
+
+# Operators whose outputs are not a function of their inputs (random draws; Dropout in training mode).
+_UNFOLDED = frozenset(
+    {"RandomNormal", "RandomUniform", "RandomNormalLike", "RandomUniformLike", "Multinomial", "Bernoulli", "Dropout"}
+)
+
+
+def _run_nodes(evaluator, plan, output_names, feed, folded) -> list[np.ndarray]:
     results = {"": None}  # an absent optional input
     results.update(evaluator.rt_inits_)
+    results.update(folded)
     results.update(feed)
     for node, inputs_named, outputs_named, context, done in plan:
         try:
@@ -317,14 +353,33 @@ def _keep_heap() -> None:
 
 
 class _Op(OpRun):
-    constants: dict = {}
+    constants: dict = {}  # the model's initializers (TensorProto)
+    folded: dict = {}  # values the session computed once from them (_fold; arrays)
     numerics = "onnxruntime"
+
+    def _bind(self):
+        """Binds the node's call to the inputs it reads on every run (initializers, values the session folded),
+        checking them once: the operators with such a call override it. The session's plan calls it for the
+        nodes of the main graph (_run_plan); a subgraph's nodes run unbound."""
 
     def _run(self, *inputs, **attributes):
         try:
             return self._compute(*inputs, **attributes)
         except (TypeError, ValueError) as error:
             raise _NodeError(self.onnx_node, error) from error
+
+    def _fixed(self, indices):
+        """The inputs at these indices where each is an initializer or absent (None), as arrays: what the node
+        reads on every run, for the operators that check them once (bound calls); None otherwise."""
+        values = [self._constant(i) for i in indices]
+        return None if any(v is False for v in values) else values
+
+    def _fixed_attributes(self):
+        """The attributes the session's run passes to _compute (its _call: every one the node has, with the
+        schema's defaults), where none is linked (a function's); else None."""
+        if self.has_linked_attribute:
+            return None
+        return {name: getattr(self, name) for name in self.attributes_names_}
 
     def _constant(self, index):
         """The initializer at input `index`, as an array: None when the input is absent, False when it is not
@@ -333,7 +388,10 @@ class _Op(OpRun):
         if index >= len(names) or not names[index]:
             return None
         tensor = self.constants.get(names[index])
-        return False if tensor is None else to_array(tensor)
+        if tensor is None:
+            value = self.folded.get(names[index])
+            return False if value is None else value
+        return to_array(tensor)
 
 
 class _QLinearMatMul(_Op):
@@ -347,7 +405,29 @@ class _QLinearMatMul(_Op):
             except (TypeError, ValueError) as error:
                 raise _NodeError(onnx_node, error) from error
 
+    _product = _batched = None
+
+    def _bind(self):
+        # numerics "onnxruntime" with every parameter fixed: the fast product bound to them (checked once; a
+        # call it does not take runs the general one)
+        self._product = self._batched = None
+        fixed = [self._constant(i) for i in (1, 2, 4, 5, 6, 7)]
+        if self.numerics == "onnxruntime" and all(type(v) is np.ndarray for v in fixed):
+            a_scale, a_zero_point, b_scale, b_zero_point, y_scale, y_zero_point = fixed
+            if self._held is not None:
+                self._product = self._held._bind(a_scale, a_zero_point, y_scale, y_zero_point)
+            else:
+                self._batched = _bind_batched(*fixed)
+
     def _compute(self, a, a_scale, a_zero_point, b, b_scale, b_zero_point, y_scale, y_zero_point, **_):
+        if self._product is not None:
+            y = self._product(a)
+            if y is not None:
+                return (y,)
+        elif self._batched is not None:
+            y = self._batched(a, b)
+            if y is not None:
+                return (y,)
         if self._held is not None:
             return (self._held(a, a_scale, a_zero_point, y_scale, y_zero_point, numerics=self.numerics),)
         return (
@@ -387,25 +467,49 @@ class _MatMulNBits(_Op):
 
 
 class _QuantizeLinear(_Op):
-    def _compute(self, x, y_scale, y_zero_point=None, axis=1, saturate=1, block_size=0, output_dtype=0, **rest):
+    _quantize = None
+
+    def _bind(self):
+        # fixed scale and zero point: the per-tensor call bound to them once
+        fixed, attributes = self._fixed((1, 2)), self._fixed_attributes()
+        arguments = None if fixed is None or attributes is None else self._arguments(*fixed, **attributes)
+        self._quantize = None if arguments is None else _bind_quantize(*arguments[0], **arguments[1])
+
+    @staticmethod
+    def _arguments(y_scale, y_zero_point=None, axis=1, saturate=1, block_size=0, output_dtype=0, **rest):
+        """((y_scale, y_zero_point), quantize_linear's keywords) for the node's inputs and attributes; None for
+        the precision attribute (opset 25), which is not supported."""
         if rest.get("precision"):
-            raise ValueError("the precision attribute (opset 25) is not supported")
+            return None
         if y_zero_point is None and output_dtype:
             y_zero_point = np.zeros(np.shape(y_scale), np_dtype(output_dtype))
-        return (
-            quantize_linear(
-                x,
-                y_scale,
-                y_zero_point,
-                axis=axis,
-                block_size=block_size or 0,
-                saturate=bool(1 if saturate is None else saturate),
-            ),
-        )
+        keywords = {"axis": axis, "block_size": block_size or 0, "saturate": bool(1 if saturate is None else saturate)}
+        return (y_scale, y_zero_point), keywords
+
+    def _compute(self, x, *inputs, **attributes):
+        if self._quantize is not None and type(x) is np.ndarray and x.dtype == np.float32:
+            return (self._quantize(x),)
+        arguments = self._arguments(*inputs, **attributes)
+        if arguments is None:
+            raise ValueError("the precision attribute (opset 25) is not supported")
+        return (quantize_linear(x, *arguments[0], **arguments[1]),)
 
 
 class _DequantizeLinear(_Op):
+    _dequantize = None
+
+    def _bind(self):
+        fixed, attributes = self._fixed((1, 2)), self._fixed_attributes()
+        self._dequantize = None
+        if fixed is not None and attributes is not None and not attributes.get("output_dtype"):
+            axis, block_size = attributes.get("axis", 1), attributes.get("block_size", 0) or 0
+            self._dequantize = _bind_dequantize(*fixed, axis=axis, block_size=block_size)
+
     def _compute(self, x, x_scale, x_zero_point=None, axis=1, block_size=0, **rest):
+        if self._dequantize is not None:
+            y = self._dequantize(x)
+            if y is not None:
+                return (y,)
         if np.asarray(x).dtype not in DEQUANTIZE_TYPES or rest.get("output_dtype"):
             # int32 (a quantized bias) and the types quantmatmul lacks: onnx.reference's own kernel
             return _reference_op(self).run(x, x_scale, *([] if x_zero_point is None else [x_zero_point]))
@@ -638,7 +742,17 @@ class _QLinearSoftmax(_Op):
             raise _NodeError(onnx_node, ValueError("QLinearSoftmax needs the attribute opset"))
         self._axis, self._opset = attrs.get("axis", -1), attrs["opset"]
 
+    _softmax = None
+
+    def _bind(self):
+        fixed = self._fixed((1, 2, 3, 4))  # fixed scales and zero points: checked once
+        self._softmax = None if fixed is None else bind_softmax(*fixed, axis=self._axis, opset=self._opset)
+
     def _compute(self, X, X_scale, x_zero_point, y_scale, y_zero_point, **_):
+        if self._softmax is not None:
+            y = self._softmax(X)
+            if y is not None:
+                return (y,)
         return (qlinear_softmax(X, X_scale, x_zero_point, y_scale, y_zero_point, axis=self._axis, opset=self._opset),)
 
 
@@ -726,7 +840,29 @@ class _LayerNormalization(_Op):
     float32 X, stash_type 1, a float32 Scale (and B) of the normalized shape (leading ones allowed);
     anything else, onnx.reference's own. numpy's code was a tenth of a MiniLM batch in the session."""
 
+    _weights = None
+
+    def _bind(self):
+        # fixed Scale and B (float32, one shape): laid out for the C++ rows once, with what X's normalized
+        # dimensions must be (leading ones aside) and the least rank X may have
+        fixed, attributes = self._fixed((1, 2)), self._fixed_attributes()
+        self._weights = None
+        weights = [] if fixed is None else [w for w in fixed if w is not None]
+        if fixed is not None and fixed[0] is not None and attributes is not None and _arrays(weights):
+            shapes = {without_leading_ones(w.shape) for w in weights}
+            kept = all(w.dtype == np.float32 and w.size for w in weights)  # (no columns: numpy's 0 / 0, below)
+            if attributes.get("stash_type", 1) == 1 and len(shapes) == 1 and kept:
+                flat = [None if w is None else np.ascontiguousarray(w).reshape(-1) for w in fixed]
+                self._weights = (*flat, shapes.pop(), max(w.ndim for w in weights))
+
     def _compute(self, X, Scale, B=None, axis=-1, epsilon=1e-5, stash_type=1, **_):
+        weights = self._weights
+        if weights is not None and type(X) is np.ndarray and X.dtype == np.float32 and X.flags.c_contiguous:
+            scale, bias, normalized, least_rank = weights
+            if least_rank <= X.ndim and -X.ndim <= axis < X.ndim:
+                axis %= X.ndim
+                if without_leading_ones(X.shape[axis:]) == normalized:
+                    return self._normalized(X, axis, scale, bias, epsilon)
         X = np.asarray(X)
         axis = int(axis)
         if not (
@@ -740,24 +876,33 @@ class _LayerNormalization(_Op):
         ):
             return _reference_op(self).run(X, Scale, *([] if B is None else [B]))
         axis %= X.ndim
+        if X.shape[:axis].count(0) == 0 and X.shape[axis:].count(0):  # (no columns: numpy's mean and variance 0 / 0)
+            return _reference_op(self).run(X, Scale, *([] if B is None else [B]))
+        bias = None if B is None else np.ascontiguousarray(B).reshape(-1)
+        return self._normalized(X, axis, np.ascontiguousarray(Scale).reshape(-1), bias, epsilon)
+
+    def _normalized(self, X, axis: int, scale, bias, epsilon):
+        """(Y, Mean, InvStdDev) of a C-contiguous float32 X over its dimensions from axis (0 <= axis < X.ndim),
+        scale and bias (or None) of those dimensions' elements (some, unless X has no rows)."""
         rows, cols = prod(X.shape[:axis]), prod(X.shape[axis:])
         y = np.empty(X.shape, np.float32)
         reduced = X.shape[:axis] + (1,) * (X.ndim - axis)
         mean, inv_std_dev = np.empty(reduced, np.float32), np.empty(reduced, np.float32)
         if rows and cols:
-            bias = None if B is None else np.ascontiguousarray(B).reshape(-1)
             _core.layer_norm_rows(
                 X.reshape(rows, cols),
-                np.ascontiguousarray(Scale).reshape(-1),
+                scale,
                 bias,
                 float(np.float32(epsilon)),
                 y.reshape(rows, cols),
                 mean.reshape(-1),
                 inv_std_dev.reshape(-1),
             )
-        elif rows:  # (no columns: numpy's mean and variance 0 / 0)
-            return _reference_op(self).run(X, Scale, *([] if B is None else [B]))
         return (y, mean, inv_std_dev)
+
+
+def _arrays(values) -> bool:
+    return all(type(v) is np.ndarray for v in values)
 
 
 def _normalized_operand(w, X, axis: int) -> bool:
@@ -799,7 +944,7 @@ class _MaxPool(_Op):
         return (max_pool(X, memory_format="channels_last", **kept),)
 
 
-def _op_classes(constants: dict, numerics: str) -> list:
+def _op_classes(constants: dict, numerics: str, folded: dict) -> list:
     bases = {
         "QLinearMatMul": _QLinearMatMul,
         "MatMulNBits": _MatMulNBits,
@@ -826,4 +971,5 @@ def _op_classes(constants: dict, numerics: str) -> list:
         "LogSoftmax": _AxisSoftmax,
         "Hardmax": _AxisSoftmax,
     }
-    return [type(name, (base,), {"constants": constants, "numerics": numerics}) for name, base in bases.items()]
+    shared = {"constants": constants, "numerics": numerics, "folded": folded}
+    return [type(name, (base,), shared) for name, base in bases.items()]

@@ -1,0 +1,243 @@
+"""test_onnx_bound.py: the session's nodes bound to the inputs they read on every run (their parameters checked once: _Op._bind, QLinearMatMul._bind) and the nodes folded into constants (_fold): the same bits as the unbound calls, and the calls a bound node does not take run the general path."""
+
+from __future__ import annotations
+
+import ml_dtypes
+import numpy as np
+import pytest
+from onnx import TensorProto, helper, numpy_helper
+from peer_deviations import pinned_only
+
+import quantmatmul as qm
+import quantmatmul.onnx as qo
+from quantmatmul import peers, qlinear
+from quantmatmul.onnx import _qlinear_ops, _session
+from quantmatmul.quantize_linear import _bind_dequantize, _bind_quantize, dequantize_linear, quantize_linear
+
+ORT_PINNED = pinned_only("onnxruntime", "reproduces the kernels of")
+
+MS = "com.microsoft"
+U8, I8, F32 = TensorProto.UINT8, TensorProto.INT8, TensorProto.FLOAT
+BOUND = (
+    _session._QLinearMatMul,
+    _session._QuantizeLinear,
+    _session._DequantizeLinear,
+    _session._LayerNormalization,
+    _session._QLinearSoftmax,
+)
+
+
+def model(nodes, inputs, outputs, weights, opset=21):
+    graph = helper.make_graph(
+        nodes,
+        "bound",
+        [helper.make_tensor_value_info(n, t, s) for n, t, s in inputs],
+        [helper.make_tensor_value_info(n, t, s) for n, t, s in outputs],
+        [numpy_helper.from_array(np.asarray(v), k) for k, v in weights.items()],
+    )
+    opsets = [helper.make_opsetid("", opset), helper.make_opsetid(MS, 1)]
+    return helper.make_model(graph, opset_imports=opsets, ir_version=10)
+
+
+def attention_model(N=48, heads=4):
+    """An attention-like block of quantize_static's operators, every parameter an initializer: x (float) ->
+    LayerNormalization (its weights given as DequantizeLinear of int8 codes, as a QDQ model has them) ->
+    QuantizeLinear -> QLinearMatMul (constant b) -> two per-head views -> QLinearMatMul of the two (both
+    operands per call) -> QLinearSoftmax -> DequantizeLinear -> y."""
+    rng = np.random.default_rng(0)
+    d = N // heads
+    w = {
+        "g_q": rng.integers(-127, 128, N).astype(np.int8),
+        "g_s": np.float32(0.01),
+        "g_z": np.int8(0),
+        "b_q": rng.integers(-127, 128, N).astype(np.int8),
+        "b_s": np.float32(0.004),
+        "b_z": np.int8(0),
+        "xs": np.float32(0.03),
+        "xz": np.uint8(120),
+        "w": rng.integers(-127, 128, (N, N)).astype(np.int8),
+        "ws": np.float32(0.012),
+        "wz": np.int8(0),
+        "ps": np.float32(0.2),
+        "pz": np.uint8(128),
+        "shape": np.array([0, 0, heads, d], np.int64),
+        "ss": np.float32(0.5),
+        "sz": np.uint8(100),
+        "ys": np.float32(1 / 256),
+        "yz": np.uint8(0),
+    }
+    nodes = [
+        helper.make_node("DequantizeLinear", ["g_q", "g_s", "g_z"], ["gamma"], name="dq_gamma"),
+        helper.make_node("DequantizeLinear", ["b_q", "b_s", "b_z"], ["beta"], name="dq_beta"),
+        helper.make_node("LayerNormalization", ["x", "gamma", "beta"], ["n"], name="ln", epsilon=1e-5),
+        helper.make_node("QuantizeLinear", ["n", "xs", "xz"], ["nq"], name="q"),
+        helper.make_node("QLinearMatMul", ["nq", "xs", "xz", "w", "ws", "wz", "ps", "pz"], ["p"], name="mm"),
+        helper.make_node("Reshape", ["p", "shape"], ["ph"], name="heads"),
+        helper.make_node("Transpose", ["ph"], ["pt"], perm=[0, 2, 1, 3], name="t"),
+        helper.make_node("Transpose", ["ph"], ["pk"], perm=[0, 2, 3, 1], name="tk"),
+        helper.make_node("QLinearMatMul", ["pt", "ps", "pz", "pk", "ps", "pz", "ss", "sz"], ["s"], name="scores"),
+        helper.make_node("QLinearSoftmax", ["s", "ss", "sz", "ys", "yz"], ["sm"], name="softmax", domain=MS, opset=13),
+        helper.make_node("DequantizeLinear", ["sm", "ys", "yz"], ["y"], name="dq_y"),
+    ]
+    return model(nodes, [("x", F32, ["batch", "S", N])], [("y", F32, None)], w)
+
+
+@pytest.fixture
+def unbound(monkeypatch):
+    """Sessions made inside run every node unbound (the general calls) and fold nothing."""
+
+    def make(m):
+        with monkeypatch.context() as patch:
+            for cls in BOUND:
+                patch.setattr(cls, "_bind", lambda self: None)
+            patch.setattr(qlinear.QLinearMatMul, "_bind", lambda self, *a: None)
+            patch.setattr(_session, "_fold", lambda entries, *_: entries)
+            return qo.InferenceSession(m)
+
+    return make
+
+
+def bound_nodes(session) -> dict:
+    """{node name: whether its call is bound} for the plan's nodes of BOUND's operators."""
+    attributes = ("_product", "_batched", "_quantize", "_dequantize", "_weights", "_softmax")
+    return {
+        entry[0].onnx_node.name: any(getattr(entry[0], a, None) is not None for a in attributes)
+        for entry in session._plan
+        if isinstance(entry[0], BOUND)
+    }
+
+
+def test_bound_nodes_and_folded_constants_give_the_unbound_bits(isa, unbound):
+    m = attention_model()
+    session, plain = qo.InferenceSession(m), unbound(m)
+    assert sorted(session._folded) == ["beta", "gamma"] and plain._folded == {}
+    assert bound_nodes(session) == {n: True for n in ("ln", "q", "mm", "scores", "softmax", "dq_y")}
+    assert not any(bound_nodes(plain).values()) and "dq_gamma" in bound_nodes(plain)
+    rng = np.random.default_rng(1)
+    for shape in [(2, 7, 48), (1, 1, 48), (3, 16, 48)]:
+        x = (rng.standard_normal(shape) * 2).astype(np.float32)
+        x[0, 0, :5] = [np.inf, -np.inf, np.nan, 1e30, -0.0]
+        before = x.copy()
+        got, want = session.run(None, {"x": x})[0], plain.run(None, {"x": x})[0]
+        assert got.dtype == want.dtype and got.shape == want.shape and got.tobytes() == want.tobytes()
+        assert np.array_equal(x, before, equal_nan=True)
+
+
+@ORT_PINNED
+def test_the_bound_block_is_onnxruntimes():
+    m = attention_model()
+    x = (np.random.default_rng(2).standard_normal((2, 9, 48)) * 2).astype(np.float32)
+    got = qo.InferenceSession(m).run(None, {"x": x})[0]
+    want = peers.session(m).run(None, {"x": x})[0]
+    assert got.tobytes() == want.tobytes()
+
+
+def test_bound_quantize_and_dequantize_are_the_functions():
+    rng = np.random.default_rng(3)
+    x = np.concatenate([(rng.standard_normal(999) * 300).astype(np.float32), [np.nan, np.inf, -np.inf, -0.0]])
+    x = x.astype(np.float32).reshape(1, 3, -1) if x.size % 3 == 0 else x.astype(np.float32)
+    for scale, zero_point in [
+        (np.float32(0.7), np.uint8(3)),
+        (np.array([0.02], np.float32), np.array([-4], np.int8)),
+        (np.float32(0.5), None),
+        (np.float32(3.0), np.uint16(1000)),
+        (np.float32(3.0), np.int16(-7)),
+    ]:
+        quantize = _bind_quantize(scale, zero_point, axis=1, block_size=0, saturate=True)
+        q = quantize(x)
+        want = quantize_linear(x, scale, zero_point)
+        assert q.dtype == want.dtype and q.tobytes() == want.tobytes()
+        dequantize = _bind_dequantize(scale, zero_point, axis=1, block_size=0)
+        d = dequantize(q)
+        assert d.tobytes() == dequantize_linear(q, scale, zero_point).tobytes()
+        other = np.int8 if q.dtype != np.int8 else np.uint8
+        assert (dequantize(q.view(other)) is None) == (zero_point is not None)
+        assert dequantize(list(q.reshape(-1))) is None
+    # what the per-tensor call never takes: a per-axis scale, a blocked one, a float8 or int4 zero point
+    per_axis = np.array([0.1, 0.2, 0.3], np.float32)
+    assert _bind_quantize(per_axis, np.zeros(3, np.uint8), axis=1, block_size=0, saturate=True) is None
+    assert _bind_quantize(np.float32(1), np.uint8(0), axis=1, block_size=2, saturate=True) is None
+    assert _bind_dequantize(np.float32(1), np.zeros((), ml_dtypes.float8_e4m3fn), axis=1, block_size=0) is None
+    assert _bind_dequantize(np.float32(0), np.uint8(0), axis=1, block_size=0) is None  # (a zero scale)
+
+
+@pytest.mark.parametrize("opset, axis", [(13, -1), (13, 1), (11, 1), (11, -1), (1, 0)])
+def test_bound_softmax_is_the_function(opset, axis):
+    rng = np.random.default_rng(opset + axis)
+    parameters = (np.float32(0.08), np.uint8(3), np.float32(1 / 256), np.uint8(0))
+    softmax = _qlinear_ops.bind_softmax(*parameters, axis=axis, opset=opset)
+    for shape in [(2, 5, 7), (4, 33), (1, 1, 1)]:
+        X = rng.integers(0, 256, shape).astype(np.uint8)
+        got = softmax(X)
+        want = _qlinear_ops.qlinear_softmax(X, *parameters, axis=axis, opset=opset)
+        assert got.shape == want.shape and got.tobytes() == want.tobytes(), shape
+        assert softmax(X.view(np.int8)) is None  # another type: the general call raises for it
+    assert softmax(np.zeros((), np.uint8)) is None and softmax([1, 2]) is None
+    if axis > 0:
+        assert softmax(np.zeros(3, np.uint8)) is None  # (axis past a 1-D X)
+    assert _qlinear_ops.bind_softmax(np.float32(-1), None, np.float32(1), None, axis=axis, opset=opset) is None
+    assert _qlinear_ops.bind_softmax(*parameters, axis=True, opset=opset) is None
+
+
+def test_bound_products_are_the_calls(isa):
+    rng = np.random.default_rng(4)
+    for b_dtype, per_column in [(np.int8, False), (np.int8, True), (np.uint8, True)]:
+        K, N = 40, 37
+        b = rng.integers(0, 128, (K, N)).astype(b_dtype)
+        b_scale = rng.uniform(0.01, 0.02, N).astype(np.float32) if per_column else np.float32(0.013)
+        b_zp = np.full(N, 5, b_dtype) if per_column else b_dtype(2)
+        held = qm.QLinearMatMul(b, b_scale, b_zp)
+        for a_dtype in (np.uint8, np.int8):
+            parameters = (np.float32(0.02), a_dtype(1), np.float32(0.3), np.uint8(9))
+            product = held._bind(*parameters)
+            for shape in [(5, K), (2, 3, K), (0, K)]:
+                a = rng.integers(0, 100, shape).astype(a_dtype)
+                got = product(a)
+                want = held(a, parameters[0], parameters[1], *parameters[2:])
+                assert got.shape == want.shape and got.tobytes() == want.tobytes()
+            other = np.int8 if a_dtype == np.uint8 else np.uint8
+            assert product(np.zeros((2, K), other)) is None  # the general call refuses it
+            assert product(np.zeros(K, a_dtype)) is None  # rank 1: the general call's
+            assert product(np.zeros((2, K + 1), a_dtype)) is None
+    assert held._bind(np.float32(0), np.uint8(0), np.float32(1), np.uint8(0)) is None  # a zero scale
+    batched = qlinear._bind_batched(
+        np.float32(0.02), np.uint8(1), np.float32(0.05), np.int8(0), np.float32(0.4), np.int8(3)
+    )
+    a = rng.integers(0, 256, (3, 4, 16, 8)).astype(np.uint8)
+    b = rng.integers(-128, 128, (3, 4, 8, 16)).astype(np.int8)
+    want = qm.qlinear_matmul(
+        a, np.float32(0.02), np.uint8(1), b, np.float32(0.05), np.int8(0), np.float32(0.4), np.int8(3)
+    )
+    got = batched(a, b)
+    assert got.dtype == want.dtype and got.tobytes() == want.tobytes()
+    assert batched(a, b[0, 0]) is None  # a matrix b: the general call's 2-D product
+    assert batched(a, b.view(np.uint8)) is None and batched(a.view(np.int8), b) is None
+
+
+def test_what_folds_and_what_does_not(unbound):
+    """A Constant node and the nodes reading only constants fold; a random draw, a node writing a graph
+    output and a node that fails stay in the plan (the failing one raises at the run, naming itself)."""
+    w = {"c_q": np.array([1, 2, 3], np.int8), "c_s": np.float32(0.5), "shape": np.array([3, 1], np.int64)}
+    nodes = [
+        helper.make_node("Constant", [], ["k"], value=numpy_helper.from_array(np.float32(2.0))),
+        helper.make_node("DequantizeLinear", ["c_q", "c_s"], ["c"], name="dq"),
+        helper.make_node("Mul", ["c", "k"], ["c2"], name="mul"),
+        helper.make_node("Add", ["x", "c2"], ["y"], name="add"),
+        helper.make_node("RandomUniformLike", ["c"], ["r"], name="random", low=0.0, high=0.0),
+        helper.make_node("Add", ["x", "r"], ["z"], name="add_r"),
+        helper.make_node("Reshape", ["c", "shape"], ["out"], name="reshape"),
+    ]
+    m = model(nodes, [("x", F32, [3])], [("y", F32, None), ("z", F32, None), ("out", F32, None)], w)
+    session, plain = qo.InferenceSession(m), unbound(m)
+    assert sorted(session._folded) == ["c", "c2", "k"]
+    kept = [entry[0].onnx_node.name for entry in session._plan]
+    assert kept == ["add", "random", "add_r", "reshape"]
+    x = np.array([1.0, -2.0, 0.25], np.float32)
+    for got, want in zip(session.run(None, {"x": x}), plain.run(None, {"x": x}), strict=True):
+        assert got.tobytes() == want.tobytes()
+    w["shape"] = np.array([2, 2], np.int64)  # a Reshape that cannot be: stays, and raises at the run
+    m = model(nodes[1:2] + nodes[-1:], [("x", F32, [3])], [("out", F32, None)], w)
+    session = qo.InferenceSession(m)
+    assert [entry[0].onnx_node.name for entry in session._plan] == ["reshape"]
+    with pytest.raises(ValueError, match="reshape|Reshape|shape"):
+        session.run(None, {"x": x})
