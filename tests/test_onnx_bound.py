@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 import ml_dtypes
 import numpy as np
 import pytest
@@ -24,6 +26,7 @@ BOUND = (
     _session._DequantizeLinear,
     _session._LayerNormalization,
     _session._QLinearSoftmax,
+    _session._Reshape,
 )
 
 
@@ -99,7 +102,7 @@ def unbound(monkeypatch):
 
 def bound_nodes(session) -> dict:
     """{node name: whether its call is bound} for the plan's nodes of BOUND's operators."""
-    attributes = ("_product", "_batched", "_quantize", "_dequantize", "_weights", "_softmax")
+    attributes = ("_product", "_batched", "_quantize", "_dequantize", "_weights", "_softmax", "_dims")
     return {
         entry[0].onnx_node.name: any(getattr(entry[0], a, None) is not None for a in attributes)
         for entry in session._plan
@@ -111,7 +114,7 @@ def test_bound_nodes_and_folded_constants_give_the_unbound_bits(isa, unbound):
     m = attention_model()
     session, plain = qo.InferenceSession(m), unbound(m)
     assert sorted(session._folded) == ["beta", "gamma"] and plain._folded == {}
-    assert bound_nodes(session) == {n: True for n in ("ln", "q", "mm", "scores", "softmax", "dq_y")}
+    assert bound_nodes(session) == {n: True for n in ("ln", "q", "mm", "heads", "scores", "softmax", "dq_y")}
     assert not any(bound_nodes(plain).values()) and "dq_gamma" in bound_nodes(plain)
     rng = np.random.default_rng(1)
     for shape in [(2, 7, 48), (1, 1, 48), (3, 16, 48)]:
@@ -240,4 +243,34 @@ def test_what_folds_and_what_does_not(unbound):
     session = qo.InferenceSession(m)
     assert [entry[0].onnx_node.name for entry in session._plan] == ["reshape"]
     with pytest.raises(ValueError, match="reshape|Reshape|shape"):
+        session.run(None, {"x": x})
+
+
+@pytest.mark.parametrize("allowzero", [0, 1])
+def test_bound_reshape_is_the_node(allowzero, unbound):
+    """Fixed shapes with a 0 (the input's dimension there, unless allowzero), a -1, an empty dimension; a 0
+    past the input's rank runs onnx.reference's Reshape, which raises as it did."""
+    shapes = {"s1": [0, -1], "s2": [2, 0, 3], "s3": [-1], "s4": [0, 0, 0, 0]}
+    nodes = [helper.make_node("Reshape", ["x", s], [f"y_{s}"], name=s, allowzero=allowzero) for s in shapes]
+    w = {k: np.array(v, np.int64) for k, v in shapes.items()}
+    m = model(nodes[:3], [("x", F32, None)], [(f"y_{s}", F32, None) for s in list(shapes)[:3]], w)
+    session, plain = qo.InferenceSession(m), unbound(m)
+    assert all(bound_nodes(session).values()) and not any(bound_nodes(plain).values())
+    for shape in [(6, 2), (2, 1, 3), (0, 6)] if not allowzero else [(2, 0, 3)]:
+        x = np.arange(int(np.prod(shape)), dtype=np.float32).reshape(shape)
+        try:
+            want = plain.run(None, {"x": x})
+        except ValueError as error:
+            with pytest.raises(ValueError, match=re.escape(str(error)[:40])):
+                session.run(None, {"x": x})
+            continue
+        got = session.run(None, {"x": x})
+        assert [g.shape for g in got] == [v.shape for v in want]
+        assert all(g.tobytes() == v.tobytes() for g, v in zip(got, want, strict=True))
+    m = model(nodes[3:], [("x", F32, None)], [("y_s4", F32, None)], w)
+    session, plain = qo.InferenceSession(m), unbound(m)
+    x = np.zeros((2, 3), np.float32)
+    with pytest.raises(Exception) as raised:  # (onnx.reference's own error: an IndexError)
+        plain.run(None, {"x": x})
+    with pytest.raises(type(raised.value), match=re.escape(str(raised.value)[:40])):
         session.run(None, {"x": x})

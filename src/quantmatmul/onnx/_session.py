@@ -297,9 +297,10 @@ def _call(node, inputs) -> tuple:
     if attributes is False:
         return node.run(*inputs)
     outputs = node._run(*inputs, **attributes)
-    if all(type(x) is np.ndarray for x in outputs):  # (the usual case: no numpy scalar to wrap)
-        return outputs
-    return tuple(np.array(x) if np.isscalar(x) else x for x in outputs)
+    for x in outputs:
+        if type(x) is not np.ndarray:  # a numpy scalar to wrap (the usual case has none)
+            return tuple(np.array(x) if np.isscalar(x) else x for x in outputs)
+    return outputs
 
 
 def _first_line(error: Exception) -> str:
@@ -919,8 +920,32 @@ class _Reshape(_Op):
     a microsecond of work took 20-60 us a node: MiniLM has 24); a shape that is not a 1-D int64 array,
     data that is not an array, or a 0 past the input's dimensions: onnx.reference's own."""
 
+    _dims = None
+
+    def _bind(self):
+        # a fixed shape: its dimensions and the places of its zeros (the input's dimension there) read once
+        fixed, attributes = self._fixed((1,)), self._fixed_attributes()
+        self._dims = None
+        if fixed is not None and attributes is not None and self._plain_shape(fixed[0]):
+            dims = fixed[0].tolist()
+            zeros = [] if attributes.get("allowzero", 0) else [i for i, d in enumerate(dims) if d == 0]
+            self._dims = (dims, zeros)
+
+    @staticmethod
+    def _plain_shape(shape) -> bool:
+        return type(shape) is np.ndarray and shape.dtype == np.int64 and shape.ndim == 1
+
     def _compute(self, data, shape, allowzero=0, **_):
-        if type(data) is np.ndarray and type(shape) is np.ndarray and shape.dtype == np.int64 and shape.ndim == 1:
+        if self._dims is not None and type(data) is np.ndarray:
+            dims, zeros = self._dims
+            if not zeros:
+                return (data.reshape(dims),)
+            if zeros[-1] < data.ndim:
+                dims = list(dims)
+                for i in zeros:
+                    dims[i] = data.shape[i]
+                return (data.reshape(dims),)
+        if type(data) is np.ndarray and self._plain_shape(shape):
             dims = shape.tolist()
             if not allowzero and 0 in dims:
                 if any(d == 0 for d in dims[data.ndim :]):
