@@ -1083,7 +1083,7 @@ def test_session_lets_values_go_after_their_last_reader():
         {"zero": np.array(0, F32)},
     )
     session = qo.InferenceSession(model)
-    assert not any("a" in step[-1] for step in session._plan[:5])  # a: last read by the Sub (its values let go)
+    assert not any("a" in step[4] for step in session._plan[:5])  # a: last read by the Sub (its values let go)
     y, b = session.run(None, {"x": x})
     a = -x
     assert np.array_equal(b, a * x) and np.array_equal(y, (a - a * x) - a)  # sum(-x*x) < 0: the else branch

@@ -101,13 +101,8 @@ def unbound(monkeypatch):
 
 
 def bound_nodes(session) -> dict:
-    """{node name: whether its call is bound} for the plan's nodes of BOUND's operators."""
-    attributes = ("_product", "_batched", "_quantize", "_dequantize", "_weights", "_softmax", "_dims")
-    return {
-        entry[0].onnx_node.name: any(getattr(entry[0], a, None) is not None for a in attributes)
-        for entry in session._plan
-        if isinstance(entry[0], BOUND)
-    }
+    """{node name: whether the plan calls it bound} for the plan's nodes of BOUND's operators."""
+    return {entry[0].onnx_node.name: entry[5] is not None for entry in session._plan if isinstance(entry[0], BOUND)}
 
 
 def test_bound_nodes_and_folded_constants_give_the_unbound_bits(isa, unbound):

@@ -33,6 +33,7 @@ class MatMulAdd:
         self.matmul, self.add, self.slot, self.codes, self.call = matmul, add, slot, codes, call
         self.stage = (codes.reshape(-1), slot == 0, parameters)  # qlinear._fast_2d's add
         self.product = product  # the held product bound to its constant parameters (QLinearMatMul._bind), or None
+        self._bound_call = None if product is None else self._bound  # (the session's run loop calls it first)
         self.add_inputs = add_inputs  # the add's inputs, the product's slot None
         self.residual = None  # (the second add, the first's output's slot in it, its parameters, its inputs)
         self.op_type = f"{matmul.op_type}+{add.op_type}"
@@ -45,10 +46,7 @@ class MatMulAdd:
         return self
 
     def _run(self, *inputs):
-        if self.product is not None:
-            y = self._bound(inputs)
-            if y is not None:
-                return (y,)
+        """(The session's run loop has tried the bound call first.)"""
         if self.residual is None:
             product_inputs, other = list(inputs), None
         else:
@@ -90,7 +88,7 @@ class MatMulAdd:
         return self.call(add, add_inputs)
 
     def _bound(self, inputs):
-        """The pair's output by the bound product (the product's parameters constants, checked once), or None
+        """The pair's outputs by the bound product (the product's parameters constants, checked once), or None
         where it does not take the call: an a it does not take, or a residual not laid out as the product's
         rows (the general path then runs that add as a node)."""
         a, codes = inputs[0], self.codes
@@ -113,7 +111,7 @@ class MatMulAdd:
             y = self.product(a, stage)
         except (TypeError, ValueError):  # bad input: the general path raises it, naming the node
             return None
-        return None if y is None else y.reshape(shape)
+        return None if y is None else (y.reshape(shape),)
 
 
 class ConvAdd:
@@ -127,14 +125,18 @@ class ConvAdd:
         self.onnx_node = conv.onnx_node
         self._qmm_attributes = {}
 
-    def _run(self, *inputs):
-        *conv_inputs, other = inputs
+    def _bound_call(self, inputs):
+        """The pair's outputs by the convolution's call with the add as a stage, or None where it does not take
+        them (the session's run loop calls it first)."""
         try:
-            y = self.conv._call.with_add(conv_inputs[0], other, self.slot == 0, self.parameters)
+            y = self.conv._call.with_add(inputs[0], inputs[-1], self.slot == 0, self.parameters)
         except (TypeError, ValueError):  # bad input: the node raises it, naming itself
-            y = None
-        if y is not None:
-            return (y,)
+            return None
+        return None if y is None else (y,)
+
+    def _run(self, *inputs):
+        """The two nodes (the session's run loop has tried the bound call first)."""
+        *conv_inputs, other = inputs
         (product,) = self.call(self.conv, conv_inputs)
         add_inputs = list(self.add_inputs)
         add_inputs[self.slot], add_inputs[3 - self.slot] = product, other

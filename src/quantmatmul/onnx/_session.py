@@ -34,14 +34,14 @@ from ._common import (
 from ._fuse import fuse_qdq as _fuse_qdq
 from ._fuse import subgraph_reads
 from ._integer import _integer_operand, _matmul_integer, dynamic_quantize_linear, matmul_integer
-from ._pairs import matmul_adds
+from ._pairs import ConvAdd, MatMulAdd, matmul_adds
 from ._pool import max_pool
 from ._qconv import QLinearConvCall, conv_integer, conv_weight, qlinear_conv
 from ._qgemm import QGemmCall, qgemm, qgemm_weight
 from ._qlinear_ops import BinaryScalars, bind_softmax, qlinear_add, qlinear_mul, qlinear_softmax
 from ._qlinear_pool import qlinear_average_pool, qlinear_global_average_pool
 from ._qlinear_unary import qlinear_concat, qlinear_leaky_relu, qlinear_sigmoid
-from ._tables import code_tables
+from ._tables import CodeTable, code_tables
 
 __all__ = ["InferenceSession", "NodeArg", "OPS", "dynamic_quantize_linear", "matmul_integer"]
 
@@ -224,10 +224,16 @@ def _run_plan(evaluator, numerics: str, tabulate: bool, folded: dict) -> tuple[l
         if name and name not in kept:
             done[i].append(name)
     plan = [
-        (node, inputs, outputs, context, tuple(gone))
+        (node, inputs, outputs, context, tuple(gone), _bound_call(node))
         for (node, inputs, outputs, context, _), gone in zip(entries, done)
     ]
     return plan, tabulated
+
+
+def _bound_call(node):
+    """The node's bound call (_Op._bound_call, and the pairs' and tables'), or None."""
+    call = getattr(node, "_bound_call", None) if isinstance(node, (_Op, MatMulAdd, ConvAdd, CodeTable)) else None
+    return call if callable(call) else None
 
 
 def _fold(entries: list, constants: dict, graph_outputs: set, folded: dict) -> list:
@@ -263,7 +269,7 @@ def _run_nodes(evaluator, plan, output_names, feed, folded) -> list[np.ndarray]:
     results.update(evaluator.rt_inits_)
     results.update(folded)
     results.update(feed)
-    for node, inputs_named, outputs_named, context, done in plan:
+    for node, inputs_named, outputs_named, context, done, bound_call in plan:
         try:
             inputs = [results[name] for name in inputs_named]
         except KeyError as error:  # a graph out of topological order, or an input never produced
@@ -271,7 +277,15 @@ def _run_nodes(evaluator, plan, output_names, feed, folded) -> list[np.ndarray]:
                 f"InferenceSession.run: node {node.onnx_node.name!r} ({node.op_type}) reads {error}, which no "
                 "node before it writes"
             ) from None
-        if context:  # If / Loop / Scan: the subgraph reads the outer values
+        outputs = None
+        if bound_call is not None:
+            try:
+                outputs = bound_call(inputs)
+            except (TypeError, ValueError):  # the general call raises it, naming the node
+                outputs = None
+        if outputs is not None:
+            pass
+        elif context:  # If / Loop / Scan: the subgraph reads the outer values
             outputs = node.run(*inputs, context=results, bindings=None)
         else:
             outputs = _call(node, inputs)
@@ -358,10 +372,14 @@ class _Op(OpRun):
     folded: dict = {}  # values the session computed once from them (_fold; arrays)
     numerics = "onnxruntime"
 
+    # The bound call (_bind): _bound_call(inputs) -> the outputs, or None for inputs it does not take (the
+    # node's general call then runs, with its checks and errors). The run loop calls it first, _compute too.
+    _bound_call = None
+
     def _bind(self):
         """Binds the node's call to the inputs it reads on every run (initializers, values the session folded),
-        checking them once: the operators with such a call override it. The session's plan calls it for the
-        nodes of the main graph (_run_plan); a subgraph's nodes run unbound."""
+        checking them once, and sets _bound_call: the operators with such a call override it. The session's plan
+        calls it for the nodes of the main graph (_run_plan); a subgraph's nodes run unbound."""
 
     def _run(self, *inputs, **attributes):
         try:
@@ -406,29 +424,27 @@ class _QLinearMatMul(_Op):
             except (TypeError, ValueError) as error:
                 raise _NodeError(onnx_node, error) from error
 
-    _product = _batched = None
-
     def _bind(self):
-        # numerics "onnxruntime" with every parameter fixed: the fast product bound to them (checked once; a
-        # call it does not take runs the general one)
-        self._product = self._batched = None
+        # numerics "onnxruntime" with every parameter fixed: the fast product bound to them (checked once)
+        self._bound_call = None
         fixed = [self._constant(i) for i in (1, 2, 4, 5, 6, 7)]
-        if self.numerics == "onnxruntime" and all(type(v) is np.ndarray for v in fixed):
-            a_scale, a_zero_point, b_scale, b_zero_point, y_scale, y_zero_point = fixed
-            if self._held is not None:
-                self._product = self._held._bind(a_scale, a_zero_point, y_scale, y_zero_point)
-            else:
-                self._batched = _bind_batched(*fixed)
+        if self.numerics != "onnxruntime" or not _arrays(fixed):
+            return
+        a_scale, a_zero_point, b_scale, b_zero_point, y_scale, y_zero_point = fixed
+        if self._held is not None:
+            product = self._held._bind(a_scale, a_zero_point, y_scale, y_zero_point)
+            if product is not None:
+                self._bound_call = lambda inputs: _outputs(product(inputs[0]))
+        else:
+            batched = _bind_batched(*fixed)
+            if batched is not None:
+                self._bound_call = lambda inputs: _outputs(batched(inputs[0], inputs[3]))
 
     def _compute(self, a, a_scale, a_zero_point, b, b_scale, b_zero_point, y_scale, y_zero_point, **_):
-        if self._product is not None:
-            y = self._product(a)
-            if y is not None:
-                return (y,)
-        elif self._batched is not None:
-            y = self._batched(a, b)
-            if y is not None:
-                return (y,)
+        if self._bound_call is not None:
+            outputs = self._bound_call((a, None, None, b))
+            if outputs is not None:
+                return outputs
         if self._held is not None:
             return (self._held(a, a_scale, a_zero_point, y_scale, y_zero_point, numerics=self.numerics),)
         return (
@@ -468,13 +484,12 @@ class _MatMulNBits(_Op):
 
 
 class _QuantizeLinear(_Op):
-    _quantize = None
-
     def _bind(self):
         # fixed scale and zero point: the per-tensor call bound to them once
         fixed, attributes = self._fixed((1, 2)), self._fixed_attributes()
         arguments = None if fixed is None or attributes is None else self._arguments(*fixed, **attributes)
-        self._quantize = None if arguments is None else _bind_quantize(*arguments[0], **arguments[1])
+        quantize = None if arguments is None else _bind_quantize(*arguments[0], **arguments[1])
+        self._bound_call = None if quantize is None else lambda inputs: _quantize_float32(quantize, inputs[0])
 
     @staticmethod
     def _arguments(y_scale, y_zero_point=None, axis=1, saturate=1, block_size=0, output_dtype=0, **rest):
@@ -488,8 +503,10 @@ class _QuantizeLinear(_Op):
         return (y_scale, y_zero_point), keywords
 
     def _compute(self, x, *inputs, **attributes):
-        if self._quantize is not None and type(x) is np.ndarray and x.dtype == np.float32:
-            return (self._quantize(x),)
+        if self._bound_call is not None:
+            outputs = self._bound_call((x,))
+            if outputs is not None:
+                return outputs
         arguments = self._arguments(*inputs, **attributes)
         if arguments is None:
             raise ValueError("the precision attribute (opset 25) is not supported")
@@ -497,20 +514,20 @@ class _QuantizeLinear(_Op):
 
 
 class _DequantizeLinear(_Op):
-    _dequantize = None
-
     def _bind(self):
         fixed, attributes = self._fixed((1, 2)), self._fixed_attributes()
-        self._dequantize = None
+        self._bound_call = None
         if fixed is not None and attributes is not None and not attributes.get("output_dtype"):
             axis, block_size = attributes.get("axis", 1), attributes.get("block_size", 0) or 0
-            self._dequantize = _bind_dequantize(*fixed, axis=axis, block_size=block_size)
+            dequantize = _bind_dequantize(*fixed, axis=axis, block_size=block_size)
+            if dequantize is not None:
+                self._bound_call = lambda inputs: _outputs(dequantize(inputs[0]))
 
     def _compute(self, x, x_scale, x_zero_point=None, axis=1, block_size=0, **rest):
-        if self._dequantize is not None:
-            y = self._dequantize(x)
-            if y is not None:
-                return (y,)
+        if self._bound_call is not None:
+            outputs = self._bound_call((x,))
+            if outputs is not None:
+                return outputs
         if np.asarray(x).dtype not in DEQUANTIZE_TYPES or rest.get("output_dtype"):
             # int32 (a quantized bias) and the types quantmatmul lacks: onnx.reference's own kernel
             return _reference_op(self).run(x, x_scale, *([] if x_zero_point is None else [x_zero_point]))
@@ -743,17 +760,16 @@ class _QLinearSoftmax(_Op):
             raise _NodeError(onnx_node, ValueError("QLinearSoftmax needs the attribute opset"))
         self._axis, self._opset = attrs.get("axis", -1), attrs["opset"]
 
-    _softmax = None
-
     def _bind(self):
         fixed = self._fixed((1, 2, 3, 4))  # fixed scales and zero points: checked once
-        self._softmax = None if fixed is None else bind_softmax(*fixed, axis=self._axis, opset=self._opset)
+        softmax = None if fixed is None else bind_softmax(*fixed, axis=self._axis, opset=self._opset)
+        self._bound_call = None if softmax is None else lambda inputs: _outputs(softmax(inputs[0]))
 
     def _compute(self, X, X_scale, x_zero_point, y_scale, y_zero_point, **_):
-        if self._softmax is not None:
-            y = self._softmax(X)
-            if y is not None:
-                return (y,)
+        if self._bound_call is not None:
+            outputs = self._bound_call((X,))
+            if outputs is not None:
+                return outputs
         return (qlinear_softmax(X, X_scale, x_zero_point, y_scale, y_zero_point, axis=self._axis, opset=self._opset),)
 
 
@@ -841,29 +857,38 @@ class _LayerNormalization(_Op):
     float32 X, stash_type 1, a float32 Scale (and B) of the normalized shape (leading ones allowed);
     anything else, onnx.reference's own. numpy's code was a tenth of a MiniLM batch in the session."""
 
-    _weights = None
-
     def _bind(self):
         # fixed Scale and B (float32, one shape): laid out for the C++ rows once, with what X's normalized
         # dimensions must be (leading ones aside) and the least rank X may have
         fixed, attributes = self._fixed((1, 2)), self._fixed_attributes()
-        self._weights = None
+        self._bound_call = None
         weights = [] if fixed is None else [w for w in fixed if w is not None]
-        if fixed is not None and fixed[0] is not None and attributes is not None and _arrays(weights):
-            shapes = {without_leading_ones(w.shape) for w in weights}
-            kept = all(w.dtype == np.float32 and w.size for w in weights)  # (no columns: numpy's 0 / 0, below)
-            if attributes.get("stash_type", 1) == 1 and len(shapes) == 1 and kept:
-                flat = [None if w is None else np.ascontiguousarray(w).reshape(-1) for w in fixed]
-                self._weights = (*flat, shapes.pop(), max(w.ndim for w in weights))
+        if fixed is None or fixed[0] is None or attributes is None or not _arrays(weights):
+            return
+        shapes = {without_leading_ones(w.shape) for w in weights}
+        kept = all(w.dtype == np.float32 and w.size for w in weights)  # (no columns: numpy's 0 / 0, below)
+        if attributes.get("stash_type", 1) == 1 and len(shapes) == 1 and kept:
+            scale, bias = (None if w is None else np.ascontiguousarray(w).reshape(-1) for w in fixed)
+            normalized, least_rank = shapes.pop(), max(w.ndim for w in weights)
+            axis, epsilon = attributes.get("axis", -1), attributes.get("epsilon", 1e-5)
+
+            def bound_call(inputs):
+                X = inputs[0]
+                if type(X) is not np.ndarray or X.dtype != np.float32 or not X.flags.c_contiguous:
+                    return None
+                if least_rank > X.ndim or not -X.ndim <= axis < X.ndim:
+                    return None
+                if without_leading_ones(X.shape[axis % X.ndim :]) != normalized:
+                    return None
+                return self._normalized(X, axis % X.ndim, scale, bias, epsilon)
+
+            self._bound_call = bound_call
 
     def _compute(self, X, Scale, B=None, axis=-1, epsilon=1e-5, stash_type=1, **_):
-        weights = self._weights
-        if weights is not None and type(X) is np.ndarray and X.dtype == np.float32 and X.flags.c_contiguous:
-            scale, bias, normalized, least_rank = weights
-            if least_rank <= X.ndim and -X.ndim <= axis < X.ndim:
-                axis %= X.ndim
-                if without_leading_ones(X.shape[axis:]) == normalized:
-                    return self._normalized(X, axis, scale, bias, epsilon)
+        if self._bound_call is not None:
+            outputs = self._bound_call((X,))
+            if outputs is not None:
+                return outputs
         X = np.asarray(X)
         axis = int(axis)
         if not (
@@ -906,6 +931,15 @@ def _arrays(values) -> bool:
     return all(type(v) is np.ndarray for v in values)
 
 
+def _outputs(y):
+    """A bound call's single output as the node's outputs, or None where it did not take the call."""
+    return None if y is None else (y,)
+
+
+def _quantize_float32(quantize, x):
+    return (quantize(x),) if type(x) is np.ndarray and x.dtype == np.float32 else None
+
+
 def _normalized_operand(w, X, axis: int) -> bool:
     """Whether w (LayerNormalization's Scale or B) is a float32 array of X's normalized shape X.shape[axis:]
     (leading ones aside, and no more dimensions than X): one value per column of X's rows."""
@@ -920,31 +954,38 @@ class _Reshape(_Op):
     a microsecond of work took 20-60 us a node: MiniLM has 24); a shape that is not a 1-D int64 array,
     data that is not an array, or a 0 past the input's dimensions: onnx.reference's own."""
 
-    _dims = None
-
     def _bind(self):
         # a fixed shape: its dimensions and the places of its zeros (the input's dimension there) read once
         fixed, attributes = self._fixed((1,)), self._fixed_attributes()
-        self._dims = None
+        self._bound_call = None
         if fixed is not None and attributes is not None and self._plain_shape(fixed[0]):
             dims = fixed[0].tolist()
             zeros = [] if attributes.get("allowzero", 0) else [i for i, d in enumerate(dims) if d == 0]
-            self._dims = (dims, zeros)
+
+            def bound_call(inputs):
+                data = inputs[0]
+                if type(data) is not np.ndarray:
+                    return None
+                if not zeros:
+                    return (data.reshape(dims),)
+                if zeros[-1] >= data.ndim:
+                    return None
+                shape = list(dims)
+                for i in zeros:
+                    shape[i] = data.shape[i]
+                return (data.reshape(shape),)
+
+            self._bound_call = bound_call
 
     @staticmethod
     def _plain_shape(shape) -> bool:
         return type(shape) is np.ndarray and shape.dtype == np.int64 and shape.ndim == 1
 
     def _compute(self, data, shape, allowzero=0, **_):
-        if self._dims is not None and type(data) is np.ndarray:
-            dims, zeros = self._dims
-            if not zeros:
-                return (data.reshape(dims),)
-            if zeros[-1] < data.ndim:
-                dims = list(dims)
-                for i in zeros:
-                    dims[i] = data.shape[i]
-                return (data.reshape(dims),)
+        if self._bound_call is not None:
+            outputs = self._bound_call((data,))
+            if outputs is not None:
+                return outputs
         if type(data) is np.ndarray and self._plain_shape(shape):
             dims = shape.tolist()
             if not allowzero and 0 in dims:

@@ -70,6 +70,18 @@ class CodeTable:
         self.tables = {}
         self._qmm_attributes = {}  # (the session's _call: no attributes)
 
+    def _bound_call(self, inputs):
+        """The outputs by the tables made for x's type and rank, or None before they are made (the session's
+        run loop calls it first; _run makes them)."""
+        x = inputs[0]
+        if type(x) is not np.ndarray or x.ndim < 1:
+            return None
+        tables = self.tables.get((x.dtype, x.ndim))
+        if not tables:
+            return None
+        codes = np.ascontiguousarray(x).view(np.uint8).reshape(-1)
+        return tuple(_lookup(codes, table, (1,) * extra + x.shape) for table, extra in tables)
+
     def _run(self, x):
         if type(x) is np.ndarray and x.dtype in _CODE_TYPES and x.ndim >= 1:
             key = (x.dtype, x.ndim)
@@ -77,8 +89,7 @@ class CodeTable:
             if tables is None:
                 tables = self.tables[key] = self._tabulate(x.dtype, x.ndim)
             if tables:
-                codes = np.ascontiguousarray(x).view(np.uint8).reshape(-1)
-                return tuple(_lookup(codes, table, (1,) * extra + x.shape) for table, extra in tables)
+                return self._bound_call((x,))
         return self._evaluate(x)
 
     def _evaluate(self, x) -> tuple:
