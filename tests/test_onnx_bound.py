@@ -269,3 +269,42 @@ def test_bound_reshape_is_the_node(allowzero, unbound):
         plain.run(None, {"x": x})
     with pytest.raises(type(raised.value), match=re.escape(str(raised.value)[:40])):
         session.run(None, {"x": x})
+
+
+@pytest.mark.parametrize("fn", ["QLinearAdd", "QLinearMul"])
+@pytest.mark.parametrize("dtype", [np.uint8, np.int8])
+def test_bound_add_and_mul_are_the_functions(fn, dtype):
+    """Shapes the C++ loop reads as they are (equal; one repeated over the other's leading dimensions; a
+    one-element operand on either side, which makes A ORT's per-span scalar for the add) against the
+    functions, each twice (the second from the per-shape cache); other layouts, types and refused
+    parameters are left to the general call."""
+    info = np.iinfo(dtype)
+    rng = np.random.default_rng(7)
+    parameters = (np.float32(0.05), dtype(3), np.float32(0.02), dtype(-2 if dtype == np.int8 else 250))
+    parameters += (np.float32(0.04), dtype(9))
+    function = _qlinear_ops.qlinear_add if fn == "QLinearAdd" else _qlinear_ops.qlinear_mul
+    bound = _qlinear_ops.bind_binary(fn, *parameters)
+    codes = lambda *shape: rng.integers(info.min, info.max + 1, shape).astype(dtype)  # noqa: E731
+    for a_shape, b_shape in [
+        ((2, 12, 16), (2, 12, 16)),
+        ((1, 12, 16, 16), (1, 1, 1, 16)),
+        ((3, 40), (40,)),
+        ((), (5, 7)),
+        ((1,), (4, 33)),
+        ((16, 384), (1, 16, 384)),
+        ((1, 1, 16), (3, 5, 16)),
+    ]:
+        for _ in range(2):
+            A, B = codes(*a_shape), codes(*b_shape)
+            got = bound(A, B)
+            want = function(A, *parameters[:2], B, *parameters[2:])
+            assert got is not None, (a_shape, b_shape)
+            assert got.shape == want.shape and got.tobytes() == want.tobytes(), (a_shape, b_shape)
+    A = codes(4, 16)
+    assert bound(A, codes(4, 1)) is None  # broadcast along the last axis: copied first, by the general call
+    assert bound(A.T, codes(16, 4)) is None  # not C-contiguous
+    assert bound(A, A.view(np.int8 if dtype == np.uint8 else np.uint8)) is None  # two types: the call raises
+    assert bound(A, codes(5, 16)) is None  # no broadcast
+    assert bound(A[:0], A[:0]) is None  # empty: the general call's
+    refused = _qlinear_ops.bind_binary(fn, *parameters[:5], np.int16(0))  # a zero point of another type
+    assert refused(A, A) is None

@@ -236,20 +236,79 @@ def qlinear_add(
     )
     if math.prod(shape) == 0:
         return np.empty(shape, A.dtype)
-    mode = _span_mode(A.shape, B.shape)
-    if mode == _A_SCALAR:
-        x, xs, xz, y, ys, yz = B, b_s, zpb, A, a_s, zpa
-    else:
-        x, xs, xz, y, ys, yz = A, a_s, zpa, B, b_s, zpb
-    rx, ry, k = _add_parameters(float(xs), xz, float(ys), yz, float(c_s), zpc)
+    swap, (is_signed, rx, ry, k) = _add_arguments(A, B, (a_s, b_s, c_s), (zpa, zpb, zpc))
+    x, y = (B, A) if swap else (A, B)
     if math.prod(shape) > _NATIVE_FROM:  # the same arithmetic in C++ (one pass; AVX2 where the CPU has it)
         x, y, out, result = _operands(x, y, shape)
-        _core.qlinear_add_codes(x, y, A.dtype == np.int8, rx, ry, k, out)
+        _core.qlinear_add_codes(x, y, is_signed, rx, ry, k, out)
         return result
     with np.errstate(all="ignore"):
         inner = _fma32(y.astype(_F32), _F32(ry), _F32(k))  # the scalar's span constant, or the per-element inner fma
         v = _fma32(x.astype(_F32), _F32(rx), inner)
     return np.broadcast_to(_cvt_saturate(v, A.dtype), shape).copy()
+
+
+def _add_arguments(A, B, scales, zero_points) -> tuple[bool, tuple]:
+    """(whether B is ORT's X, the kernel's arguments (signed, rx, ry, k)) for QLinearAdd's checked A and B:
+    A is X (x_scale, x_zp) unless it is the per-span scalar (_span_mode)."""
+    (a_s, b_s, c_s), (zpa, zpb, zpc) = scales, zero_points
+    swap = _span_mode(A.shape, B.shape) == _A_SCALAR
+    xs, xz, ys, yz = (b_s, zpb, a_s, zpa) if swap else (a_s, zpa, b_s, zpb)
+    return swap, (A.dtype == np.int8, *_add_parameters(float(xs), xz, float(ys), yz, float(c_s), zpc))
+
+
+def _mul_arguments(A, scales, zero_points) -> tuple:
+    """QLinearMul's kernel arguments (signed, zpa, zpb, r, zc) for checked operands of A's type."""
+    (a_s, b_s, c_s), (zpa, zpb, zpc) = scales, zero_points
+    with np.errstate(all="ignore"):
+        r = _F32(_F32(a_s * b_s) / c_s)
+    return A.dtype == np.int8, int(zpa), int(zpb), float(r), float(_F32(zpc))
+
+
+def bind_binary(fn: str, A_scale, A_zero_point, B_scale, B_zero_point, C_scale, C_zero_point):
+    """For a session node's fixed scales and zero points (fn "QLinearAdd" or "QLinearMul"): a function of (A,
+    B) giving qlinear_add / qlinear_mul's result where the C++ loop reads both as they are (C-contiguous,
+    one of the broadcast shape, the other of it or repeated over its leading dimensions: _operands), else
+    None. What a pair of shapes needs (the checks, the operand roles, the kernel's arguments) is formed
+    once per type and shapes."""
+    scalars = BinaryScalars(fn, A_scale, A_zero_point, B_scale, B_zero_point, C_scale, C_zero_point)
+    kernel = _core.qlinear_add_codes if fn == "QLinearAdd" else _core.qlinear_mul_codes
+    plans = {}
+
+    def plan(A, B):
+        try:
+            A, B, shape, scales, zero_points = _binary_operands(
+                fn, A, None, None, B, None, None, None, None, scalars=scalars
+            )
+        except (TypeError, ValueError):  # the general call raises it
+            return False
+        if math.prod(shape) <= max(0, _NATIVE_FROM):  # (empty: the general call's)
+            return False
+        if fn == "QLinearAdd":
+            swap, arguments = _add_arguments(A, B, scales, zero_points)
+        else:
+            swap, arguments = False, _mul_arguments(A, scales, zero_points)
+        x, y = (B, A) if swap else (A, B)
+        x2, y2, out, result = _operands(x, y, shape)
+        return (swap, shape, arguments) if x2 is x and y2 is y and result is out else False
+
+    def call(A, B):
+        if type(A) is not np.ndarray or type(B) is not np.ndarray:
+            return None
+        key = (A.dtype, B.dtype, A.shape, B.shape, A.flags.c_contiguous, B.flags.c_contiguous)
+        found = plans.get(key)
+        if found is None:
+            if len(plans) >= 64:
+                plans.clear()
+            found = plans[key] = plan(A, B)
+        if found is False:
+            return None
+        swap, shape, arguments = found
+        out = np.empty(shape, A.dtype)
+        kernel(*((B, A) if swap else (A, B)), *arguments, out)
+        return out
+
+    return call
 
 
 @functools.lru_cache(maxsize=4096)
@@ -288,7 +347,7 @@ def qlinear_mul(
         r = _F32(_F32(a_s * b_s) / c_s)
         if math.prod(shape) > _NATIVE_FROM:  # the same arithmetic in C++ (one pass; AVX2 where the CPU has it)
             a, b, out, result = _operands(A, B, shape)
-            _core.qlinear_mul_codes(a, b, A.dtype == np.int8, int(zpa), int(zpb), float(r), float(_F32(zpc)), out)
+            _core.qlinear_mul_codes(a, b, *_mul_arguments(A, (a_s, b_s, c_s), (zpa, zpb, zpc)), out)
             return result
         product = (A.astype(np.int32) - zpa) * (B.astype(np.int32) - zpb)  # |product| <= 255 * 255: exact
         v = product.astype(_F32) * r + _F32(zpc)

@@ -38,7 +38,7 @@ from ._pairs import ConvAdd, MatMulAdd, matmul_adds
 from ._pool import max_pool
 from ._qconv import QLinearConvCall, conv_integer, conv_weight, qlinear_conv
 from ._qgemm import QGemmCall, qgemm, qgemm_weight
-from ._qlinear_ops import BinaryScalars, bind_softmax, qlinear_add, qlinear_mul, qlinear_softmax
+from ._qlinear_ops import BinaryScalars, bind_binary, bind_softmax, qlinear_add, qlinear_mul, qlinear_softmax
 from ._qlinear_pool import qlinear_average_pool, qlinear_global_average_pool
 from ._qlinear_unary import qlinear_concat, qlinear_leaky_relu, qlinear_sigmoid
 from ._tables import CodeTable, code_tables
@@ -734,8 +734,17 @@ class _QLinearBinary(_Op):
         if all(v is not False for v in values):
             self._scalars = BinaryScalars(self._fn, *values)
 
+    def _bind(self):
+        fixed = self._fixed((1, 2, 4, 5, 6, 7))  # fixed scales and zero points: the checks and roles once
+        binary = None if fixed is None else bind_binary(self._fn, *fixed)
+        self._bound_call = None if binary is None else lambda inputs: _outputs(binary(inputs[0], inputs[3]))
+
     def _compute(self, A, A_scale, A_zero_point, B, B_scale, B_zero_point, C_scale, C_zero_point=None, **_):
         args = (A, A_scale, A_zero_point, B, B_scale, B_zero_point, C_scale, C_zero_point)
+        if self._bound_call is not None:
+            outputs = self._bound_call(args)
+            if outputs is not None:
+                return outputs
         return (type(self)._function(*args, scalars=self._scalars),)
 
 
