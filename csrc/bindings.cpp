@@ -503,6 +503,26 @@ void bind_qlinear_matmul(nb::module_& m) {
     }
     return y.array();
   });
+  // The same sums as float32, scaled (scale: 1 or N float32 values) and with a bias ([N] float32, or None)
+  // added, as quantize_dynamic's MatMulInteger -> Cast -> Mul (-> Add) nodes give them (onnx/_dynamic.py).
+  m.def("matmul_integer_scaled",
+        [](const In& a, bool a_signed, const In& a_index, const In& a_zp, nb::handle b, bool b_signed,
+           const In& b_index, const In& b_zp, const In& scale, const std::optional<In>& bias) {
+          const auto p = problem(a, a_signed, a_index, a_zp, b, b_signed, b_index, b_zp);
+          const auto floats = [](const In& x, int64_t n) {
+            return x.dtype() == nb::dtype<float>() && static_cast<int64_t>(x.size()) == n;
+          };
+          const bool per_column = floats(scale, p.N) && p.N != 1;
+          if (!(per_column || floats(scale, 1)) || (bias && !floats(*bias, p.N)))
+            throw std::invalid_argument("matmul_integer_scaled: scale of 1 or N float32 values, bias of N (or None)");
+          NewArray<float> y({p.batch, p.M, p.N});
+          {
+            nb::gil_scoped_release release;
+            qmm::matmul_integer_scaled(p, static_cast<const float*>(scale.data()), per_column,
+                                       bias ? static_cast<const float*>(bias->data()) : nullptr, y.data());
+          }
+          return y.array();
+        });
 
   // The fast path of the common call: 2-D a, per-tensor a and y, per-tensor or per-column b,
   // numerics "onnxruntime". Allocates and returns y [M, N]; scales are already combined into the

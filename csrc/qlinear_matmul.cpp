@@ -648,6 +648,25 @@ void matmul_integer(const QGemmProblem& p, int32_t* y) {
                       });
 }
 
+void matmul_integer_scaled(const QGemmProblem& p, const float* scale, bool scale_per_column, const float* bias,
+                           float* y) {
+  const int64_t M = p.M, N = p.N;
+  accumulate<int32_t>(call_entry(p), p,
+                      [&](int64_t bt, int64_t m0, int64_t rows, int64_t n0, int64_t cols, const int32_t* raw,
+                          int64_t ld, const RowTerms* terms) {
+                        const float* s = scale_per_column ? scale + n0 : scale;
+                        for (int64_t r = 0; r < rows; ++r) {
+                          float* row = y + (bt * M + m0 + r) * N + n0;
+                          // (-ffp-contract=off: the multiply and the add round apart, as the two nodes)
+                          for (int64_t j = 0; j < cols; ++j)
+                            row[j] = static_cast<float>(row_terms_applied(raw + r * ld, terms[r], j)) *
+                                     s[scale_per_column ? j : 0];
+                          if (bias)
+                            for (int64_t j = 0; j < cols; ++j) row[j] = row[j] + bias[n0 + j];
+                        }
+                      });
+}
+
 void qlinear_matmul_onnx_reference(const QGemmProblem& p, View3<double> multiplier, QOutput out) {
   run<int32_t>(p, out, [&](int32_t acc, int64_t b, int64_t m, int64_t n, int32_t zp, int32_t qmin, int32_t qmax) {
     return requantize_onnx_reference(acc, multiplier(b, m, n), zp, qmin, qmax);

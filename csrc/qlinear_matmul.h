@@ -127,6 +127,12 @@ void qlinear_matmul_onnxruntime(const QGemmProblem& p, View3<float> multiplier, 
 // ONNX MatMulInteger: y[b, m, n] = sum_k (a - a_zp)(b - b_zp) in wrapping int32 (exact while it
 // fits), y contiguous [batch, M, N]; K >= 1.
 void matmul_integer(const QGemmProblem& p, int32_t* y);
+// Those sums as a quantize_dynamic model's MatMulInteger -> Cast(to=FLOAT) -> Mul(scale) (-> Add(bias))
+// nodes give them (onnx/_dynamic.py), each step rounded on its own: y[b, m, n] = f32(float(sum) *
+// scale[n]) (scale[0] for every n where scale_per_column is false), then + bias[n] where bias is not
+// null; y contiguous float32 [batch, M, N]; K >= 1.
+void matmul_integer_scaled(const QGemmProblem& p, const float* scale, bool scale_per_column, const float* bias,
+                           float* y);
 
 // numerics="onnx-reference": int32 (wrapping) accumulator; rint(f64(acc) * multiplier + zp) in float64,
 // where multiplier is a_scale * b_scale / y_scale evaluated in the scales' own dtype; then clip.

@@ -31,6 +31,7 @@ from ._common import (
     to_array,
     without_leading_ones,
 )
+from ._dynamic import ScaledMatMulInteger, scaled_matmuls
 from ._fuse import fuse_qdq as _fuse_qdq
 from ._fuse import subgraph_reads
 from ._integer import _integer_operand, _matmul_integer, dynamic_quantize_linear, matmul_integer
@@ -190,7 +191,8 @@ def _run_plan(evaluator, numerics: str, tabulate: bool, folded: dict) -> tuple[l
     the outer values, and the values no later node reads: graph outputs, initializers and feeds are kept);
     with tabulate, element-wise groups on one 8-bit tensor as one lookup-table node each (onnx/_tables.py),
     and their nodes' names); in numerics "onnxruntime", QLinearMatMul -> QLinearAdd(bias) pairs as one
-    call (onnx/_pairs.py). A node that runs a subgraph (If, Loop, Scan) reads outer values inside it:
+    call (onnx/_pairs.py); quantize_dynamic's MatMulInteger -> Cast -> Mul (-> Add) as one call
+    (onnx/_dynamic.py). A node that runs a subgraph (If, Loop, Scan) reads outer values inside it:
     they count as its inputs. Nodes that read initializers alone are run here, once (_fold: their outputs
     go to folded), and the others bind to what they read that is fixed (_Op._bind)."""
     entries = [
@@ -210,6 +212,7 @@ def _run_plan(evaluator, numerics: str, tabulate: bool, folded: dict) -> tuple[l
     for entry in entries:
         if isinstance(entry[0], _Op):
             entry[0]._bind()
+    entries = scaled_matmuls(entries, constants, set(evaluator.output_names), _call)
     entries = matmul_adds(entries, constants, set(evaluator.output_names), numerics, _call)
     tabulated = []
     if tabulate:
@@ -232,7 +235,8 @@ def _run_plan(evaluator, numerics: str, tabulate: bool, folded: dict) -> tuple[l
 
 def _bound_call(node):
     """The node's bound call (_Op._bound_call, and the pairs' and tables'), or None."""
-    call = getattr(node, "_bound_call", None) if isinstance(node, (_Op, MatMulAdd, ConvAdd, CodeTable)) else None
+    fused = (_Op, MatMulAdd, ConvAdd, CodeTable, ScaledMatMulInteger)
+    call = getattr(node, "_bound_call", None) if isinstance(node, fused) else None
     return call if callable(call) else None
 
 
@@ -580,13 +584,65 @@ class _MatMulInteger(_Op):
     def __init__(self, onnx_node, run_params, schema=None):
         super().__init__(onnx_node, run_params, schema)
         b, b_zp = self._constant(1), self._constant(3)
-        self._held = None
+        self._held, self._b_zero_points = None, None
         if b is not None and b is not False and b_zp is not False:
             self._held = _integer_operand("b", b, b_zp, "MatMulInteger", pack=True)
+
+    def _bind(self):
+        self._bound_call = None if self._held is None else self._rows_product
+
+    def _rows_product(self, inputs):
+        A, a_zero_point = inputs[0], inputs[2] if len(inputs) > 2 else None
+        operands = self._rows_operands(A, a_zero_point)
+        if operands is None:
+            return None
+        return (_core.matmul_integer(*operands).reshape(A.shape[:-1] + (self._held.x.shape[1],)),)
 
     def _compute(self, A, B, a_zero_point=None, b_zero_point=None, **_):
         b = self._held if self._held is not None else _integer_operand("b", B, b_zero_point, "MatMulInteger")
         return (_matmul_integer(_integer_operand("a", A, a_zero_point, "MatMulInteger"), b),)
+
+    def _scaled(self, A, a_zero_point, scale, bias):
+        """The node's product with a constant b (a matrix) as float32, times scale and plus bias, as
+        Cast(to=FLOAT) -> Mul(scale) (-> Add(bias)) give it (onnx/_dynamic.py): scale a float32 array of one
+        value or one per column (leading ones aside, no more dimensions than the product), bias float32 [N]
+        or None; None for what it does not take (the nodes then run and raise what they would)."""
+        if type(scale) is not np.ndarray or scale.dtype != np.float32:
+            return None
+        operands = self._rows_operands(A, a_zero_point)
+        N = self._held.x.shape[1]
+        if operands is None or scale.ndim > A.ndim or without_leading_ones(scale.shape) not in ((), (1,), (N,)):
+            return None
+        y = _core.matmul_integer_scaled(*operands, np.ascontiguousarray(scale).reshape(-1), bias)
+        return y.reshape(A.shape[:-1] + (N,))
+
+    _ROW = np.zeros(1, np.int64)  # (the batch index of one product)
+
+    def _rows_operands(self, A, a_zero_point):
+        """_core.matmul_integer's arguments for A [..., K] (int8 or uint8, rank >= 2, some rows) with a zero point
+        per tensor (None, or one value of A's type) times the held b (a matrix), A's leading dimensions folded
+        into its rows: the general call's product without its broadcasting; None for any other call."""
+        held = self._held
+        if type(A) is not np.ndarray or A.ndim < 2 or held.x.ndim != 2 or held.packed is None:
+            return None
+        if A.dtype not in _INTEGER_TYPES or A.shape[-1] != held.x.shape[0] or A.size == 0:
+            return None
+        if a_zero_point is None:
+            za = 0
+        elif (
+            isinstance(a_zero_point, (np.ndarray, np.generic))
+            and a_zero_point.dtype == A.dtype
+            and a_zero_point.size == 1
+        ):
+            za = int(a_zero_point.reshape(-1)[0]) if type(a_zero_point) is np.ndarray else int(a_zero_point)
+        else:
+            return None
+        rows = A.size // A.shape[-1]
+        if self._b_zero_points is None:  # b's zero point per column, [1, N] int32, once
+            self._b_zero_points = np.ascontiguousarray(np.broadcast_to(held.zp, (1, held.x.shape[1])), np.int32)
+        a3 = np.ascontiguousarray(A).reshape(1, rows, A.shape[-1])
+        b = (held.packed, held.x.dtype == np.int8, self._ROW, self._b_zero_points)
+        return (a3, A.dtype == np.int8, self._ROW, np.full((1, rows), za, np.int32), *b)
 
 
 class _QGemm(_Op):
@@ -934,6 +990,9 @@ class _LayerNormalization(_Op):
                 inv_std_dev.reshape(-1),
             )
         return (y, mean, inv_std_dev)
+
+
+_INTEGER_TYPES = (np.dtype(np.int8), np.dtype(np.uint8))
 
 
 def _arrays(values) -> bool:

@@ -1,0 +1,113 @@
+"""onnx/_dynamic.py: the session's quantize_dynamic products, MatMulInteger -> Cast(to=FLOAT) -> Mul(scale) (-> Add(bias)), as one call whose int32 sums leave the kernel as the float32 values the nodes give.
+
+``quantize_dynamic`` writes each MatMul with a constant weight as a DynamicQuantizeLinear of its input
+(shared by the products that read it), a Mul of that scale and the weight's, and MatMulInteger ->
+Cast(to=FLOAT) -> Mul(that product), with the model's bias Add after it. Run as nodes, each product
+costs an int32 array, three numpy passes over its output and three nodes' Python. Where the
+MatMulInteger holds a constant b and each value of the chain is read by the next node alone, the
+session runs the chain as one call (csrc: matmul_integer_scaled): per output, in float32,
+``f32(float(sum) * scale)`` and then ``+ bias``, each step rounded on its own as the node's numpy
+operation rounds it (the Cast rounds an int32 to nearest even, as numpy's astype), so the bits are the
+nodes'. A call the fused product does not take (a scale of another type or shape, an a it refuses)
+runs the nodes, which raise what they would.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+
+import numpy as np
+from onnx import TensorProto
+
+_F32 = np.dtype(np.float32)
+
+
+class ScaledMatMulInteger:
+    """A MatMulInteger -> Cast -> Mul (-> Add) chain in the session's plan: ``_run(a, a_zero_point, scale)``
+    returns its last node's output by the nodes; ``_bound_call`` (the run loop tries it first) by the fused
+    product."""
+
+    def __init__(self, matmul, matmul_values, cast, mul, scale_slot, add, add_values, bias, call):
+        self.matmul, self.matmul_values, self.cast, self.mul, self.scale_slot = (
+            matmul,
+            matmul_values,
+            cast,
+            mul,
+            scale_slot,
+        )
+        self.add, self.add_values, self.bias, self.call = add, add_values, bias, call
+        self.op_type = "+".join(node.op_type for node in (matmul, cast, mul, add) if node is not None)
+        self.onnx_node = matmul.onnx_node  # (error messages name the product's node)
+        self._qmm_attributes = {}  # (the session's _call: no attributes)
+
+    def _bound_call(self, inputs):
+        y = self.matmul._scaled(*inputs, self.bias)
+        return None if y is None else (y,)
+
+    def _run(self, a, a_zero_point, scale):
+        values = list(self.matmul_values)  # (A, B, a_zero_point, b_zero_point): B's and b_zero_point's constants
+        values[0] = a
+        if len(values) > 2:
+            values[2] = a_zero_point
+        (value,) = self.call(self.matmul, values)
+        (value,) = self.call(self.cast, [value])
+        (value,) = self.call(self.mul, [value, scale] if self.scale_slot == 1 else [scale, value])
+        if self.add is not None:
+            (value,) = self.call(self.add, [value if v is None else v for v in self.add_values])
+        return (value,)
+
+
+def scaled_matmuls(entries: list, constants: dict, graph_outputs: set, call) -> list:
+    """entries (the plan's, as onnx/_pairs.py's matmul_adds takes them) with each MatMulInteger (a constant
+    b) -> Cast(to=FLOAT) -> Mul (-> Add of a constant float32 bias [N]) chain as one entry where its last
+    node was (the scale may come after the product), each value of the chain read by the next node alone
+    and none a graph output."""
+    readers = defaultdict(set)
+    for i, entry in enumerate(entries):
+        for name in entry[4]:
+            readers[name].add(i)
+    placed, used = {}, set()
+
+    def reader(i, op_type):
+        """(j, the value) where entries[i] has one output, read by entries[j] alone, an op_type of the ONNX
+        domain running no subgraph and in no chain yet; else None."""
+        outputs = entries[i][2]
+        if len(outputs) != 1 or outputs[0] in graph_outputs or len(readers.get(outputs[0], ())) != 1:
+            return None
+        (j,) = readers[outputs[0]]
+        node, _, _, context, _ = entries[j]
+        if context or j in used or node.onnx_node.op_type != op_type or (node.onnx_node.domain or "") != "":
+            return None
+        return j, outputs[0]
+
+    for i, (node, inputs, _, _, _) in enumerate(entries):
+        held = getattr(node, "_held", None) if node.onnx_node.op_type == "MatMulInteger" else None
+        if held is None or held.x.ndim != 2 or i in used:
+            continue
+        cast = reader(i, "Cast")
+        if cast is None or getattr(entries[cast[0]][0], "to", None) != TensorProto.FLOAT:
+            continue
+        mul = reader(cast[0], "Mul")
+        mul_inputs = entries[mul[0]][1] if mul is not None else ()
+        if mul is None or len(mul_inputs) != 2 or mul_inputs.count(mul[1]) != 1:
+            continue
+        scale_slot = 1 - mul_inputs.index(mul[1])
+        chain, add, add_values, bias = [i, cast[0], mul[0]], None, None, None
+        found = reader(mul[0], "Add")
+        if found is not None and len(entries[found[0]][1]) == 2 and entries[found[0]][1].count(found[1]) == 1:
+            add_inputs = entries[found[0]][1]
+            value = constants.get(add_inputs[1 - add_inputs.index(found[1])])
+            if type(value) is np.ndarray and value.dtype == _F32 and value.shape == (held.x.shape[1],):
+                add, bias = entries[found[0]][0], np.ascontiguousarray(value)
+                add_values = [None if name == found[1] else value for name in add_inputs]
+                chain.append(found[0])
+        matmul_values = [None if k in (0, 2) or not name else constants.get(name) for k, name in enumerate(inputs)]
+        fused = ScaledMatMulInteger(
+            node, matmul_values, entries[cast[0]][0], entries[mul[0]][0], scale_slot, add, add_values, bias, call
+        )
+        reads = (inputs[0], inputs[2] if len(inputs) > 2 else "", mul_inputs[scale_slot])
+        placed[chain[-1]] = (fused, reads, entries[chain[-1]][2], False, reads)
+        used.update(chain)
+    if not placed:
+        return entries
+    return [placed.get(k, entry) for k, entry in enumerate(entries) if k not in used or k in placed]
