@@ -194,3 +194,33 @@ def test_no_blocking_changes_the_fused_bits(blocking, unfused):
     finally:
         _core.set_qgemm_blocking()
         qm.set_num_threads(threads)
+
+
+@pytest.mark.parametrize("a_dtype, b_dtype", [(np.uint8, np.int8), (np.int8, np.uint8)])
+def test_a_matmul_integer_with_a_constant_b_is_the_int64_product(a_dtype, b_dtype, isa):
+    """The session's MatMulInteger with a constant b (bound: a's rows folded, its zero point per tensor) and
+    the general call it leaves the rest to (a zero point per row), against numpy's int64 product."""
+    rng = np.random.default_rng(6)
+    K, N = 70, 45
+    b = rng.integers(np.iinfo(b_dtype).min, np.iinfo(b_dtype).max + 1, (K, N)).astype(b_dtype)
+    b_zp = rng.integers(0, 100, N).astype(b_dtype)
+    nodes = [helper.make_node("MatMulInteger", ["a", "b", "a_zp", "b_zp"], ["y"], name="mmi")]
+    graph = helper.make_graph(
+        nodes,
+        "mmi",
+        [
+            helper.make_tensor_value_info("a", helper.np_dtype_to_tensor_dtype(np.dtype(a_dtype)), None),
+            helper.make_tensor_value_info("a_zp", helper.np_dtype_to_tensor_dtype(np.dtype(a_dtype)), None),
+        ],
+        [helper.make_tensor_value_info("y", TensorProto.INT32, None)],
+        [numpy_helper.from_array(b, "b"), numpy_helper.from_array(b_zp, "b_zp")],
+    )
+    session = qo.InferenceSession(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 21)], ir_version=10))
+    info = np.iinfo(a_dtype)
+    for a_shape, zp_shape in [((5, K), ()), ((2, 9, K), (1,)), ((1, 1, 3, K), ()), ((6, K), (6,))]:
+        a = rng.integers(info.min, info.max + 1, a_shape).astype(a_dtype)
+        a_zp = rng.integers(info.min, info.max + 1, zp_shape).astype(a_dtype)
+        rows = a_zp.reshape(-1, 1) if zp_shape == (6,) else a_zp.reshape(())
+        want = (a.astype(np.int64) - rows.astype(np.int64)) @ (b.astype(np.int64) - b_zp.astype(np.int64))
+        got = session.run(None, {"a": a, "a_zp": a_zp})[0]
+        assert got.dtype == np.int32 and got.shape == want.shape and np.array_equal(got, want), (a_shape, zp_shape)
