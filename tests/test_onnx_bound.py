@@ -308,3 +308,21 @@ def test_bound_add_and_mul_are_the_functions(fn, dtype):
     assert bound(A[:0], A[:0]) is None  # empty: the general call's
     refused = _qlinear_ops.bind_binary(fn, *parameters[:5], np.int16(0))  # a zero point of another type
     assert refused(A, A) is None
+
+
+def test_an_output_viewing_a_folded_value_is_the_callers_own():
+    """A graph output that is a view of a folded value (a Reshape of a DequantizeLinear of initializers)
+    comes back as a copy: writing into it changes nothing in the next run."""
+    w = {"c_q": np.array([1, 2, 3, 4], np.int8), "c_s": np.float32(0.5), "shape": np.array([2, 2], np.int64)}
+    nodes = [
+        helper.make_node("DequantizeLinear", ["c_q", "c_s"], ["c"], name="dq"),
+        helper.make_node("Reshape", ["c", "shape"], ["out"], name="reshape"),
+        helper.make_node("Add", ["x", "x"], ["y"], name="add"),
+    ]
+    m = model(nodes, [("x", F32, [2])], [("out", F32, None), ("y", F32, None)], w)
+    session = qo.InferenceSession(m)
+    assert list(session._folded) == ["c"]
+    first = session.run(None, {"x": np.ones(2, np.float32)})[0]
+    first[...] = -7
+    again = session.run(None, {"x": np.ones(2, np.float32)})[0]
+    assert np.array_equal(again, [[0.5, 1.0], [1.5, 2.0]])

@@ -139,6 +139,12 @@ class InferenceSession:
         except Exception as error:  # onnx.reference refuses an operator or an attribute
             raise ValueError(f"{self._FN}: onnx.reference cannot run this model: {_first_line(error)}") from None
         self._plan, self.tabulated = _run_plan(self._evaluator, numerics, tabulate, self._folded)
+        # graph outputs of a node that reads a folded value: copied for the caller (a Reshape's view of a
+        # folded array must not let the caller write into what the next runs read)
+        outputs = set(self._evaluator.output_names)
+        self._copied = {
+            name for entry in self._plan for name in entry[2] if name in outputs and self._folded.keys() & set(entry[1])
+        }
         self._feed_spec = feed_spec(self._model)  # (the initializers' names read once, not per run)
         self._inputs = [arg for arg, _ in self._feed_spec.values()]
         self._outputs = [node_arg(v) for v in self._model.graph.output]
@@ -167,7 +173,7 @@ class InferenceSession:
         feed = check_feed(fn, self._model, input_feed, spec=self._feed_spec)
         try:
             with np.errstate(all="ignore"), _core.ParallelRegion():
-                return _run_nodes(self._evaluator, self._plan, output_names, feed, self._folded)
+                return _run_nodes(self._evaluator, self._plan, output_names, feed, self._folded, self._copied)
         except _NodeError as error:
             raise error.public(fn) from None
 
@@ -268,7 +274,7 @@ _UNFOLDED = frozenset(
 )
 
 
-def _run_nodes(evaluator, plan, output_names, feed, folded) -> list[np.ndarray]:
+def _run_nodes(evaluator, plan, output_names, feed, folded, copied=frozenset()) -> list[np.ndarray]:
     results = {"": None}  # an absent optional input
     results.update(evaluator.rt_inits_)
     results.update(folded)
@@ -299,7 +305,10 @@ def _run_nodes(evaluator, plan, output_names, feed, folded) -> list[np.ndarray]:
             results.pop(name, None)
     # in C order, as ONNX Runtime returns them (the convolutions and pools pass channels-last views on)
     outputs = [results[name] for name in output_names]
-    return [v.copy() if isinstance(v, np.ndarray) and not v.flags.c_contiguous else v for v in outputs]
+    return [
+        v.copy() if isinstance(v, np.ndarray) and (not v.flags.c_contiguous or name in copied) else v
+        for name, v in zip(output_names, outputs)
+    ]
 
 
 def _call(node, inputs) -> tuple:
