@@ -66,6 +66,22 @@ def inputs(shape, seed):
     return x
 
 
+@pytest.fixture
+def fused_calls(monkeypatch):
+    """The fused products' kernel calls (csrc matmul_integer_scaled) the sessions make."""
+    calls = []
+    core = _session._core
+
+    class Core:
+        def __getattr__(self, name):
+            if name == "matmul_integer_scaled":
+                return lambda *a: calls.append(a[0].shape) or core.matmul_integer_scaled(*a)
+            return getattr(core, name)
+
+    monkeypatch.setattr(_session, "_core", Core())
+    return calls
+
+
 @pytest.mark.parametrize(
     "per_channel, w_dtype, scale_first, bias",
     [
@@ -75,7 +91,7 @@ def inputs(shape, seed):
         (False, np.uint8, True, "after"),
     ],
 )
-def test_the_fused_product_gives_the_nodes_bits(per_channel, w_dtype, scale_first, bias, isa, unfused):
+def test_the_fused_product_gives_the_nodes_bits(per_channel, w_dtype, scale_first, bias, isa, unfused, fused_calls):
     """Per-tensor and per-channel weights (zero points too), both Mul operand orders, the bias on either side
     or none, int8 and uint8 weights, x of rank 2 and 3 with row counts off the kernels' tiles."""
     cases = [(64, 96, (2, 5, 64)), (40, 37, (13, 40)), (384, 130, (1, 16, 384)), (256, 1000, (4, 128, 256))]
@@ -84,11 +100,14 @@ def test_the_fused_product_gives_the_nodes_bits(per_channel, w_dtype, scale_firs
             K, N, per_channel=per_channel, w_dtype=w_dtype, scale_first=scale_first, bias=bias, x_rank=len(x_shape)
         )
         session, plain = qo.InferenceSession(model), unfused(model)
-        assert len(fused_in(session)) == 1 and not fused_in(plain)
-        assert len(session._plan) == len(plain._plan) - (3 if bias else 2)
+        assert len(fused_in(session)) == 1 and not fused_in(plain) and fused_in(session)[0].scale_product
+        assert len(session._plan) == len(plain._plan) - (4 if bias else 3)  # (the scale's Mul joins too)
         x = inputs(x_shape, seed)
         before = x.copy()
-        got, want = session.run(None, {"x": x})[0], plain.run(None, {"x": x})[0]
+        fused_calls.clear()
+        got = session.run(None, {"x": x})[0]
+        assert len(fused_calls) == 1  # (the fused call took it: not the nodes)
+        want = plain.run(None, {"x": x})[0]
         assert got.dtype == want.dtype == np.float32 and got.shape == want.shape
         assert got.tobytes() == want.tobytes(), (K, N)
         assert np.array_equal(x, before)
@@ -107,6 +126,15 @@ def test_what_does_not_fuse(unfused):
     (fused,) = fused_in(qo.InferenceSession(model))
     assert fused.add is None
     x = inputs((3, 4, 32), 1)
+    for got, want in zip(
+        qo.InferenceSession(model).run(None, {"x": x}), unfused(model).run(None, {"x": x}), strict=True
+    ):
+        assert got.tobytes() == want.tobytes()
+    model = dynamic_model(32, 16)
+    model.graph.node.append(helper.make_node("Neg", ["s"], ["s2"]))  # the scale read twice: its Mul stays a node
+    model.graph.output.append(helper.make_tensor_value_info("s2", F32, None))
+    (fused,) = fused_in(qo.InferenceSession(model))
+    assert fused.scale_product is None and fused.add is not None
     for got, want in zip(
         qo.InferenceSession(model).run(None, {"x": x}), unfused(model).run(None, {"x": x}), strict=True
     ):

@@ -25,7 +25,15 @@ _F32 = np.dtype(np.float32)
 class ScaledMatMulInteger:
     """A MatMulInteger -> Cast -> Mul (-> Add) chain in the session's plan: ``_run(a, a_zero_point, scale)``
     returns its last node's output by the nodes; ``_bound_call`` (the run loop tries it first) by the fused
-    product."""
+    product. With ``with_scale_product``, the Mul of a's scale and a constant weight scale that makes
+    ``scale`` joins it: ``_run(a, a_zero_point, a_scale)``."""
+
+    scale_product = None  # (the Mul node, its inputs with a's scale's slot None) where it joined
+
+    def with_scale_product(self, mul, values):
+        self.scale_product = (mul, values)
+        self.op_type = f"{mul.op_type}+{self.op_type}"
+        return self
 
     def __init__(self, matmul, matmul_values, cast, mul, scale_slot, add, add_values, bias, call):
         self.matmul, self.matmul_values, self.cast, self.mul, self.scale_slot = (
@@ -41,10 +49,19 @@ class ScaledMatMulInteger:
         self._qmm_attributes = {}  # (the session's _call: no attributes)
 
     def _bound_call(self, inputs):
-        y = self.matmul._scaled(*inputs, self.bias)
+        a, a_zero_point, scale = inputs
+        if self.scale_product is not None:  # numpy's product, as the Mul node's
+            _, values = self.scale_product
+            if type(scale) is not np.ndarray or scale.dtype != _F32:
+                return None
+            scale = np.asarray(np.multiply(*(scale if v is None else v for v in values)))  # (0-d: a numpy scalar)
+        y = self.matmul._scaled(a, a_zero_point, scale, self.bias)
         return None if y is None else (y,)
 
     def _run(self, a, a_zero_point, scale):
+        if self.scale_product is not None:
+            mul, values = self.scale_product
+            (scale,) = self.call(mul, [scale if v is None else v for v in values])
         values = list(self.matmul_values)  # (A, B, a_zero_point, b_zero_point): B's and b_zero_point's constants
         values[0] = a
         if len(values) > 2:
@@ -62,10 +79,12 @@ def scaled_matmuls(entries: list, constants: dict, graph_outputs: set, call) -> 
     b) -> Cast(to=FLOAT) -> Mul (-> Add of a constant float32 bias [N]) chain as one entry where its last
     node was (the scale may come after the product), each value of the chain read by the next node alone
     and none a graph output."""
-    readers = defaultdict(set)
+    readers, producers = defaultdict(set), {}
     for i, entry in enumerate(entries):
         for name in entry[4]:
             readers[name].add(i)
+        for name in entry[2]:
+            producers[name] = i
     placed, used = {}, set()
 
     def reader(i, op_type):
@@ -105,9 +124,34 @@ def scaled_matmuls(entries: list, constants: dict, graph_outputs: set, call) -> 
         fused = ScaledMatMulInteger(
             node, matmul_values, entries[cast[0]][0], entries[mul[0]][0], scale_slot, add, add_values, bias, call
         )
-        reads = (inputs[0], inputs[2] if len(inputs) > 2 else "", mul_inputs[scale_slot])
-        placed[chain[-1]] = (fused, reads, entries[chain[-1]][2], False, reads)
+        last, scale = chain[-1], mul_inputs[scale_slot]
+        product = _scale_product(entries, producers, readers, scale, mul[0], constants, graph_outputs, used)
+        if product is not None:  # the scale's own Mul (a's scale times the weight's) joins the chain
+            k, a_scale, values = product
+            fused.with_scale_product(entries[k][0], values)
+            chain.append(k)
+            scale = a_scale
+        reads = (inputs[0], inputs[2] if len(inputs) > 2 else "", scale)
+        placed[last] = (fused, reads, entries[last][2], False, reads)
         used.update(chain)
     if not placed:
         return entries
     return [placed.get(k, entry) for k, entry in enumerate(entries) if k not in used or k in placed]
+
+
+def _scale_product(entries, producers, readers, scale, reader, constants, graph_outputs, used):
+    """(its index, a's scale, its inputs with that slot None) where the value scale is the output of a Mul of
+    the ONNX domain of a value and a constant float32 array, read by entries[reader] alone; else None."""
+    k = producers.get(scale)
+    if k is None or scale in graph_outputs or readers.get(scale) != {reader}:
+        return None
+    node, inputs, outputs, context, _ = entries[k]
+    if context or k in used or node.onnx_node.op_type != "Mul" or (node.onnx_node.domain or "") != "":
+        return None
+    if len(inputs) != 2 or len(outputs) != 1:
+        return None
+    fixed = [constants.get(name) for name in inputs]
+    variable = [i for i, value in enumerate(fixed) if value is None]
+    if len(variable) != 1 or any(v is not None and (type(v) is not np.ndarray or v.dtype != _F32) for v in fixed):
+        return None
+    return k, inputs[variable[0]], fixed  # (fixed: None at a's scale's slot)
