@@ -95,6 +95,7 @@ def unbound(monkeypatch):
                 patch.setattr(cls, "_bind", lambda self: None)
             patch.setattr(qlinear.QLinearMatMul, "_bind", lambda self, *a: None)
             patch.setattr(_session, "_fold", lambda entries, *_: entries)
+            patch.setattr(_session, "_NUMPY_BINARY", {})
             return qo.InferenceSession(m)
 
     return make
@@ -345,3 +346,28 @@ def test_an_output_viewing_a_folded_value_is_the_callers_own():
     first[...] = -7
     again = session.run(None, {"x": np.ones(2, np.float32)})[0]
     assert np.array_equal(again, [[0.5, 1.0], [1.5, 2.0]])
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64, np.float16, np.int32])
+def test_float_add_sub_mul_div_bound_to_numpy_are_the_reference_nodes(dtype, unbound):
+    """onnx.reference's Add, Sub, Mul and Div called as their numpy functions for float operands of one type:
+    the same values and types, 0-d results as 0-d arrays; integers (Div truncates) run the nodes."""
+    t = helper.np_dtype_to_tensor_dtype(np.dtype(dtype))
+    w = {"c": np.array([1.5, -2.0, 0.0], dtype), "z": np.array(3, dtype)}
+    nodes = [
+        helper.make_node("Add", ["x", "c"], ["a"], name="add"),
+        helper.make_node("Sub", ["z", "a"], ["s"], name="sub"),
+        helper.make_node("Mul", ["s", "x"], ["m"], name="mul"),
+        helper.make_node("Div", ["m", "c"], ["d"], name="div"),
+        helper.make_node("Div", ["z", "z"], ["one"], name="div0"),  # 0-d by 0-d: a 0-d array
+    ]
+    m = model(nodes, [("x", t, None)], [("d", t, None), ("one", t, None)], w)
+    session, plain = qo.InferenceSession(m), unbound(m)
+    calls = taken(session)
+    x = (np.arange(12).reshape(4, 3) - 5).astype(dtype)
+    with np.errstate(all="ignore"):
+        got, want = session.run(None, {"x": x}), plain.run(None, {"x": x})
+    for g, v in zip(got, want, strict=True):
+        assert type(g) is np.ndarray and g.dtype == v.dtype and g.shape == v.shape and g.tobytes() == v.tobytes()
+    floats = np.dtype(dtype).kind == "f"
+    assert calls == {n: [floats] for n in ("add", "sub", "mul", "div", "div0")}  # (div0: a graph output, not folded)

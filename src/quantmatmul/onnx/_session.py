@@ -10,6 +10,7 @@ import numpy as np
 import onnx
 from onnx.reference import ReferenceEvaluator
 from onnx.reference.op_run import OpFunction, OpRun
+from onnx.reference.ops._op import OpRunBinaryNumpy
 
 from .. import _core
 from ..matmul_nbits import MatMulNBits, matmul_nbits
@@ -240,10 +241,31 @@ def _run_plan(evaluator, numerics: str, tabulate: bool, folded: dict) -> tuple[l
 
 
 def _bound_call(node):
-    """The node's bound call (_Op._bound_call, and the pairs' and tables'), or None."""
+    """The node's bound call (_Op._bound_call, and the pairs' and tables'; onnx.reference's float Add, Sub,
+    Mul and Div as the numpy function they call), or None."""
     fused = (_Op, MatMulAdd, ConvAdd, CodeTable, ScaledMatMulInteger)
-    call = getattr(node, "_bound_call", None) if isinstance(node, fused) else None
-    return call if callable(call) else None
+    if isinstance(node, fused):
+        call = getattr(node, "_bound_call", None)
+        return call if callable(call) else None
+    ufunc = _NUMPY_BINARY.get(node.onnx_node.op_type)
+    if ufunc is None or not isinstance(node, OpRunBinaryNumpy) or node.onnx_node.domain not in ("", "ai.onnx"):
+        return None
+    if node.onnx_node.attribute or len(node.onnx_node.input) != 2:  # (before opset 7: broadcast and axis)
+        return None
+    return lambda inputs: _float_binary(ufunc, inputs)
+
+
+# onnx.reference's Add, Sub, Mul and Div: OpRunBinaryNumpy._run's numpy function, for floats.
+_NUMPY_BINARY = {"Add": np.add, "Sub": np.subtract, "Mul": np.multiply, "Div": np.divide}
+
+
+def _float_binary(ufunc, inputs):
+    """(ufunc(a, b),) for two float arrays of one dtype, as onnx.reference's node computes it (a numpy scalar
+    wrapped into a 0-d array, as its output check does); None for anything else (the node's own run)."""
+    a, b = inputs
+    if type(a) is not np.ndarray or type(b) is not np.ndarray or a.dtype != b.dtype or a.dtype.kind != "f":
+        return None
+    return (np.asarray(ufunc(a, b)),)
 
 
 def _fold(entries: list, constants: dict, graph_outputs: set, folded: dict) -> list:
