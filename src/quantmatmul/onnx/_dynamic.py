@@ -28,25 +28,19 @@ class ScaledMatMulInteger:
     product. With ``with_scale_product``, the Mul of a's scale and a constant weight scale that makes
     ``scale`` joins it: ``_run(a, a_zero_point, a_scale)``."""
 
-    scale_product = None  # (the Mul node, its inputs with a's scale's slot None) where it joined
+    def __init__(self, matmul, matmul_values, cast, mul, scale_slot, add, add_values, bias, call):
+        self.matmul, self.matmul_values = matmul, matmul_values  # (A, B, a_zero_point, b_zero_point): B's constants
+        self.cast, self.mul, self.scale_slot = cast, mul, scale_slot
+        self.add, self.add_values, self.bias, self.call = add, add_values, bias, call
+        self.scale_product = None  # (the Mul node, its inputs with a's scale's slot None) where it joined
+        self.op_type = "+".join(node.op_type for node in (matmul, cast, mul, add) if node is not None)
+        self.onnx_node = matmul.onnx_node  # (error messages name the product's node)
+        self._qmm_attributes = {}  # (the session's _call: no attributes)
 
     def with_scale_product(self, mul, values):
         self.scale_product = (mul, values)
         self.op_type = f"{mul.op_type}+{self.op_type}"
         return self
-
-    def __init__(self, matmul, matmul_values, cast, mul, scale_slot, add, add_values, bias, call):
-        self.matmul, self.matmul_values, self.cast, self.mul, self.scale_slot = (
-            matmul,
-            matmul_values,
-            cast,
-            mul,
-            scale_slot,
-        )
-        self.add, self.add_values, self.bias, self.call = add, add_values, bias, call
-        self.op_type = "+".join(node.op_type for node in (matmul, cast, mul, add) if node is not None)
-        self.onnx_node = matmul.onnx_node  # (error messages name the product's node)
-        self._qmm_attributes = {}  # (the session's _call: no attributes)
 
     def _bound_call(self, inputs):
         a, a_zero_point, scale = inputs
@@ -62,7 +56,7 @@ class ScaledMatMulInteger:
         if self.scale_product is not None:
             mul, values = self.scale_product
             (scale,) = self.call(mul, [scale if v is None else v for v in values])
-        values = list(self.matmul_values)  # (A, B, a_zero_point, b_zero_point): B's and b_zero_point's constants
+        values = list(self.matmul_values)
         values[0] = a
         if len(values) > 2:
             values[2] = a_zero_point
