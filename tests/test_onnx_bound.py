@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 from peer_deviations import pinned_only
+from test_onnx_tables import model
 
 import quantmatmul as qm
 import quantmatmul.onnx as qo
@@ -28,18 +29,6 @@ BOUND = (
     _session._QLinearSoftmax,
     _session._Reshape,
 )
-
-
-def model(nodes, inputs, outputs, weights, opset=21):
-    graph = helper.make_graph(
-        nodes,
-        "bound",
-        [helper.make_tensor_value_info(n, t, s) for n, t, s in inputs],
-        [helper.make_tensor_value_info(n, t, s) for n, t, s in outputs],
-        [numpy_helper.from_array(np.asarray(v), k) for k, v in weights.items()],
-    )
-    opsets = [helper.make_opsetid("", opset), helper.make_opsetid(MS, 1)]
-    return helper.make_model(graph, opset_imports=opsets, ir_version=10)
 
 
 def attention_model(N=48, heads=4):
@@ -303,7 +292,7 @@ def test_bound_add_and_mul_are_the_functions(fn, dtype):
     parameters = (np.float32(0.05), dtype(3), np.float32(0.02), dtype(-2 if dtype == np.int8 else 250))
     parameters += (np.float32(0.04), dtype(9))
     function = _qlinear_ops.qlinear_add if fn == "QLinearAdd" else _qlinear_ops.qlinear_mul
-    bound = _qlinear_ops.bind_binary(fn, *parameters)
+    bound = _qlinear_ops.bind_binary(fn, _qlinear_ops.BinaryScalars(fn, *parameters))
     codes = lambda *shape: rng.integers(info.min, info.max + 1, shape).astype(dtype)  # noqa: E731
     for a_shape, b_shape in [
         ((2, 12, 16), (2, 12, 16)),
@@ -326,7 +315,9 @@ def test_bound_add_and_mul_are_the_functions(fn, dtype):
     assert bound(A, A.view(np.int8 if dtype == np.uint8 else np.uint8)) is None  # two types: the call raises
     assert bound(A, codes(5, 16)) is None  # no broadcast
     assert bound(A[:0], A[:0]) is None  # empty: the general call's
-    refused = _qlinear_ops.bind_binary(fn, *parameters[:5], np.int16(0))  # a zero point of another type
+    refused = _qlinear_ops.bind_binary(
+        fn, _qlinear_ops.BinaryScalars(fn, *parameters[:5], np.int16(0))
+    )  # (a zero point of another type)
     assert refused(A, A) is None
 
 

@@ -86,19 +86,13 @@ def _zero_point_shaped(which, x, zero_point, fn):
 def _matmul_integer(a: _IntegerOperand, b: _IntegerOperand) -> np.ndarray:
     """(a - a_zp) @ (b - b_zp) in int32 (wrapping), numpy.matmul's shapes, on the int8 GEMM kernels
     (QLinearMatMul's accumulation without its requantization: exact modulo 2^32)."""
-    shape, arguments = _integer_call(a, b)
-    return np.zeros(shape, np.int32) if arguments is None else _core.matmul_integer(*arguments).reshape(shape)
-
-
-def _integer_call(a: _IntegerOperand, b: _IntegerOperand) -> tuple[tuple, tuple | None]:
-    """(the product's shape, _core.matmul_integer's arguments for it; None where it is empty or K is 0)."""
     A = a.x[None, :] if a.x.ndim == 1 else a.x
     B = b.x[:, None] if b.x.ndim == 1 else b.x
     if A.shape[-1] != B.shape[-2]:
         raise ValueError(f"MatMulInteger: inner dimensions differ: a {a.x.shape}, b {b.x.shape}")
     if A.ndim >= 3 and b.x.ndim == 2 and a.zp.ndim == 0:  # a's leading dimensions fold into its rows (qlinear._run)
         rows = _IntegerOperand(A.reshape(prod(A.shape[:-1]), A.shape[-1]), a.zp)
-        return A.shape[:-1] + (B.shape[-1],), _integer_call(rows, b)[1]
+        return _matmul_integer(rows, b).reshape(A.shape[:-1] + (B.shape[-1],))
     try:
         batch = tuple(np.broadcast_shapes(A.shape[:-2], B.shape[:-2]))
         a_zp = np.broadcast_to(a.zp, A.shape[:-1] + (1,))
@@ -111,11 +105,11 @@ def _integer_call(a: _IntegerOperand, b: _IntegerOperand) -> tuple[tuple, tuple 
     shape = batch + (() if a.x.ndim == 1 else (M,)) + (() if b.x.ndim == 1 else (N,))
     count = int(np.prod(batch, dtype=np.int64)) * M * N
     if count == 0 or K == 0:
-        return shape, None
+        return np.zeros(shape, np.int32)
 
     a3 = np.ascontiguousarray(A).reshape(-1, M, K)
     b_operand = b.packed if b.packed is not None else np.ascontiguousarray(B).reshape(-1, K, N)
-    return shape, (
+    y = _core.matmul_integer(
         a3,
         A.dtype == np.int8,
         batch_index(A.shape[:-2], batch),
@@ -125,6 +119,7 @@ def _integer_call(a: _IntegerOperand, b: _IntegerOperand) -> tuple[tuple, tuple 
         batch_index(B.shape[:-2], batch),
         np.ascontiguousarray(b_zp.reshape(-1, N)),
     )
+    return y.reshape(shape)
 
 
 def matmul_integer(A, B, a_zero_point=None, b_zero_point=None) -> np.ndarray:

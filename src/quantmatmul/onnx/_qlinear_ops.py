@@ -265,13 +265,12 @@ def _mul_arguments(A, scales, zero_points) -> tuple:
     return A.dtype == np.int8, int(zpa), int(zpb), float(r), float(_F32(zpc))
 
 
-def bind_binary(fn: str, A_scale, A_zero_point, B_scale, B_zero_point, C_scale, C_zero_point):
-    """For a session node's fixed scales and zero points (fn "QLinearAdd" or "QLinearMul"): a function of (A,
-    B) giving qlinear_add / qlinear_mul's result where the C++ loop reads both as they are (C-contiguous,
-    one of the broadcast shape, the other of it or repeated over its leading dimensions: _operands), else
-    None. What a pair of shapes needs (the checks, the operand roles, the kernel's arguments) is formed
-    once per type and shapes."""
-    scalars = BinaryScalars(fn, A_scale, A_zero_point, B_scale, B_zero_point, C_scale, C_zero_point)
+def bind_binary(fn: str, scalars: BinaryScalars):
+    """For a session node's fixed scales and zero points (fn "QLinearAdd" or "QLinearMul"; scalars: the
+    node's BinaryScalars of them): a function of (A, B) giving qlinear_add / qlinear_mul's result where the
+    C++ loop reads both as they are (C-contiguous, one of the broadcast shape, the other of it or repeated
+    over its leading dimensions: _operands), else None. What a pair of shapes needs (the checks, the
+    operand roles, the kernel's arguments) is formed once per type and shapes."""
     kernel = _core.qlinear_add_codes if fn == "QLinearAdd" else _core.qlinear_mul_codes
     plans = {}
 

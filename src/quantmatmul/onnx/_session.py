@@ -271,7 +271,7 @@ def _float_binary(ufunc, inputs):
 def _fold(entries: list, constants: dict, graph_outputs: set, folded: dict) -> list:
     """entries without the nodes that read initializers (constants) alone, run once here in order, their
     outputs put in folded (a QDQ model's DequantizeLinear of a LayerNormalization's weights, a Constant
-    node): ONNX Runtime folds them when it loads a model too. A node that runs a subgraph or draws random
+    node), whose values are the same on every run. A node that runs a subgraph or draws random
     numbers, one that writes a graph output, and one that fails (its run raises then) stay in the plan."""
     kept = []
     for entry in entries:
@@ -822,8 +822,12 @@ class _QLinearBinary(_Op):
             self._scalars = BinaryScalars(self._fn, *values)
 
     def _bind(self):
-        fixed = self._fixed((1, 2, 4, 5, 6, 7))  # fixed scales and zero points: the checks and roles once
-        binary = None if fixed is None else bind_binary(self._fn, *fixed)
+        # fixed scales and zero points (the BinaryScalars above; folded values too): the checks and roles
+        # once per shapes
+        if self._scalars is None:
+            fixed = self._fixed((1, 2, 4, 5, 6, 7))
+            self._scalars = None if fixed is None else BinaryScalars(self._fn, *fixed)
+        binary = None if self._scalars is None else bind_binary(self._fn, self._scalars)
         self._bound_call = None if binary is None else lambda inputs: _outputs(binary(inputs[0], inputs[3]))
 
     def _compute(self, A, A_scale, A_zero_point, B, B_scale, B_zero_point, C_scale, C_zero_point=None, **_):
