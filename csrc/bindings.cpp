@@ -43,6 +43,19 @@ namespace {
 using In = nb::ndarray<nb::ro, nb::device::cpu>;
 using Out = nb::ndarray<nb::device::cpu>;
 
+// Whether a's elements lie in C order one after another (strides in elements; a dimension of one aside, and
+// an empty array's strides).
+template <class A>
+bool contiguous(const A& a) {
+  if (a.size() == 0) return true;
+  int64_t expected = 1;
+  for (size_t d = a.ndim(); d-- > 0;) {
+    if (a.shape(d) != 1 && a.stride(d) != expected) return false;
+    expected *= static_cast<int64_t>(a.shape(d));
+  }
+  return true;
+}
+
 template <class T>
 qmm::View3<T> view3(const In& x) {
   return {static_cast<const T*>(x.data()), x.stride(0), x.stride(1), x.stride(2)};
@@ -133,7 +146,8 @@ void qlinear_binding(const In& a, bool a_signed, const In& a_index, const In& a_
 template <class T>
 class NewArray {
  public:
-  explicit NewArray(std::initializer_list<int64_t> dims) {
+  explicit NewArray(std::initializer_list<int64_t> dims) : NewArray(std::vector<int64_t>(dims)) {}
+  explicit NewArray(const std::vector<int64_t>& dims) {
     size_t count = 1;
     for (int64_t d : dims) {
       shape_.push_back(static_cast<size_t>(d));
@@ -523,6 +537,57 @@ void bind_qlinear_matmul(nb::module_& m) {
           }
           return y.array();
         });
+
+  // quantize_dynamic's product in one call from the nodes' own values (onnx/_dynamic.py's bound call): a int8 or
+  // uint8 C-contiguous [..., K] (its leading dimensions folded into rows), a_zero_point None or one value of a's
+  // type, b packed ([K, N]) with its zero points b_zp int32 [N], the scale f32(a_scale * b_scale[n]) (a_scale
+  // one float32, b_scale 1 or N: numpy's product, as the Mul node's) and bias float32 [N] or None, as
+  // matmul_integer_scaled gives them; float32 [..., N]. ValueError for anything else.
+  m.def(
+      "matmul_integer_scaled_rows",
+      [](const In& a, const std::optional<In>& a_zp, const qmm::PackedB& b, const In& b_zp, const In& a_scale,
+         const In& b_scale, const std::optional<In>& bias) {
+        const char* fn = "matmul_integer_scaled_rows";
+        const bool a_signed = a.dtype() == nb::dtype<int8_t>();
+        if ((!a_signed && a.dtype() != nb::dtype<uint8_t>()) || a.ndim() < 2 || !contiguous(a) ||
+            static_cast<int64_t>(a.shape(a.ndim() - 1)) != b.K || b.count != 1 || a.size() == 0)
+          throw std::invalid_argument(std::string(fn) + ": a int8 or uint8 [..., K] C-contiguous expected");
+        if (a_zp && (a_zp->dtype() != a.dtype() || a_zp->size() != 1))
+          throw std::invalid_argument(std::string(fn) + ": a_zero_point of one value of a's type expected");
+        const int64_t N = b.N, rows = static_cast<int64_t>(a.size()) / b.K;
+        const auto floats = [](const In& x, int64_t n) {
+          return x.dtype() == nb::dtype<float>() && static_cast<int64_t>(x.size()) == n;
+        };
+        if (b_zp.dtype() != nb::dtype<int32_t>() || static_cast<int64_t>(b_zp.size()) != N || !contiguous(b_zp) ||
+            !floats(a_scale, 1) || !(floats(b_scale, 1) || floats(b_scale, N)) || !contiguous(b_scale) ||
+            (bias && (!floats(*bias, N) || !contiguous(*bias))))
+          throw std::invalid_argument(std::string(fn) + ": b_zp int32 [N], a_scale one float32, b_scale 1 or N, bias N");
+        int32_t za = 0;
+        if (a_zp) za = a_signed ? *static_cast<const int8_t*>(a_zp->data()) : *static_cast<const uint8_t*>(a_zp->data());
+        std::vector<int64_t> dims;
+        for (size_t d = 0; d + 1 < a.ndim(); ++d) dims.push_back(static_cast<int64_t>(a.shape(d)));
+        dims.push_back(N);
+        NewArray<float> y(dims);
+        {
+          nb::gil_scoped_release release;
+          static const int64_t kZero[1] = {0};
+          const std::vector<int32_t> a_zero_points(static_cast<size_t>(rows), za);
+          qmm::QGemmProblem p;
+          p.batch = 1, p.M = rows, p.N = N, p.K = b.K;
+          p.a = a.data(), p.a_signed = a_signed, p.a_index = kZero, p.a_zero_point = a_zero_points.data();
+          p.b_packed = &b, p.b_raw = nullptr, p.b_signed = b.is_signed, p.b_index = kZero;
+          p.b_zero_point = static_cast<const int32_t*>(b_zp.data());
+          const float s = *static_cast<const float*>(a_scale.data());
+          const auto* bs = static_cast<const float*>(b_scale.data());
+          std::vector<float> scale(b_scale.size());
+          for (size_t n = 0; n < scale.size(); ++n) scale[n] = s * bs[n];
+          qmm::matmul_integer_scaled(p, scale.data(), scale.size() > 1, bias ? static_cast<const float*>(bias->data()) : nullptr,
+                                     y.data());
+        }
+        return y.array();
+      },
+      nb::arg("a"), nb::arg("a_zero_point").none(), nb::arg("b"), nb::arg("b_zp"), nb::arg("a_scale"),
+      nb::arg("b_scale"), nb::arg("bias").none());
 
   // The fast path of the common call: 2-D a, per-tensor a and y, per-tensor or per-column b,
   // numerics "onnxruntime". Allocates and returns y [M, N]; scales are already combined into the
@@ -935,6 +1000,57 @@ void bind_onnx_ops(nb::module_& m) {
                                static_cast<float*>(y.data()), static_cast<float*>(mean.data()),
                                static_cast<float*>(inv_std_dev.data()));
         });
+  // onnx.reference's float32 element-wise nodes as one chain (onnx/_float_chains.py): operands float32 arrays of
+  // any strides, steps int32 [n, 3] rows (ChainOp, a, b) as qmm::ChainStep; a new C-contiguous float32 y of
+  // the operands' broadcast shape. ValueError where they do not broadcast.
+  m.def(
+      "float_chain",
+      [](const std::vector<In>& arrays, const In& steps, const std::string& erf_path) {
+        std::vector<qmm::ChainOperand> operands;
+        for (const In& a : arrays) {
+          if (a.dtype() != nb::dtype<float>()) throw std::invalid_argument("float_chain: float32 operands expected");
+          qmm::ChainOperand o{static_cast<const float*>(a.data()), {}, {}};
+          for (size_t d = 0; d < a.ndim(); ++d) {
+            o.shape.push_back(static_cast<int64_t>(a.shape(d)));
+            o.strides.push_back(static_cast<int64_t>(a.stride(d)));
+          }
+          operands.push_back(std::move(o));
+        }
+        if (steps.dtype() != nb::dtype<int32_t>() || steps.ndim() != 2 || steps.shape(1) != 3 ||
+            steps.stride(1) != 1 || steps.stride(0) != 3)
+          throw std::invalid_argument("float_chain: steps int32 [n, 3] contiguous expected");
+        const auto* raw = static_cast<const int32_t*>(steps.data());
+        std::vector<qmm::ChainStep> program;
+        for (size_t i = 0; i < steps.shape(0); ++i) {
+          if (raw[3 * i] < 0 || raw[3 * i] > static_cast<int32_t>(qmm::ChainOp::kNeg))
+            throw std::invalid_argument("float_chain: no such operation");
+          program.push_back({static_cast<qmm::ChainOp>(raw[3 * i]), raw[3 * i + 1], raw[3 * i + 2]});
+        }
+        NewArray<float> y(qmm::chain_shape(operands));
+        {
+          nb::gil_scoped_release release;
+          qmm::float_chain(operands, program, erf_path.c_str(), y.data());
+        }
+        return y.array();
+      },
+      nb::arg("operands"), nb::arg("steps"), nb::arg("erf_path") = "");
+  // Softmax's two passes around np.exp (qmm::softmax_shift_rows, softmax_normalize_rows): float32 [rows, cols]
+  // C-contiguous (x may be y).
+  m.def("softmax_shift_rows", [](const In& x, Out y) {
+    if (x.ndim() != 2 || x.dtype() != nb::dtype<float>() || y.dtype() != nb::dtype<float>() || y.size() != x.size() ||
+        !contiguous(x) || !contiguous(y))
+      throw std::invalid_argument("softmax_shift_rows: x and y float32 [rows, cols] C-contiguous expected");
+    nb::gil_scoped_release release;
+    qmm::softmax_shift_rows(static_cast<const float*>(x.data()), static_cast<int64_t>(x.shape(0)),
+                            static_cast<int64_t>(x.shape(1)), static_cast<float*>(y.data()));
+  });
+  m.def("softmax_normalize_rows", [](Out y) {
+    if (y.ndim() != 2 || y.dtype() != nb::dtype<float>() || !contiguous(y))
+      throw std::invalid_argument("softmax_normalize_rows: y float32 [rows, cols] C-contiguous expected");
+    nb::gil_scoped_release release;
+    qmm::softmax_normalize_rows(static_cast<float*>(y.data()), static_cast<int64_t>(y.shape(0)),
+                                static_cast<int64_t>(y.shape(1)));
+  });
   m.def("qlinear_softmax_rows", [](const In& x, bool is_signed, const In& table, double yd, int32_t y_zp, Out out) {
     if (x.ndim() != 2 || out.size() != x.size() || table.size() != 256)
       throw std::invalid_argument("qlinear_softmax_rows: x [rows, D], out of its size and a 256-entry table");
@@ -1032,6 +1148,25 @@ void bind_onnx_ops(nb::module_& m) {
                                        static_cast<uint8_t*>(y.data()));
     }
     return std::make_pair(q.scale, static_cast<int>(q.zero_point));
+  });
+  // The same from x (float32, C-contiguous, any shape) alone: (y uint8 of x's shape, scale float32 and zero
+  // point uint8 as 0-d arrays), the node's outputs in one call (onnx/_integer.py).
+  m.def("dynamic_quantize_linear_arrays", [](const In& x) {
+    if (x.dtype() != nb::dtype<float>() || !contiguous(x))
+      throw std::invalid_argument("dynamic_quantize_linear_arrays: x float32 C-contiguous expected");
+    std::vector<int64_t> dims;
+    for (size_t d = 0; d < x.ndim(); ++d) dims.push_back(static_cast<int64_t>(x.shape(d)));
+    NewArray<uint8_t> y(dims);
+    NewArray<float> scale(std::vector<int64_t>{});
+    NewArray<uint8_t> zero_point(std::vector<int64_t>{});
+    {
+      nb::gil_scoped_release release;
+      const qmm::DynamicQuantization q =
+          qmm::dynamic_quantize_linear(static_cast<const float*>(x.data()), static_cast<int64_t>(x.size()), y.data());
+      *scale.data() = q.scale;
+      *zero_point.data() = q.zero_point;
+    }
+    return nb::make_tuple(y.array(), scale.array(), zero_point.array());
   });
 }
 

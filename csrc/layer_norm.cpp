@@ -35,11 +35,11 @@ float pairwise_sum(const float* a, int64_t n) {
   return pairwise_sum(a, half) + pairwise_sum(a + half, n - half);
 }
 
+}  // namespace
+
 // np.sum along a contiguous row: the reduction's identity +0.0 plus the row's pairwise sum (a row of
 // -0.0 sums to +0.0).
 float numpy_sum(const float* a, int64_t n) { return 0.0f + pairwise_sum(a, n); }
-
-}  // namespace
 
 void layer_norm_rows(const float* x, int64_t rows, int64_t cols, const float* scale, const float* bias, float epsilon,
                      float* y, float* mean, float* inv_std_dev) {

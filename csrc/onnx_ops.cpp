@@ -71,6 +71,10 @@ void over_tasks(int64_t count, int64_t task, double task_ns, Range&& range) {
   parallel_ranges(count, task, tasks_worth_a_thread(task_ns), range);
 }
 
+void erf_libm_range(const float* x, int64_t count, float* y) {
+  for (int64_t i = 0; i < count; ++i) y[i] = static_cast<float>(std::erf(static_cast<double>(x[i])));
+}
+
 template <class T>
 void erf_libm(const T* x, int64_t count, float* y) {
   // About 17 ns per element (glibc 2.36, Zen 4): tasks of 4096 take about 70 us.
@@ -78,8 +82,6 @@ void erf_libm(const T* x, int64_t count, float* y) {
     for (int64_t i = i0; i < i1; ++i) y[i] = static_cast<float>(std::erf(static_cast<double>(x[i])));
   });
 }
-
-using ErfRange = void (*)(const float* x, int64_t count, float* y);
 
 // A vector loop over tasks of 16 K elements (about 1.5 ns each natively, Zen 4).
 void erf_vector(ErfRange range, const float* x, int64_t count, float* y) {
@@ -156,6 +158,18 @@ std::vector<std::string> erf_paths() {
   paths.emplace_back("avx512-emulated");
 #endif
   return paths;
+}
+
+ErfRange erf_range(const char* path) {
+  const std::string name = *path ? path : erf_path();
+  if (name == "libm") return erf_libm_range;
+#if QMM_ERF_AVX512
+  if (name == "avx512" && has_avx512()) return avx512f::erf_f32_range;
+#endif
+#if QMM_ERF_AVX512_EMULATED
+  if (name == "avx512-emulated") return avx512f_emulated::erf_f32_range;
+#endif
+  return nullptr;
 }
 
 bool erf_f32(const float* x, int64_t count, float* y, const char* path) {

@@ -20,6 +20,10 @@ void erf_f32(const double* x, int64_t count, float* y);
 const char* erf_path();
 // The paths this build and CPU can run.
 std::vector<std::string> erf_paths();
+// One path's loop on the calling thread (y[i] for i in [0, count), the bits of erf_f32), or null for a
+// path that is not there.
+using ErfRange = void (*)(const float* x, int64_t count, float* y);
+ErfRange erf_range(const char* path = "");
 
 // ONNX DynamicQuantizeLinear's scale and zero point (uint8) from x's range, as ONNX Runtime's CPU
 // kernel computes them in float32 (docs/onnx.md): lo = min(min(x), 0), hi = max(max(x), 0),
@@ -72,6 +76,36 @@ const char* qlinear_binary_path();
 // null); y [rows, cols], mean and inv_std_dev [rows]. Over the thread pool (csrc/layer_norm.cpp).
 void layer_norm_rows(const float* x, int64_t rows, int64_t cols, const float* scale, const float* bias, float epsilon,
                      float* y, float* mean, float* inv_std_dev);
+
+// np.sum of n contiguous float32 values, as numpy reduces a contiguous row: the identity +0.0 plus the
+// row's pairwise sum (numpy/_core/src/umath/loops_utils.h.src, csrc/layer_norm.cpp).
+float numpy_sum(const float* a, int64_t n);
+
+// onnx.reference's float32 element-wise operators, chained on one value (csrc/float_ops.cpp): each
+// step computes the chain's value from it and operands (any strides, broadcast as numpy broadcasts),
+// rounding each operation to float32 as numpy's ufuncs do; kErf as erf_f32 (its path).
+enum class ChainOp : int32_t { kAdd, kSub, kMul, kDiv, kErf, kSqrt, kNeg };
+constexpr int32_t kChainValue = -1;  // a step's source: the chain's value (from the second step on)
+constexpr int kMaxChainRank = 16;
+struct ChainStep {
+  ChainOp op;
+  int32_t a, b;  // operand indices or kChainValue (b unused for kErf, kSqrt, kNeg)
+};
+struct ChainOperand {
+  const float* data;
+  std::vector<int64_t> shape, strides;  // strides in elements
+};
+// The chain's output shape: numpy's broadcast of the operands' (invalid_argument where they do not
+// broadcast or pass kMaxChainRank dimensions).
+std::vector<int64_t> chain_shape(const std::vector<ChainOperand>& operands);
+// The steps' value into y (C-contiguous, chain_shape's shape), over the thread pool.
+void float_chain(const std::vector<ChainOperand>& operands, const std::vector<ChainStep>& steps, const char* erf_path,
+                 float* y);
+// onnx.reference's Softmax over the last axis (tmp = x - max(x), y = exp(tmp), y /= sum(y)) around numpy's
+// exp, on x [rows, cols] contiguous: y = x - the row's maximum (the row's first NaN where it holds one),
+// then (after np.exp in place) each row divided by numpy_sum of it.
+void softmax_shift_rows(const float* x, int64_t rows, int64_t cols, float* y);
+void softmax_normalize_rows(float* y, int64_t rows, int64_t cols);
 
 // out[i] = table[codes[i]] for i in [0, count): an element-wise group of the session on one 8-bit
 // tensor, run once on its 256 codes (onnx/_tables.py); table 256 elements of element_bytes each

@@ -28,6 +28,7 @@ BOUND = (
     _session._LayerNormalization,
     _session._QLinearSoftmax,
     _session._Reshape,
+    _session._AxisSoftmax,
 )
 
 
@@ -76,7 +77,7 @@ def attention_model(N=48, heads=4):
 
 @pytest.fixture
 def unbound(monkeypatch):
-    """Sessions made inside run every node unbound (the general calls) and fold nothing."""
+    """Sessions made inside run every node unbound (the general calls), fold nothing and chain no float nodes."""
 
     def make(m):
         with monkeypatch.context() as patch:
@@ -85,6 +86,7 @@ def unbound(monkeypatch):
             patch.setattr(qlinear.QLinearMatMul, "_bind", lambda self, *a: None)
             patch.setattr(_session, "_fold", lambda entries, *_: entries)
             patch.setattr(_session, "_NUMPY_BINARY", {})
+            patch.setattr(_session, "float_chains", lambda entries, *_: entries)
             return qo.InferenceSession(m)
 
     return make
@@ -353,7 +355,10 @@ def test_float_add_sub_mul_div_bound_to_numpy_are_the_reference_nodes(dtype, unb
         helper.make_node("Div", ["z", "z"], ["one"], name="div0"),  # 0-d by 0-d: a 0-d array
     ]
     m = model(nodes, [("x", t, None)], [("d", t, None), ("one", t, None)], w)
-    session, plain = qo.InferenceSession(m), unbound(m)
+    with pytest.MonkeyPatch.context() as patch:  # (the nodes one by one: not as a chain, test_onnx_float_chains.py)
+        patch.setattr(_session, "float_chains", lambda entries, *_: entries)
+        session = qo.InferenceSession(m)
+    plain = unbound(m)
     calls = taken(session)
     x = (np.arange(12).reshape(4, 3) - 5).astype(dtype)
     with np.errstate(all="ignore"):

@@ -7,7 +7,7 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 import quantmatmul.onnx as qo
-from quantmatmul.onnx import _session
+from quantmatmul.onnx import _dynamic, _session
 from quantmatmul.onnx._dynamic import ScaledMatMulInteger
 
 F32 = TensorProto.FLOAT
@@ -55,6 +55,7 @@ def unfused(monkeypatch):
     def make(model):
         with monkeypatch.context() as patch:
             patch.setattr(_session, "scaled_matmuls", lambda entries, *_: entries)
+            patch.setattr(_session, "float_chains", lambda entries, *_: entries)
             return qo.InferenceSession(model)
 
     return make
@@ -68,17 +69,19 @@ def inputs(shape, seed):
 
 @pytest.fixture
 def fused_calls(monkeypatch):
-    """The fused products' kernel calls (csrc matmul_integer_scaled) the sessions make."""
+    """The fused products' kernel calls (csrc matmul_integer_scaled, matmul_integer_scaled_rows) the sessions
+    make: a's shape as the call takes it."""
     calls = []
     core = _session._core
 
     class Core:
         def __getattr__(self, name):
-            if name == "matmul_integer_scaled":
-                return lambda *a: calls.append(a[0].shape) or core.matmul_integer_scaled(*a)
+            if name in ("matmul_integer_scaled", "matmul_integer_scaled_rows"):
+                return lambda *a: calls.append(a[0].shape) or getattr(core, name)(*a)
             return getattr(core, name)
 
     monkeypatch.setattr(_session, "_core", Core())
+    monkeypatch.setattr(_dynamic, "_core", Core())
     return calls
 
 

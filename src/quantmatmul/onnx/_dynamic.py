@@ -19,6 +19,9 @@ from collections import defaultdict
 import numpy as np
 from onnx import TensorProto
 
+from .. import _core
+from ._common import without_leading_ones
+
 _F32 = np.dtype(np.float32)
 
 
@@ -40,10 +43,29 @@ class ScaledMatMulInteger:
     def with_scale_product(self, mul, values):
         self.scale_product = (mul, values)
         self.op_type = f"{mul.op_type}+{self.op_type}"
+        (weight_scale,) = (v for v in values if v is not None)
+        held, N = self.matmul._held, self.matmul._held.x.shape[1]
+        if without_leading_ones(weight_scale.shape) in ((), (1,), (N,)) and held.packed is not None:
+            # the product's arguments in one C++ call (_core.matmul_integer_scaled_rows), a's aside
+            zero_points = np.ascontiguousarray(np.broadcast_to(held.zp, (N,)), np.int32)
+            self._rows = (held.packed, zero_points, weight_scale.ndim, np.ascontiguousarray(weight_scale).reshape(-1))
         return self
+
+    _rows = None  # (b packed, its zero points [N], the weight scale's rank and values) where a's scale makes the scale
 
     def _bound_call(self, inputs):
         a, a_zero_point, scale = inputs
+        if self._rows is not None:  # a's scale times the weight's, the product, the bias: one call
+            packed, zero_points, scale_ndim, weight_scale = self._rows
+            if (
+                type(a) is np.ndarray
+                and type(scale) is np.ndarray
+                and scale.dtype == _F32
+                and max(scale.ndim, scale_ndim) <= a.ndim
+                and (a_zero_point is None or type(a_zero_point) is np.ndarray)
+            ):
+                y = _core.matmul_integer_scaled_rows(a, a_zero_point, packed, zero_points, scale, weight_scale, self.bias)
+                return (y,)
         if self.scale_product is not None:  # numpy's product, as the Mul node's
             _, values = self.scale_product
             if type(scale) is not np.ndarray or scale.dtype != _F32:

@@ -20,6 +20,8 @@ def dynamic_quantize_linear(x) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     or zero scale), and ``y = QuantizeLinear(x, scale, zero_point)`` (``round_half_even(x / scale) +
     zero_point``, saturated to uint8; NaN to 0). NaN elements are left out of min(x) and max(x). In
     C++ (csrc/onnx_ops.cpp): one pass for the range, one to quantize, both over the thread pool."""
+    if type(x) is np.ndarray and x.dtype == np.float32 and x.flags.c_contiguous:  # (the session's case: one call)
+        return _core.dynamic_quantize_linear_arrays(x)
     x = np.asarray(x)
     if x.dtype != np.float32:
         raise TypeError(f"dynamic_quantize_linear: x must be float32, got {x.dtype}")

@@ -33,6 +33,7 @@ from ._common import (
     without_leading_ones,
 )
 from ._dynamic import ScaledMatMulInteger, scaled_matmuls
+from ._float_chains import FloatChain, float_chains
 from ._fuse import fuse_qdq as _fuse_qdq
 from ._fuse import subgraph_reads
 from ._integer import _integer_operand, _matmul_integer, dynamic_quantize_linear, matmul_integer
@@ -224,6 +225,7 @@ def _run_plan(evaluator, numerics: str, tabulate: bool, folded: dict) -> tuple[l
     tabulated = []
     if tabulate:
         entries, tabulated = code_tables(entries, constants, set(evaluator.output_names), _call)
+    entries = float_chains(entries, set(evaluator.output_names), _call)
     last = {}
     for i, entry in enumerate(entries):
         for name in entry[4]:
@@ -243,7 +245,7 @@ def _run_plan(evaluator, numerics: str, tabulate: bool, folded: dict) -> tuple[l
 def _bound_call(node):
     """The node's bound call (_Op._bound_call, and the pairs' and tables'; onnx.reference's float Add, Sub,
     Mul and Div as the numpy function they call), or None."""
-    fused = (_Op, MatMulAdd, ConvAdd, CodeTable, ScaledMatMulInteger)
+    fused = (_Op, MatMulAdd, ConvAdd, CodeTable, ScaledMatMulInteger, FloatChain)
     if isinstance(node, fused):
         call = getattr(node, "_bound_call", None)
         return call if callable(call) else None
@@ -932,7 +934,31 @@ class _AxisSoftmax(_Op):
     """Softmax, LogSoftmax and Hardmax before opset 13 (onnx.reference's own code applies the opset-13
     reading, one axis alone, to every version): the input is coerced to 2-D at ``axis`` (default 1),
     ``[prod(shape[:axis]), prod(shape[axis:])]``, each row is one softmax, and the result takes the
-    input's shape again. From opset 13, onnx.reference's implementation as it is."""
+    input's shape again. From opset 13, onnx.reference's implementation as it is. A Softmax over the last
+    axis of a C-contiguous float32 X is bound (_softmax_rows)."""
+
+    def _bind(self):
+        if self.onnx_node.op_type == "Softmax":
+            opset = self.run_params["opsets"][self.onnx_node.domain]
+            self._axis = int(attributes(self.onnx_node).get("axis", -1 if opset >= 13 else 1))
+            self._bound_call = self._softmax_rows
+
+    def _softmax_rows(self, inputs):
+        """onnx.reference's Softmax (``tmp = X - X.max(axis)``, ``Y = np.exp(tmp)``, ``Y /= Y.sum(axis)``) for
+        the last axis of a C-contiguous float32 X, with its bits: the maximum and the subtraction, then the sums
+        (numpy's pairwise order) and the division in C++ (csrc/float_ops.cpp), numpy's exp between them. Before
+        opset 13 the 2-D coercion at the last axis is the same rows. None for any other X."""
+        (x,) = inputs
+        if type(x) is not np.ndarray or x.dtype != np.float32 or x.ndim == 0 or x.size == 0:
+            return None
+        if self._axis not in (-1, x.ndim - 1) or not x.flags.c_contiguous:
+            return None
+        rows = x.reshape(-1, x.shape[-1])
+        y = np.empty_like(rows)
+        _core.softmax_shift_rows(rows, y)
+        np.exp(y, out=y)
+        _core.softmax_normalize_rows(y)
+        return (y.reshape(x.shape),)
 
     def _compute(self, X, **_):
         reference = _reference_op(self)
