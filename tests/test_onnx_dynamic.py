@@ -70,14 +70,14 @@ def inputs(shape, seed):
 @pytest.fixture
 def fused_calls(monkeypatch):
     """The fused products' kernel calls (csrc matmul_integer_scaled, matmul_integer_scaled_rows) the sessions
-    make: a's shape as the call takes it."""
+    make and complete: a's shape as the call takes it."""
     calls = []
     core = _session._core
 
     class Core:
         def __getattr__(self, name):
             if name in ("matmul_integer_scaled", "matmul_integer_scaled_rows"):
-                return lambda *a: calls.append(a[0].shape) or getattr(core, name)(*a)
+                return lambda *a: (getattr(core, name)(*a), calls.append(a[0].shape))[0]
             return getattr(core, name)
 
     monkeypatch.setattr(_session, "_core", Core())
@@ -255,3 +255,39 @@ def test_a_matmul_integer_with_a_constant_b_is_the_int64_product(a_dtype, b_dtyp
         want = (a.astype(np.int64) - rows.astype(np.int64)) @ (b.astype(np.int64) - b_zp.astype(np.int64))
         got = session.run(None, {"a": a, "a_zp": a_zp})[0]
         assert got.dtype == np.int32 and got.shape == want.shape and np.array_equal(got, want), (a_shape, zp_shape)
+
+
+@pytest.mark.parametrize("a_dtype", [np.uint8, np.int8])
+def test_the_fused_product_of_graph_inputs(a_dtype, unfused, fused_calls):
+    """a, its zero point and its scale fed by the caller: a zero point of one value (0-d or [1]) and a scale of
+    one value take the one call (matmul_integer_scaled_rows); a zero point per row (MatMulInteger allows [M])
+    and a strided a run the nodes, with their bits; none changes the inputs."""
+    K, N = 48, 20
+    t = helper.np_dtype_to_tensor_dtype(np.dtype(a_dtype))
+    model = dynamic_model(K, N, per_channel=True)
+    graph = model.graph
+    graph.node.remove(graph.node[0])  # (the DynamicQuantizeLinear: x_q, x_z and x_s come from the caller)
+    del graph.input[:]
+    graph.input.extend(
+        [
+            helper.make_tensor_value_info("x_q", t, None),
+            helper.make_tensor_value_info("x_z", t, None),
+            helper.make_tensor_value_info("x_s", F32, None),
+        ]
+    )
+    session, plain = qo.InferenceSession(model), unfused(model)
+    assert len(fused_in(session)) == 1
+    rng = np.random.default_rng(7)
+    info = np.iinfo(a_dtype)
+    for zp_shape, took in [((), 1), ((1,), 1), ((9,), 0), ("strided", 0)]:
+        q = rng.integers(info.min, info.max + 1, (9, K if zp_shape != "strided" else 2 * K)).astype(a_dtype)
+        q = q[:, ::2] if zp_shape == "strided" else q
+        z = rng.integers(info.min, info.max + 1, () if zp_shape == "strided" else zp_shape).astype(a_dtype)
+        feed = {"x_q": q, "x_z": z, "x_s": np.array(0.0173, np.float32)}
+        before = {k: v.copy() for k, v in feed.items()}
+        fused_calls.clear()
+        got = session.run(None, feed)[0]
+        assert len(fused_calls) == took, zp_shape
+        want = plain.run(None, feed)[0]
+        assert got.dtype == want.dtype and got.shape == want.shape and got.tobytes() == want.tobytes()
+        assert all(np.array_equal(feed[k], before[k]) for k in feed)
