@@ -588,6 +588,17 @@ def _reference_op(op: OpRun) -> OpRun:
 
 
 class _DynamicQuantizeLinear(_Op):
+    def _bind(self):
+        self._bound_call = self._arrays
+
+    @staticmethod
+    def _arrays(inputs):
+        """The outputs from one C++ call for a C-contiguous float32 x (as the function's own first case)."""
+        (x,) = inputs
+        if type(x) is not np.ndarray or x.dtype != np.float32 or not x.flags.c_contiguous:
+            return None
+        return _core.dynamic_quantize_linear_arrays(x)
+
     def _compute(self, x, **_):
         return dynamic_quantize_linear(x)
 
@@ -1118,8 +1129,12 @@ class _Reshape(_Op):
         if type(data) is np.ndarray and self._plain_shape(shape):
             dims = shape.tolist()
             if not allowzero and 0 in dims:
-                if any(d == 0 for d in dims[data.ndim :]):
-                    return _reference_op(self).run(data, shape)
+                if any(d == 0 for d in dims[data.ndim :]):  # (onnx.reference: an IndexError, naming nothing)
+                    raise ValueError(
+                        f"Reshape: shape {dims} has a 0 (copy the input's dimension) at dimension "
+                        f"{dims.index(0, data.ndim)}, past the input's {data.ndim} dimensions (allowzero=1 makes it "
+                        "a zero)"
+                    )
                 dims = [data.shape[i] if d == 0 else d for i, d in enumerate(dims)]
             return (data.reshape(dims),)
         return _reference_op(self).run(data, shape)
