@@ -4,12 +4,24 @@
 #include <cstring>
 #include <limits>
 #include <stdexcept>
+#include <string>
 #include <vector>
 
 #include "onnx_ops.h"
 #include "thread_pool.h"
 
 namespace qmm {
+
+#if QMM_ERF_AVX512
+namespace avx512f {  // kernels/float_chain_avx512.cpp
+void chain_binary(ChainOp op, const float* l, int64_t l_step, const float* r, int64_t r_step, int64_t n, float* v);
+}  // namespace avx512f
+#endif
+#if QMM_ERF_AVX512_EMULATED
+namespace avx512f_emulated {
+void chain_binary(ChainOp op, const float* l, int64_t l_step, const float* r, int64_t r_step, int64_t n, float* v);
+}  // namespace avx512f_emulated
+#endif
 
 namespace {
 
@@ -35,24 +47,7 @@ void check_steps(const std::vector<ChainStep>& steps, size_t operands) {
   }
 }
 
-// v[i] = f(l[i], r[i]) for the chunk: separate loops per operation (vectorized; -ffp-contract=off keeps
-// each one rounding on its own, as numpy's ufuncs).
-void binary(ChainOp op, const float* l, const float* r, int64_t n, float* v) {
-  switch (op) {
-    case ChainOp::kAdd:
-      for (int64_t i = 0; i < n; ++i) v[i] = l[i] + r[i];
-      break;
-    case ChainOp::kSub:
-      for (int64_t i = 0; i < n; ++i) v[i] = l[i] - r[i];
-      break;
-    case ChainOp::kMul:
-      for (int64_t i = 0; i < n; ++i) v[i] = l[i] * r[i];
-      break;
-    default:  // kDiv
-      for (int64_t i = 0; i < n; ++i) v[i] = l[i] / r[i];
-      break;
-  }
-}
+#include "float_chain_loops.inc"
 
 }  // namespace
 
@@ -82,8 +77,18 @@ void float_chain(const std::vector<ChainOperand>& operands, const std::vector<Ch
   int64_t count = 1;
   for (int64_t n : shape) count *= n;
   if (count == 0) return;
-  const ErfRange erf = erf_range(erf_path);
+  // the path's erf and its build of the binary loops (avx512: the avx512f build's; the C library's erf: the
+  // baseline's)
+  const std::string path = *erf_path ? erf_path : qmm::erf_path();
+  const ErfRange erf = erf_range(path.c_str());
   if (!erf) throw std::invalid_argument("float_chain: no such erf path");
+  auto binary = chain_binary;
+#if QMM_ERF_AVX512
+  if (path == "avx512") binary = avx512f::chain_binary;
+#endif
+#if QMM_ERF_AVX512_EMULATED
+  if (path == "avx512-emulated") binary = avx512f_emulated::chain_binary;
+#endif
 
   // Coalesce the dimensions (leading ones dropped, and a dimension merged into the next where every
   // operand steps over both as over one): a same-shaped chain with scalars is one row.
@@ -125,13 +130,15 @@ void float_chain(const std::vector<ChainOperand>& operands, const std::vector<Ch
   for (const ChainStep& s : steps) has_erf = has_erf || s.op == ChainOp::kErf;
   const double chunk_ns = kChunk * (0.3 * static_cast<double>(steps.size()) + (has_erf ? 1.5 : 0.0));
   parallel_ranges(chunks, 16, tasks_worth_a_thread(16 * chunk_ns), [&](int64_t, int64_t c0, int64_t c1) {
-    alignas(64) float value[kChunk], scratch[kChunk];
+    alignas(64) float scratch[kChunk];
     std::vector<float> gathered(operands.size() * kChunk);
     std::vector<const float*> rows_of(operands.size());
+    std::vector<int64_t> steps_of(operands.size());
     for (int64_t c = c0; c < c1; ++c) {
       const int64_t row = c / chunks_per_row, j0 = (c % chunks_per_row) * kChunk, n = std::min(kChunk, cols - j0);
-      // each operand's chunk: in place where its elements are consecutive, else gathered (a repeated
-      // value filled in)
+      float* value = y + row * cols + j0;  // (the chain's value lives in the output)
+      // each operand's chunk: in place where its elements are consecutive or one repeated (step 0), else
+      // gathered
       for (size_t k = 0; k < operands.size(); ++k) {
         int64_t offset = 0, rest = row;
         for (int64_t d = ndim - 2; d >= 0; --d) {
@@ -140,42 +147,43 @@ void float_chain(const std::vector<ChainOperand>& operands, const std::vector<Ch
         }
         const int64_t step = strided[k].strides[ndim - 1];
         const float* start = strided[k].data + offset + j0 * step;
-        if (step == 1) {
+        steps_of[k] = step == 0 ? 0 : 1;
+        if (step == 0 || step == 1) {
           rows_of[k] = start;
           continue;
         }
         float* g = gathered.data() + k * kChunk;
-        if (step == 0) std::fill(g, g + n, *start);
-        else
-          for (int64_t i = 0; i < n; ++i) g[i] = start[i * step];
+        for (int64_t i = 0; i < n; ++i) g[i] = start[i * step];
         rows_of[k] = g;
       }
+      // a source's elements and its step (0: one value repeated)
       auto source = [&](int32_t s) -> const float* { return s == kChainValue ? value : rows_of[s]; };
+      auto step_of = [&](int32_t s) -> int64_t { return s == kChainValue ? 1 : steps_of[s]; };
       for (const ChainStep& s : steps) {
+        const float* a = source(s.a);
+        if (s.op == ChainOp::kErf || s.op == ChainOp::kSqrt || s.op == ChainOp::kNeg) {
+          if (!step_of(s.a)) {  // (one value repeated: spread it first)
+            std::fill(scratch, scratch + n, *a);
+            a = scratch;
+          } else if (a == value && s.op == ChainOp::kErf) {  // (the erf loops read x again after writing y)
+            std::memcpy(scratch, value, static_cast<size_t>(n) * sizeof(float));
+            a = scratch;
+          }
+        }
         switch (s.op) {
-          case ChainOp::kErf:  // (the erf loops read x again after writing y: not in place)
-            if (s.a == kChainValue) {
-              std::memcpy(scratch, value, static_cast<size_t>(n) * sizeof(float));
-              erf(scratch, n, value);
-            } else {
-              erf(source(s.a), n, value);
-            }
+          case ChainOp::kErf:
+            erf(a, n, value);
             break;
-          case ChainOp::kSqrt: {
-            const float* a = source(s.a);
+          case ChainOp::kSqrt:
             for (int64_t i = 0; i < n; ++i) value[i] = std::sqrt(a[i]);
             break;
-          }
-          case ChainOp::kNeg: {
-            const float* a = source(s.a);
+          case ChainOp::kNeg:
             for (int64_t i = 0; i < n; ++i) value[i] = -a[i];
             break;
-          }
           default:
-            binary(s.op, source(s.a), source(s.b), n, value);
+            binary(s.op, a, step_of(s.a), source(s.b), step_of(s.b), n, value);
         }
       }
-      std::memcpy(y + row * cols + j0, value, static_cast<size_t>(n) * sizeof(float));
     }
   });
 }
