@@ -561,9 +561,11 @@ void bind_qlinear_matmul(nb::module_& m) {
         if (b_zp.dtype() != nb::dtype<int32_t>() || static_cast<int64_t>(b_zp.size()) != N || !contiguous(b_zp) ||
             !floats(a_scale, 1) || !(floats(b_scale, 1) || floats(b_scale, N)) || !contiguous(b_scale) ||
             (bias && (!floats(*bias, N) || !contiguous(*bias))))
-          throw std::invalid_argument(std::string(fn) + ": b_zp int32 [N], a_scale one float32, b_scale 1 or N, bias N");
+          throw std::invalid_argument(std::string(fn) +
+                                      ": b_zp int32 [N], a_scale one float32, b_scale 1 or N, bias N");
         int32_t za = 0;
-        if (a_zp) za = a_signed ? *static_cast<const int8_t*>(a_zp->data()) : *static_cast<const uint8_t*>(a_zp->data());
+        if (a_zp)
+          za = a_signed ? *static_cast<const int8_t*>(a_zp->data()) : *static_cast<const uint8_t*>(a_zp->data());
         std::vector<int64_t> dims;
         for (size_t d = 0; d + 1 < a.ndim(); ++d) dims.push_back(static_cast<int64_t>(a.shape(d)));
         dims.push_back(N);
@@ -581,8 +583,8 @@ void bind_qlinear_matmul(nb::module_& m) {
           const auto* bs = static_cast<const float*>(b_scale.data());
           std::vector<float> scale(b_scale.size());
           for (size_t n = 0; n < scale.size(); ++n) scale[n] = s * bs[n];
-          qmm::matmul_integer_scaled(p, scale.data(), scale.size() > 1, bias ? static_cast<const float*>(bias->data()) : nullptr,
-                                     y.data());
+          qmm::matmul_integer_scaled(p, scale.data(), scale.size() > 1,
+                                     bias ? static_cast<const float*>(bias->data()) : nullptr, y.data());
         }
         return y.array();
       },
@@ -1016,8 +1018,8 @@ void bind_onnx_ops(nb::module_& m) {
           }
           operands.push_back(std::move(o));
         }
-        if (steps.dtype() != nb::dtype<int32_t>() || steps.ndim() != 2 || steps.shape(1) != 3 ||
-            steps.stride(1) != 1 || steps.stride(0) != 3)
+        if (steps.dtype() != nb::dtype<int32_t>() || steps.ndim() != 2 || steps.shape(1) != 3 || steps.stride(1) != 1 ||
+            steps.stride(0) != 3)
           throw std::invalid_argument("float_chain: steps int32 [n, 3] contiguous expected");
         const auto* raw = static_cast<const int32_t*>(steps.data());
         std::vector<qmm::ChainStep> program;

@@ -171,17 +171,14 @@ void float_chain(const std::vector<ChainOperand>& operands, const std::vector<Ch
           }
         }
         switch (s.op) {
-          case ChainOp::kErf:
-            erf(a, n, value);
-            break;
+          case ChainOp::kErf: erf(a, n, value); break;
           case ChainOp::kSqrt:
             for (int64_t i = 0; i < n; ++i) value[i] = std::sqrt(a[i]);
             break;
           case ChainOp::kNeg:
             for (int64_t i = 0; i < n; ++i) value[i] = -a[i];
             break;
-          default:
-            binary(s.op, a, step_of(s.a), source(s.b), step_of(s.b), n, value);
+          default: binary(s.op, a, step_of(s.a), source(s.b), step_of(s.b), n, value);
         }
       }
     }

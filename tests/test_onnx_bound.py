@@ -276,7 +276,9 @@ def test_bound_reshape_is_the_node(allowzero, unbound):
     m = model(nodes[3:], [("x", F32, None)], [("y_s4", F32, None)], w)
     session, plain = qo.InferenceSession(m), unbound(m)
     x = np.zeros((2, 3), np.float32)
-    error = "cannot reshape array of size 6" if allowzero else r"Reshape: shape \[0, 0, 0, 0\] has a 0 .* at dimension 2"
+    error = (
+        "cannot reshape array of size 6" if allowzero else r"Reshape: shape \[0, 0, 0, 0\] has a 0 .* at dimension 2"
+    )
     for s in (session, plain):
         with pytest.raises(ValueError, match=rf"^InferenceSession.run: node 's4' \(Reshape\): {error}"):
             s.run(None, {"x": x})

@@ -64,7 +64,9 @@ class ScaledMatMulInteger:
                 and max(scale.ndim, scale_ndim) <= a.ndim
                 and (a_zero_point is None or type(a_zero_point) is np.ndarray)
             ):
-                y = _core.matmul_integer_scaled_rows(a, a_zero_point, packed, zero_points, scale, weight_scale, self.bias)
+                y = _core.matmul_integer_scaled_rows(
+                    a, a_zero_point, packed, zero_points, scale, weight_scale, self.bias
+                )
                 return (y,)
         if self.scale_product is not None:  # numpy's product, as the Mul node's
             _, values = self.scale_product
