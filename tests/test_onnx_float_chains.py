@@ -276,3 +276,13 @@ def test_softmax_rows_match_numpy_on_every_length():
         _core.softmax_normalize_rows(y)
         same_but_nan_signs(y, want)
         same_bits(y[:2], want[:2])
+
+
+def test_the_chain_reads_any_strides():
+    """Reversed, stepped, transposed and broadcast (stride 0, read-only) operands, as numpy reads them."""
+    x = special(np.random.default_rng(7), (4, 6))
+    two = np.array(2, np.float32)
+    for a in [x[::-1], x[:, ::-2], np.broadcast_to(np.float32(3), (4, 6)), x.T[::-1], x[None, :, None, :]]:
+        b = x[1, : a.shape[-1]]
+        with np.errstate(all="ignore"):
+            same_bits(_core.float_chain([a, two, b], np.array([[DIV, 0, 1], [SUB, V, 2]], np.int32)), a / two - b)
