@@ -1036,6 +1036,68 @@ void bind_onnx_ops(nb::module_& m) {
         return y.array();
       },
       nb::arg("operands"), nb::arg("steps"), nb::arg("erf_path") = "");
+  // A LayerNormalization with its neighbours as one call (onnx/_layer_norms.py). In: x float32 (x_type -1),
+  // plus residual (float32 of x's size, or None) added first as an Add node adds them; or x 8-bit codes
+  // (x_type an IntType, 0 or 1) dequantized per tensor, f32(x - x_zp) * x_scale (dequantize_linear_f32).
+  // The rows [x.size / cols, cols] (cols: scale's size) normalized as layer_norm_rows. Out: out_type -1, y
+  // float32 of x's shape; 0 or 1, y quantized per tensor to codes (quantize_linear_f32's bits); -2, the tuple
+  // (y, DynamicQuantizeLinear's codes, scale and zero point). x, residual, scale and bias C-contiguous.
+  m.def(
+      "layer_norm_staged",
+      [](const In& x, const std::optional<In>& residual, int x_type, float x_scale, int32_t x_zp, const In& scale,
+         const std::optional<In>& bias, float epsilon, int out_type, float y_scale, int32_t y_zp) -> nb::object {
+        const char* fn = "layer_norm_staged";
+        const auto is_float = [](const In& a) { return a.dtype() == nb::dtype<float>(); };
+        const bool codes_in =
+            x_type == static_cast<int>(qmm::IntType::kInt8) || x_type == static_cast<int>(qmm::IntType::kUInt8);
+        const int64_t count = static_cast<int64_t>(x.size()), cols = static_cast<int64_t>(scale.size());
+        const bool x_ok = codes_in
+                              ? x.dtype() == (x_type == static_cast<int>(qmm::IntType::kInt8) ? nb::dtype<int8_t>()
+                                                                                              : nb::dtype<uint8_t>())
+                              : x_type == -1 && is_float(x);
+        if (!x_ok || !contiguous(x) || count == 0 || cols == 0 || count % cols != 0 || !is_float(scale) ||
+            !contiguous(scale) || (bias && (!is_float(*bias) || !contiguous(*bias) || bias->size() != scale.size())) ||
+            (residual && (codes_in || !is_float(*residual) || !contiguous(*residual) || residual->size() != x.size())))
+          throw std::invalid_argument(std::string(fn) + ": x, residual, scale and bias as documented expected");
+        if (out_type < -2 || out_type > static_cast<int>(qmm::IntType::kUInt8))
+          throw std::invalid_argument(std::string(fn) + ": out_type -2, -1, 0 or 1 expected");
+        std::vector<int64_t> dims;
+        for (size_t d = 0; d < x.ndim(); ++d) dims.push_back(static_cast<int64_t>(x.shape(d)));
+        const int64_t rows = count / cols;
+        const qmm::LinearShape per_tensor{count, 1, count};
+        NewArray<float> y(dims);
+        NewArray<uint8_t> codes(out_type == -1 ? std::vector<int64_t>{} : dims);
+        NewArray<float> q_scale(std::vector<int64_t>{});
+        NewArray<uint8_t> q_zp(std::vector<int64_t>{});
+        {
+          nb::gil_scoped_release release;
+          const float* in = static_cast<const float*>(x.data());
+          if (codes_in) {  // (y holds the dequantized x; normalized in place)
+            qmm::dequantize_linear_f32(x.data(), static_cast<qmm::IntType>(x_type), per_tensor, &x_scale, &x_zp,
+                                       y.data());
+            in = y.data();
+          }
+          std::vector<float> mean(static_cast<size_t>(rows)), inv_std_dev(static_cast<size_t>(rows));
+          qmm::layer_norm_rows(in, rows, cols, static_cast<const float*>(scale.data()),
+                               bias ? static_cast<const float*>(bias->data()) : nullptr, epsilon, y.data(), mean.data(),
+                               inv_std_dev.data(), residual ? static_cast<const float*>(residual->data()) : nullptr);
+          if (out_type >= 0) {
+            qmm::quantize_linear_f32(y.data(), per_tensor, &y_scale, &y_zp, static_cast<qmm::IntType>(out_type),
+                                     codes.data());
+          } else if (out_type == -2) {
+            const qmm::DynamicQuantization q = qmm::dynamic_quantize_linear(y.data(), count, codes.data());
+            *q_scale.data() = q.scale;
+            *q_zp.data() = q.zero_point;
+          }
+        }
+        if (out_type == -1) return nb::cast(y.array());
+        if (out_type == -2) return nb::make_tuple(y.array(), codes.array(), q_scale.array(), q_zp.array());
+        const bool out_signed = out_type == static_cast<int>(qmm::IntType::kInt8);
+        return nb::cast(codes.array(out_signed ? nb::dtype<int8_t>() : nb::dtype<uint8_t>()));
+      },
+      nb::arg("x"), nb::arg("residual").none(), nb::arg("x_type"), nb::arg("x_scale"), nb::arg("x_zp"),
+      nb::arg("scale"), nb::arg("bias").none(), nb::arg("epsilon"), nb::arg("out_type"), nb::arg("y_scale"),
+      nb::arg("y_zp"));
   // Softmax's two passes around np.exp (qmm::softmax_shift_rows, softmax_normalize_rows): float32 [rows, cols]
   // C-contiguous (x may be y).
   m.def("softmax_shift_rows", [](const In& x, Out y) {

@@ -42,7 +42,7 @@ float pairwise_sum(const float* a, int64_t n) {
 float numpy_sum(const float* a, int64_t n) { return 0.0f + pairwise_sum(a, n); }
 
 void layer_norm_rows(const float* x, int64_t rows, int64_t cols, const float* scale, const float* bias, float epsilon,
-                     float* y, float* mean, float* inv_std_dev) {
+                     float* y, float* mean, float* inv_std_dev, const float* residual) {
   const float n = static_cast<float>(cols);  // (numpy: the float32 array over a Python int, in float32)
   // About a nanosecond per element (two sums, five roundings each): tasks of about 8 K elements.
   const int64_t task = std::max<int64_t>(1, 8192 / std::max<int64_t>(1, cols));
@@ -52,6 +52,11 @@ void layer_norm_rows(const float* x, int64_t rows, int64_t cols, const float* sc
         for (int64_t r = r0; r < r1; ++r) {
           const float* in = x + r * cols;
           float* out = y + r * cols;
+          if (residual) {  // the row of x + residual (an Add node's float32 sum), normalized in place
+            const float* add = residual + r * cols;
+            for (int64_t j = 0; j < cols; ++j) out[j] = in[j] + add[j];
+            in = out;
+          }
           const float m = numpy_sum(in, cols) / n;  // x_mean
           for (int64_t j = 0; j < cols; ++j) {
             const float d = in[j] - m;  // x_diff

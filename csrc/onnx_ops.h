@@ -73,9 +73,10 @@ const char* qlinear_binary_path();
 // LayerNormalization (stash_type 1, float32) as onnx.reference computes it in numpy, bit for bit: x
 // [rows, cols] contiguous, each row normalized by its mean and variance (numpy's pairwise float32 sums,
 // each over cols in float32), 1 / sqrt(variance + epsilon), times scale [cols], plus bias [cols] (or
-// null); y [rows, cols], mean and inv_std_dev [rows]. Over the thread pool (csrc/layer_norm.cpp).
+// null); y [rows, cols], mean and inv_std_dev [rows]. With a residual [rows, cols] (or null), the rows of
+// x + residual (float32 sums) instead of x; y may be x. Over the thread pool (csrc/layer_norm.cpp).
 void layer_norm_rows(const float* x, int64_t rows, int64_t cols, const float* scale, const float* bias, float epsilon,
-                     float* y, float* mean, float* inv_std_dev);
+                     float* y, float* mean, float* inv_std_dev, const float* residual = nullptr);
 
 // np.sum of n contiguous float32 values, as numpy reduces a contiguous row: the identity +0.0 plus the
 // row's pairwise sum (numpy/_core/src/umath/loops_utils.h.src, csrc/layer_norm.cpp).

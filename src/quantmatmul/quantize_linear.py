@@ -249,6 +249,7 @@ def _bind_quantize(y_scale, y_zero_point, *, axis, block_size, saturate):
         _core.quantize_linear_f32(np.ascontiguousarray(x), scale, zero_point, max(1, x.size), kind, y)
         return y
 
+    quantize.per_tensor = (single[0], single[1], out_dtype)  # (the session's fused LayerNormalization reads them)
     return quantize
 
 
@@ -275,6 +276,7 @@ def _bind_dequantize(x_scale, x_zero_point, *, axis, block_size, x_dtype=None):
         _core.dequantize_linear_f32(np.ascontiguousarray(x), _CORE_TYPES[x.dtype], scale, zero_point, max(1, x.size), y)
         return y
 
+    dequantize.per_tensor = (single[0], single[1], dtypes)  # (the session's fused LayerNormalization reads them)
     return dequantize
 
 

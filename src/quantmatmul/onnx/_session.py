@@ -37,6 +37,7 @@ from ._float_chains import FloatChain, float_chains
 from ._fuse import fuse_qdq as _fuse_qdq
 from ._fuse import subgraph_reads
 from ._integer import _integer_operand, _matmul_integer, dynamic_quantize_linear, matmul_integer
+from ._layer_norms import NormGroup, layer_norm_groups
 from ._pairs import ConvAdd, MatMulAdd, matmul_adds
 from ._pool import max_pool
 from ._qconv import QLinearConvCall, conv_integer, conv_weight, qlinear_conv
@@ -222,10 +223,11 @@ def _run_plan(evaluator, numerics: str, tabulate: bool, folded: dict) -> tuple[l
             entry[0]._bind()
     entries = scaled_matmuls(entries, constants, set(evaluator.output_names), _call)
     entries = matmul_adds(entries, constants, set(evaluator.output_names), numerics, _call)
+    entries = layer_norm_groups(entries, constants, set(evaluator.output_names), _node_call, _NORM_NEIGHBOURS)
     tabulated = []
     if tabulate:
         entries, tabulated = code_tables(entries, constants, set(evaluator.output_names), _call)
-    entries = float_chains(entries, set(evaluator.output_names), _call)
+    entries = float_chains(entries, set(evaluator.output_names), _node_call)
     last = {}
     for i, entry in enumerate(entries):
         for name in entry[4]:
@@ -245,7 +247,7 @@ def _run_plan(evaluator, numerics: str, tabulate: bool, folded: dict) -> tuple[l
 def _bound_call(node):
     """The node's bound call (_Op._bound_call, and the pairs' and tables'; onnx.reference's float Add, Sub,
     Mul and Div as the numpy function they call), or None."""
-    fused = (_Op, MatMulAdd, ConvAdd, CodeTable, ScaledMatMulInteger, FloatChain)
+    fused = (_Op, MatMulAdd, ConvAdd, CodeTable, ScaledMatMulInteger, FloatChain, NormGroup)
     if isinstance(node, fused):
         call = getattr(node, "_bound_call", None)
         return call if callable(call) else None
@@ -255,6 +257,20 @@ def _bound_call(node):
     if node.onnx_node.attribute or len(node.onnx_node.input) != 2:  # (before opset 7: broadcast and axis)
         return None
     return lambda inputs: _float_binary(ufunc, inputs)
+
+
+def _node_call(node, inputs) -> tuple:
+    """The node's outputs as the run loop computes them: its bound call where it takes the inputs, else
+    _call (a fused entry's nodes when its own call does not take them)."""
+    bound = _bound_call(node)
+    if bound is not None:
+        try:
+            outputs = bound(inputs)
+        except (TypeError, ValueError):  # the general call raises it, naming the node
+            outputs = None
+        if outputs is not None:
+            return outputs
+    return _call(node, inputs)
 
 
 # onnx.reference's Add, Sub, Mul and Div: OpRunBinaryNumpy._run's numpy function, for floats.
@@ -521,11 +537,14 @@ class _MatMulNBits(_Op):
 
 
 class _QuantizeLinear(_Op):
+    _quantize = None
+
     def _bind(self):
         # fixed scale and zero point: the per-tensor call bound to them once
         fixed, attributes = self._fixed((1, 2)), self._fixed_attributes()
         arguments = None if fixed is None or attributes is None else self._arguments(*fixed, **attributes)
         quantize = None if arguments is None else _bind_quantize(*arguments[0], **arguments[1])
+        self._quantize = quantize  # (onnx/_layer_norms.py reads its per-tensor parameters)
         self._bound_call = None if quantize is None else lambda inputs: _quantize_float32(quantize, inputs[0])
 
     @staticmethod
@@ -551,12 +570,15 @@ class _QuantizeLinear(_Op):
 
 
 class _DequantizeLinear(_Op):
+    _dequantize = None
+
     def _bind(self):
         fixed, attributes = self._fixed((1, 2)), self._fixed_attributes()
         self._bound_call = None
         if fixed is not None and attributes is not None and not attributes.get("output_dtype"):
             axis, block_size = attributes.get("axis", 1), attributes.get("block_size", 0) or 0
             dequantize = _bind_dequantize(*fixed, axis=axis, block_size=block_size)
+            self._dequantize = dequantize  # (onnx/_layer_norms.py reads its per-tensor parameters)
             if dequantize is not None:
                 self._bound_call = lambda inputs: _outputs(dequantize(inputs[0]))
 
@@ -994,6 +1016,8 @@ class _LayerNormalization(_Op):
     float32 X, stash_type 1, a float32 Scale (and B) of the normalized shape (leading ones allowed);
     anything else, onnx.reference's own. numpy's code was a tenth of a MiniLM batch in the session."""
 
+    _rows = None  # (scale, bias, axis, epsilon, the normalized shape, the least rank of X) where bound
+
     def _bind(self):
         # fixed Scale and B (float32, one shape): laid out for the C++ rows once, with what X's normalized
         # dimensions must be (leading ones aside) and the least rank X may have
@@ -1008,6 +1032,7 @@ class _LayerNormalization(_Op):
             scale, bias = (None if w is None else np.ascontiguousarray(w).reshape(-1) for w in fixed)
             normalized, least_rank = shapes.pop(), max(w.ndim for w in weights)
             axis, epsilon = attributes.get("axis", -1), attributes.get("epsilon", 1e-5)
+            self._rows = (scale, bias, axis, float(np.float32(epsilon)), normalized, least_rank)  # (_layer_norms.py)
 
             def bound_call(inputs):
                 X = inputs[0]
@@ -1152,6 +1177,15 @@ class _MaxPool(_Op):
             return _reference_op(self).run(X)
         kept = {k: v for k, v in attrs.items() if k in MAX_POOL_ATTRIBUTES}
         return (max_pool(X, memory_format="channels_last", **kept),)
+
+
+# The node classes onnx/_layer_norms.py fuses (the session's own subclasses derive from them).
+_NORM_NEIGHBOURS = {
+    "LayerNormalization": _LayerNormalization,
+    "DequantizeLinear": _DequantizeLinear,
+    "QuantizeLinear": _QuantizeLinear,
+    "DynamicQuantizeLinear": _DynamicQuantizeLinear,
+}
 
 
 def _op_classes(constants: dict, numerics: str, folded: dict) -> list:
