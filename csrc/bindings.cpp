@@ -542,11 +542,13 @@ void bind_qlinear_matmul(nb::module_& m) {
   // uint8 C-contiguous [..., K] (its leading dimensions folded into rows), a_zero_point None or one value of a's
   // type, b packed ([K, N]) with its zero points b_zp int32 [N], the scale f32(a_scale * b_scale[n]) (a_scale
   // one float32, b_scale 1 or N: numpy's product, as the Mul node's) and bias float32 [N] or None, as
-  // matmul_integer_scaled gives them; float32 [..., N]. ValueError for anything else.
+  // matmul_integer_scaled gives them; float32 [..., N], or with widths (column counts summing to N: products
+  // side by side in b) a tuple of float32 [..., width] arrays. ValueError for anything else.
   m.def(
       "matmul_integer_scaled_rows",
       [](const In& a, const std::optional<In>& a_zp, const qmm::PackedB& b, const In& b_zp, const In& a_scale,
-         const In& b_scale, const std::optional<In>& bias) {
+         const In& b_scale, const std::optional<In>& bias,
+         const std::optional<std::vector<int64_t>>& widths) -> nb::object {
         const char* fn = "matmul_integer_scaled_rows";
         const bool a_signed = a.dtype() == nb::dtype<int8_t>();
         if ((!a_signed && a.dtype() != nb::dtype<uint8_t>()) || a.ndim() < 2 || !contiguous(a) ||
@@ -566,10 +568,21 @@ void bind_qlinear_matmul(nb::module_& m) {
         int32_t za = 0;
         if (a_zp)
           za = a_signed ? *static_cast<const int8_t*>(a_zp->data()) : *static_cast<const uint8_t*>(a_zp->data());
-        std::vector<int64_t> dims;
-        for (size_t d = 0; d + 1 < a.ndim(); ++d) dims.push_back(static_cast<int64_t>(a.shape(d)));
-        dims.push_back(N);
-        NewArray<float> y(dims);
+        // the outputs: one of N columns, or one per width (side by side in b, summing to N)
+        const std::vector<int64_t> spans_of = widths ? *widths : std::vector<int64_t>{N};
+        if (std::any_of(spans_of.begin(), spans_of.end(), [](int64_t w) { return w < 1; }) ||
+            std::accumulate(spans_of.begin(), spans_of.end(), int64_t{0}) != N)
+          throw std::invalid_argument(std::string(fn) + ": widths of at least 1 summing to N expected");
+        std::vector<NewArray<float>> ys;
+        std::vector<qmm::ColumnSpan> spans;
+        for (int64_t w : spans_of) {
+          std::vector<int64_t> dims;
+          for (size_t d = 0; d + 1 < a.ndim(); ++d) dims.push_back(static_cast<int64_t>(a.shape(d)));
+          dims.push_back(w);
+          ys.emplace_back(dims);
+          const int64_t begin = spans.empty() ? 0 : spans.back().end;
+          spans.push_back({begin, begin + w, ys.back().data()});
+        }
         {
           nb::gil_scoped_release release;
           static const int64_t kZero[1] = {0};
@@ -584,12 +597,15 @@ void bind_qlinear_matmul(nb::module_& m) {
           std::vector<float> scale(b_scale.size());
           for (size_t n = 0; n < scale.size(); ++n) scale[n] = s * bs[n];
           qmm::matmul_integer_scaled(p, scale.data(), scale.size() > 1,
-                                     bias ? static_cast<const float*>(bias->data()) : nullptr, y.data());
+                                     bias ? static_cast<const float*>(bias->data()) : nullptr, spans);
         }
-        return y.array();
+        if (!widths) return nb::cast(ys[0].array());
+        nb::list out;
+        for (auto& y : ys) out.append(y.array());
+        return nb::tuple(out);
       },
       nb::arg("a"), nb::arg("a_zero_point").none(), nb::arg("b"), nb::arg("b_zp"), nb::arg("a_scale"),
-      nb::arg("b_scale"), nb::arg("bias").none());
+      nb::arg("b_scale"), nb::arg("bias").none(), nb::arg("widths").none() = nb::none());
 
   // The fast path of the common call: 2-D a, per-tensor a and y, per-tensor or per-column b,
   // numerics "onnxruntime". Allocates and returns y [M, N]; scales are already combined into the

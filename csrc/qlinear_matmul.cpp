@@ -650,19 +650,27 @@ void matmul_integer(const QGemmProblem& p, int32_t* y) {
 
 void matmul_integer_scaled(const QGemmProblem& p, const float* scale, bool scale_per_column, const float* bias,
                            float* y) {
-  const int64_t M = p.M, N = p.N;
+  matmul_integer_scaled(p, scale, scale_per_column, bias, {ColumnSpan{0, p.N, y}});
+}
+
+void matmul_integer_scaled(const QGemmProblem& p, const float* scale, bool scale_per_column, const float* bias,
+                           const std::vector<ColumnSpan>& spans) {
+  const int64_t M = p.M;
   accumulate<int32_t>(call_entry(p), p,
                       [&](int64_t bt, int64_t m0, int64_t rows, int64_t n0, int64_t cols, const int32_t* raw,
                           int64_t ld, const RowTerms* terms) {
-                        const float* s = scale_per_column ? scale + n0 : scale;
-                        for (int64_t r = 0; r < rows; ++r) {
-                          float* row = y + (bt * M + m0 + r) * N + n0;
-                          // (-ffp-contract=off: the multiply and the add round apart, as the two nodes)
-                          for (int64_t j = 0; j < cols; ++j)
-                            row[j] = static_cast<float>(row_terms_applied(raw + r * ld, terms[r], j)) *
-                                     s[scale_per_column ? j : 0];
-                          if (bias)
-                            for (int64_t j = 0; j < cols; ++j) row[j] = row[j] + bias[n0 + j];
+                        for (const ColumnSpan& span : spans) {  // the block's columns each span holds
+                          const int64_t lo = std::max(n0, span.begin), hi = std::min(n0 + cols, span.end);
+                          const int64_t width = span.end - span.begin;
+                          for (int64_t r = 0; r < rows && lo < hi; ++r) {
+                            float* row = span.y + (bt * M + m0 + r) * width - span.begin;  // (column n at row[n])
+                            // (-ffp-contract=off: the multiply and the add round apart, as the two nodes)
+                            for (int64_t n = lo; n < hi; ++n)
+                              row[n] = static_cast<float>(row_terms_applied(raw + r * ld, terms[r], n - n0)) *
+                                       scale[scale_per_column ? n : 0];
+                            if (bias)
+                              for (int64_t n = lo; n < hi; ++n) row[n] = row[n] + bias[n];
+                          }
                         }
                       });
 }

@@ -133,6 +133,15 @@ void matmul_integer(const QGemmProblem& p, int32_t* y);
 // null; y contiguous float32 [batch, M, N]; K >= 1.
 void matmul_integer_scaled(const QGemmProblem& p, const float* scale, bool scale_per_column, const float* bias,
                            float* y);
+// The same with the columns split among outputs (products of one a side by side in b: quantize_dynamic's
+// query, key and value): columns [begin, end) go to y contiguous float32 [batch, M, end - begin]; the
+// spans cover [0, N) without overlap.
+struct ColumnSpan {
+  int64_t begin, end;
+  float* y;
+};
+void matmul_integer_scaled(const QGemmProblem& p, const float* scale, bool scale_per_column, const float* bias,
+                           const std::vector<ColumnSpan>& spans);
 
 // numerics="onnx-reference": int32 (wrapping) accumulator; rint(f64(acc) * multiplier + zp) in float64,
 // where multiplier is a_scale * b_scale / y_scale evaluated in the scales' own dtype; then clip.

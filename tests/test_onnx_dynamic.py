@@ -5,6 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 from onnx import TensorProto, helper, numpy_helper
+from test_onnx_bound import taken
 
 import quantmatmul.onnx as qo
 from quantmatmul.onnx import _dynamic, _session
@@ -56,6 +57,7 @@ def unfused(monkeypatch):
         with monkeypatch.context() as patch:
             patch.setattr(_session, "scaled_matmuls", lambda entries, *_: entries)
             patch.setattr(_session, "float_chains", lambda entries, *_: entries)
+            patch.setattr(_session, "sibling_products", lambda entries, *_: entries)
             return qo.InferenceSession(model)
 
     return make
@@ -291,3 +293,85 @@ def test_the_fused_product_of_graph_inputs(a_dtype, unfused, fused_calls):
         want = plain.run(None, feed)[0]
         assert got.dtype == want.dtype and got.shape == want.shape and got.tobytes() == want.tobytes()
         assert all(np.array_equal(feed[k], before[k]) for k in feed)
+
+
+def sibling_model(widths=(40, 24, 40), biases=(True, True, True), w_dtype=np.int8, K=64):
+    """One DynamicQuantizeLinear of x read by a product per width (quantize_dynamic's query, key and value),
+    each with its own weight, per-channel or per-tensor scale and optional bias."""
+    rng = np.random.default_rng(11)
+    info = np.iinfo(w_dtype)
+    nodes = [helper.make_node("DynamicQuantizeLinear", ["x"], ["x_q", "x_s", "x_z"])]
+    weights, outputs = {}, []
+    for i, (N, bias) in enumerate(zip(widths, biases, strict=True)):
+        weights[f"w{i}"] = rng.integers(info.min, info.max + 1, (K, N)).astype(w_dtype)
+        weights[f"s{i}"] = (rng.uniform(0.001, 0.01, N) if i % 2 else np.float32(0.004)).astype(np.float32)
+        weights[f"z{i}"] = (rng.integers(info.min, info.max + 1, N) if i % 2 else np.zeros(())).astype(w_dtype)
+        weights[f"b{i}"] = rng.standard_normal(N).astype(np.float32)
+        nodes += [
+            helper.make_node("Mul", ["x_s", f"s{i}"], [f"scale{i}"]),
+            helper.make_node("MatMulInteger", ["x_q", f"w{i}", "x_z", f"z{i}"], [f"acc{i}"], name=f"mmi{i}"),
+            helper.make_node("Cast", [f"acc{i}"], [f"acc_f{i}"], to=F32),
+            helper.make_node("Mul", [f"acc_f{i}", f"scale{i}"], [f"p{i}"]),
+        ]
+        if bias:
+            nodes.append(helper.make_node("Add", [f"p{i}", f"b{i}"], [f"y{i}"]))
+        outputs.append(f"y{i}" if bias else f"p{i}")
+    graph = helper.make_graph(
+        nodes,
+        "siblings",
+        [helper.make_tensor_value_info("x", F32, ["batch", "S", K])],
+        [helper.make_tensor_value_info(name, F32, None) for name in outputs],
+        [numpy_helper.from_array(np.asarray(v), k) for k, v in weights.items()],
+    )
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 21)], ir_version=10)
+
+
+def siblings_in(session) -> list:
+    return [entry[0] for entry in session._plan if isinstance(entry[0], _dynamic.SiblingProducts)]
+
+
+@pytest.mark.parametrize("w_dtype", [np.int8, np.uint8])
+def test_sibling_products_give_the_products_bits(w_dtype, isa, unfused, fused_calls):
+    """Products of one a as one call, their outputs apart: the unfused nodes' bits, widths off the kernels'
+    panels, per-tensor and per-channel scales and zero points side by side."""
+    model = sibling_model(w_dtype=w_dtype)
+    session, plain = qo.InferenceSession(model), unfused(model)
+    (group,) = siblings_in(session)
+    assert group.widths == [40, 24, 40] and not siblings_in(plain)
+    for seed, shape in enumerate([(2, 5, 64), (1, 16, 64), (3, 1, 64)]):
+        x = inputs(shape, seed)
+        fused_calls.clear()
+        got = session.run(None, {"x": x})
+        assert len(fused_calls) == 1  # (one call for the three)
+        want = plain.run(None, {"x": x})
+        for g, w in zip(got, want, strict=True):
+            assert g.dtype == w.dtype and g.shape == w.shape and g.tobytes() == w.tobytes()
+            assert g.flags.c_contiguous
+
+
+def test_which_products_are_siblings(unfused):
+    """All or none with a bias (an Add of 0 would turn -0.0 into +0.0); a call the one product does not take
+    (a zero point per row) runs the products' nodes, with their bits."""
+    model = sibling_model(widths=(16, 16, 16), biases=(True, False, True))
+    (group,) = siblings_in(qo.InferenceSession(model))
+    assert group.widths == [16, 16]
+    model = sibling_model(widths=(16, 24), biases=(True, True))
+    graph = model.graph
+    graph.node.remove(graph.node[0])  # (a, its zero point and its scale from the caller)
+    del graph.input[:]
+    graph.input.extend(
+        [helper.make_tensor_value_info(n, t, None) for n, t in (("x_q", TensorProto.UINT8), ("x_z", TensorProto.UINT8))]
+        + [helper.make_tensor_value_info("x_s", F32, None)]
+    )
+    session, plain = qo.InferenceSession(model), unfused(model)
+    assert len(siblings_in(session)) == 1
+    calls = taken(session)
+    rng = np.random.default_rng(12)
+    q = rng.integers(0, 256, (5, 64)).astype(np.uint8)
+    for zp, took in [(np.array(3, np.uint8), True), (rng.integers(0, 256, 5).astype(np.uint8), False)]:
+        feed = {"x_q": q, "x_z": zp, "x_s": np.array(0.02, np.float32)}
+        calls.clear()
+        got, want = session.run(None, feed), plain.run(None, feed)
+        for g, w in zip(got, want, strict=True):
+            assert g.shape == w.shape and g.tobytes() == w.tobytes()
+        assert list(calls.values()) == [[took]]

@@ -62,7 +62,7 @@ class ScaledMatMulInteger:
                 and type(scale) is np.ndarray
                 and scale.dtype == _F32
                 and max(scale.ndim, scale_ndim) <= a.ndim
-                and (a_zero_point is None or type(a_zero_point) is np.ndarray)
+                and (a_zero_point is None or (type(a_zero_point) is np.ndarray and a_zero_point.size == 1))
             ):
                 y = _core.matmul_integer_scaled_rows(
                     a, a_zero_point, packed, zero_points, scale, weight_scale, self.bias
@@ -173,3 +173,78 @@ def _scale_product(entries, producers, readers, scale, reader, constants, graph_
     if len(variable) != 1 or any(v is not None and (type(v) is not np.ndarray or v.dtype != _F32) for v in fixed):
         return None
     return k, inputs[variable[0]], fixed  # (fixed: None at a's scale's slot)
+
+
+class SiblingProducts:
+    """quantize_dynamic products of one a (its zero point and scale: an attention's query, key and value) as one
+    product of a and their weights side by side (csrc: matmul_integer_scaled_rows with widths), each output
+    its own array. Every column's sum, scale and bias are its product's, so the bits are the products'. The
+    weights are packed side by side once; the products' own packed copies are let go (an input the one call
+    does not take runs the products' nodes, which then pack their weight per call)."""
+
+    def __init__(self, members: list, call):
+        self.members, self.call = members, call
+        self.op_type = "+".join(member.op_type for member in members)
+        self.onnx_node = members[0].onnx_node  # (error messages name the first product's node)
+        self._qmm_attributes = {}  # (the session's _call: no attributes)
+        helds = [member.matmul._held for member in members]
+        self.widths = [held.x.shape[1] for held in helds]
+        weights = np.ascontiguousarray(np.concatenate([held.x for held in helds], axis=1))
+        self.packed = _core.pack_b(weights[None], weights.dtype == np.int8)
+        self.zero_points = np.concatenate([member._rows[1] for member in members])
+        self.scale_ndim = max(member._rows[2] for member in members)
+        self.weight_scale = np.concatenate(
+            [np.broadcast_to(member._rows[3], (n,)) for member, n in zip(members, self.widths, strict=True)]
+        ).astype(_F32)
+        biases = [member.bias for member in members]
+        self.bias = None if biases[0] is None else np.concatenate(biases)
+        for member, held in zip(members, helds, strict=True):  # (one packed copy of the weights)
+            member.matmul._held = held._replace(packed=None)
+            member._rows = None
+
+    def _bound_call(self, inputs):
+        a, a_zero_point, scale = inputs
+        if (
+            type(a) is np.ndarray
+            and type(scale) is np.ndarray
+            and scale.dtype == _F32
+            and max(scale.ndim, self.scale_ndim) <= a.ndim
+            and (a_zero_point is None or (type(a_zero_point) is np.ndarray and a_zero_point.size == 1))
+        ):
+            return _core.matmul_integer_scaled_rows(
+                np.ascontiguousarray(a),
+                a_zero_point,
+                self.packed,
+                self.zero_points,
+                scale,
+                self.weight_scale,
+                self.bias,
+                self.widths,
+            )
+        return None
+
+    def _run(self, *inputs):
+        return tuple(y for member in self.members for y in self.call(member, list(inputs)))
+
+
+def sibling_products(entries: list, call) -> list:
+    """entries with the ScaledMatMulInteger entries that read the same a, zero point and scale of a through the
+    one-call path (a's scale times a constant weight scale), with weights of one type and K and all or none
+    with a bias, as one SiblingProducts entry where the first of them was (it reads what they read)."""
+    groups = defaultdict(list)
+    for i, (node, reads, outputs, _, _) in enumerate(entries):
+        if isinstance(node, ScaledMatMulInteger) and node._rows is not None and len(outputs) == 1:
+            x = node.matmul._held.x
+            groups[(reads, node.bias is not None, x.dtype, x.shape[0])].append(i)
+    placed, used = {}, set()
+    for members in groups.values():
+        if len(members) < 2:
+            continue
+        fused = SiblingProducts([entries[i][0] for i in members], call)
+        first = entries[members[0]]
+        outputs = tuple(name for i in members for name in entries[i][2])
+        placed[members[0]] = (fused, first[1], outputs, False, first[4])
+        used.update(members)
+    if not placed:
+        return entries
+    return [placed.get(k, entry) for k, entry in enumerate(entries) if k not in used or k in placed]

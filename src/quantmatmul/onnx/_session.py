@@ -32,7 +32,7 @@ from ._common import (
     to_array,
     without_leading_ones,
 )
-from ._dynamic import ScaledMatMulInteger, scaled_matmuls
+from ._dynamic import ScaledMatMulInteger, SiblingProducts, scaled_matmuls, sibling_products
 from ._float_chains import FloatChain, float_chains
 from ._fuse import fuse_qdq as _fuse_qdq
 from ._fuse import subgraph_reads
@@ -222,6 +222,7 @@ def _run_plan(evaluator, numerics: str, tabulate: bool, folded: dict) -> tuple[l
         if isinstance(entry[0], _Op):
             entry[0]._bind()
     entries = scaled_matmuls(entries, constants, set(evaluator.output_names), _call)
+    entries = sibling_products(entries, _node_call)
     entries = matmul_adds(entries, constants, set(evaluator.output_names), numerics, _call)
     entries = layer_norm_groups(entries, constants, set(evaluator.output_names), _node_call, _NORM_NEIGHBOURS)
     tabulated = []
@@ -247,7 +248,7 @@ def _run_plan(evaluator, numerics: str, tabulate: bool, folded: dict) -> tuple[l
 def _bound_call(node):
     """The node's bound call (_Op._bound_call, and the pairs' and tables'; onnx.reference's float Add, Sub,
     Mul and Div as the numpy function they call), or None."""
-    fused = (_Op, MatMulAdd, ConvAdd, CodeTable, ScaledMatMulInteger, FloatChain, NormGroup)
+    fused = (_Op, MatMulAdd, ConvAdd, CodeTable, ScaledMatMulInteger, SiblingProducts, FloatChain, NormGroup)
     if isinstance(node, fused):
         call = getattr(node, "_bound_call", None)
         return call if callable(call) else None
