@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+from collections import defaultdict
 from dataclasses import dataclass
 
 import numpy as np
@@ -174,3 +175,16 @@ def format_table(headers: list[str], rows: list[list], align: str | None = None)
         if k == 0:
             lines.append("  ".join("-" * w for w in widths))
     return "\n".join(lines)
+
+
+def plan_links(entries: list) -> tuple[dict, dict]:
+    """For the session's plan entries (node, input names, output names, runs a subgraph, names read): {value name:
+    the indices of the entries that read it} (a defaultdict of sets) and {value name: the index of the entry that
+    writes it}."""
+    readers, producers = defaultdict(set), {}
+    for i, entry in enumerate(entries):
+        for name in entry[4]:
+            readers[name].add(i)
+        for name in entry[2]:
+            producers[name] = i
+    return readers, producers

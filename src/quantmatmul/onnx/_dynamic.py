@@ -20,7 +20,7 @@ import numpy as np
 from onnx import TensorProto
 
 from .. import _core
-from ._common import without_leading_ones
+from ._common import plan_links, without_leading_ones
 
 _F32 = np.dtype(np.float32)
 
@@ -97,12 +97,7 @@ def scaled_matmuls(entries: list, constants: dict, graph_outputs: set, call) -> 
     b) -> Cast(to=FLOAT) -> Mul (-> Add of a constant float32 bias [N]) chain as one entry where its last
     node was (the scale may come after the product), each value of the chain read by the next node alone
     and none a graph output."""
-    readers, producers = defaultdict(set), {}
-    for i, entry in enumerate(entries):
-        for name in entry[4]:
-            readers[name].add(i)
-        for name in entry[2]:
-            producers[name] = i
+    readers, producers = plan_links(entries)
     placed, used = {}, set()
 
     def reader(i, op_type):

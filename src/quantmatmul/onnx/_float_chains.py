@@ -12,12 +12,11 @@ array runs the nodes, which raise what they would.
 
 from __future__ import annotations
 
-from collections import defaultdict
-
 import numpy as np
 from onnx.reference.op_run import OpRun
 
 from .. import _core
+from ._common import plan_links
 
 _F32 = np.dtype(np.float32)
 # the operators and their codes in csrc (qmm::ChainOp)
@@ -83,10 +82,7 @@ def float_chains(entries: list, graph_outputs: set, call) -> list:
     """entries (the plan's, as onnx/_pairs.py's matmul_adds takes them) with each chain of two or more float
     element-wise nodes (_link), each after the first reading the one before it, whose values are read by the
     next node alone and are no graph output, as one FloatChain entry where its last node was."""
-    readers = defaultdict(set)
-    for i, entry in enumerate(entries):
-        for name in entry[4]:
-            readers[name].add(i)
+    readers, _ = plan_links(entries)
     placed, used = {}, set()
 
     def next_link(i):

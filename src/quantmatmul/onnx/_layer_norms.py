@@ -15,13 +15,11 @@ not take runs the nodes, which raise what they would.
 
 from __future__ import annotations
 
-from collections import defaultdict
-
 import numpy as np
 from onnx.reference.op_run import OpRun
 
 from .. import _core
-from ._common import without_leading_ones
+from ._common import plan_links, without_leading_ones
 
 _F32 = np.dtype(np.float32)
 _CODES = {np.dtype(np.int8): 0, np.dtype(np.uint8): 1}  # qmm::IntType
@@ -88,12 +86,7 @@ def layer_norm_groups(entries: list, constants: dict, graph_outputs: set, call, 
     the nodes around it that fit (the module's docstring) as one NormGroup entry where the LayerNormalization
     was. classes: the session's node classes by name ("LayerNormalization", "DequantizeLinear",
     "QuantizeLinear", "DynamicQuantizeLinear")."""
-    readers, producers = defaultdict(set), {}
-    for i, entry in enumerate(entries):
-        for name in entry[4]:
-            readers[name].add(i)
-        for name in entry[2]:
-            producers[name] = i
+    readers, producers = plan_links(entries)
     placed, used = {}, set()
     for i, (node, inputs, outputs, _, _) in enumerate(entries):
         if not isinstance(node, classes["LayerNormalization"]) or node._rows is None or i in used:

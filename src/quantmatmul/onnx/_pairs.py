@@ -14,11 +14,9 @@ fast product does not take (another a type or layout, a per-row parameter) runs 
 
 from __future__ import annotations
 
-from collections import defaultdict
-
 import numpy as np
 
-from ._common import MS_DOMAIN, without_leading_ones
+from ._common import MS_DOMAIN, plan_links, without_leading_ones
 from ._qlinear_ops import _SPANS, _add_parameters, _span_mode
 
 _CODES = (np.dtype(np.uint8), np.dtype(np.int8))
@@ -150,10 +148,7 @@ def matmul_adds(entries: list, constants: dict, graph_outputs: set, numerics: st
     operand may come after the product)."""
     if numerics != "onnxruntime":
         return entries
-    readers = defaultdict(set)
-    for i, entry in enumerate(entries):
-        for name in entry[4]:
-            readers[name].add(i)
+    readers, _ = plan_links(entries)
     placed, dropped = {}, set()  # entry index -> its replacement; the entries folded into a pair
     for i, (node, inputs, outputs, _, _) in enumerate(entries):
         if node.op_type not in ("QLinearMatMul", "QLinearConv") or len(outputs) != 1 or i in dropped:

@@ -27,12 +27,10 @@ nodes run on x as they would have.
 
 from __future__ import annotations
 
-from collections import defaultdict
-
 import numpy as np
 
 from .. import _core
-from ._common import MS_DOMAIN
+from ._common import MS_DOMAIN, plan_links
 
 # element-wise operators: each output element a function of the input elements at its place
 _ELEMENTWISE = {
@@ -132,10 +130,7 @@ def code_tables(entries: list, constants: dict, graph_outputs: set, call) -> tup
     input names, output names, runs a subgraph, names read: inputs and subgraphs' reads) in order;
     constants: initializers no graph input overrides; call(node, inputs): how the session runs a node."""
     scalars = {name for name, value in constants.items() if isinstance(value, np.ndarray) and value.size == 1}
-    readers = defaultdict(set)
-    for i, entry in enumerate(entries):
-        for name in entry[4]:
-            readers[name].add(i)
+    readers, _ = plan_links(entries)
     taken, groups = set(), []
     for i, entry in enumerate(entries):
         variable = _variable_inputs(entry, scalars, constants)
