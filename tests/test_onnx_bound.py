@@ -351,8 +351,9 @@ def test_an_output_viewing_a_folded_value_is_the_callers_own():
 
 @pytest.mark.parametrize("dtype", [np.float32, np.float64, np.float16, np.int32])
 def test_float_add_sub_mul_div_bound_to_numpy_are_the_reference_nodes(dtype, unbound):
-    """onnx.reference's Add, Sub, Mul and Div called as their numpy functions for float operands of one type:
-    the same values and types, 0-d results as 0-d arrays; integers (Div truncates) run the nodes."""
+    """onnx.reference's Add, Sub, Mul, Div and two-input Max and Min called as their numpy functions for float
+    operands of one type: the same values and types (NaN, -0.0), 0-d results as 0-d arrays; integers (Div
+    truncates) run the nodes."""
     t = helper.np_dtype_to_tensor_dtype(np.dtype(dtype))
     w = {"c": np.array([1.5, -2.0, 0.0], dtype), "z": np.array(3, dtype)}
     nodes = [
@@ -361,17 +362,23 @@ def test_float_add_sub_mul_div_bound_to_numpy_are_the_reference_nodes(dtype, unb
         helper.make_node("Mul", ["s", "x"], ["m"], name="mul"),
         helper.make_node("Div", ["m", "c"], ["d"], name="div"),
         helper.make_node("Div", ["z", "z"], ["one"], name="div0"),  # 0-d by 0-d: a 0-d array
+        helper.make_node("Max", ["d", "x"], ["hi"], name="max"),
+        helper.make_node("Min", ["c", "d"], ["lo"], name="min"),
     ]
-    m = model(nodes, [("x", t, None)], [("d", t, None), ("one", t, None)], w)
+    outputs = [("d", t, None), ("one", t, None), ("hi", t, None), ("lo", t, None)]
+    m = model(nodes, [("x", t, None)], outputs, w)
     with pytest.MonkeyPatch.context() as patch:  # (the nodes one by one: not as a chain, test_onnx_float_chains.py)
         patch.setattr(_session, "float_chains", lambda entries, *_: entries)
         session = qo.InferenceSession(m)
     plain = unbound(m)
     calls = taken(session)
     x = (np.arange(12).reshape(4, 3) - 5).astype(dtype)
+    if np.dtype(dtype).kind == "f":
+        x[0] = [np.nan, -0.0, np.inf]
     with np.errstate(all="ignore"):
         got, want = session.run(None, {"x": x}), plain.run(None, {"x": x})
     for g, v in zip(got, want, strict=True):
         assert type(g) is np.ndarray and g.dtype == v.dtype and g.shape == v.shape and g.tobytes() == v.tobytes()
     floats = np.dtype(dtype).kind == "f"
-    assert calls == {n: [floats] for n in ("add", "sub", "mul", "div", "div0")}  # (div0: a graph output, not folded)
+    names = ("add", "sub", "mul", "div", "div0", "max", "min")
+    assert calls == {n: [floats] for n in names}  # (div0: a graph output, not folded)

@@ -247,7 +247,7 @@ def _run_plan(evaluator, numerics: str, tabulate: bool, folded: dict) -> tuple[l
 
 def _bound_call(node):
     """The node's bound call (_Op._bound_call, and the pairs' and tables'; onnx.reference's float Add, Sub,
-    Mul and Div as the numpy function they call), or None."""
+    Mul, Div, Max and Min as the numpy function they call), or None."""
     fused = (_Op, MatMulAdd, ConvAdd, CodeTable, ScaledMatMulInteger, SiblingProducts, FloatChain, NormGroup)
     if isinstance(node, fused):
         call = getattr(node, "_bound_call", None)
@@ -274,8 +274,16 @@ def _node_call(node, inputs) -> tuple:
     return _call(node, inputs)
 
 
-# onnx.reference's Add, Sub, Mul and Div: OpRunBinaryNumpy._run's numpy function, for floats.
-_NUMPY_BINARY = {"Add": np.add, "Sub": np.subtract, "Mul": np.multiply, "Div": np.divide}
+# onnx.reference's Add, Sub, Mul, Div and (two inputs) Max and Min: OpRunBinaryNumpy._run's numpy function, for
+# floats.
+_NUMPY_BINARY = {
+    "Add": np.add,
+    "Sub": np.subtract,
+    "Mul": np.multiply,
+    "Div": np.divide,
+    "Max": np.maximum,
+    "Min": np.minimum,
+}
 
 
 def _float_binary(ufunc, inputs):
