@@ -286,3 +286,35 @@ def test_the_chain_reads_any_strides():
         b = x[1, : a.shape[-1]]
         with np.errstate(all="ignore"):
             same_bits(_core.float_chain([a, two, b], np.array([[DIV, 0, 1], [SUB, V, 2]], np.int32)), a / two - b)
+
+
+def test_random_chains_are_their_nodes():
+    """Random chains (2 to 6 links of every operator, the value on either side, operands of random broadcast
+    shapes: scalars, rows, columns, a new leading dimension, the full shape) against the nodes one by one."""
+    rng = np.random.default_rng(8)
+    ops = ["Add", "Sub", "Mul", "Div", "Erf", "Sqrt", "Neg"]
+    for case in range(40):
+        shape = tuple(int(d) for d in rng.integers(1, 7, rng.integers(1, 4)))
+        shapes = [(), (1,), shape[-1:], shape, (2, *shape), shape[:-1] + (1,)]
+        nodes, inputs, feed, value = [], [("x", F32, None)], {"x": special(rng, shape)}, "x"
+        for link in range(int(rng.integers(2, 7))):
+            op = ops[int(rng.integers(len(ops)))]
+            out = f"v{link}"
+            if op in ("Erf", "Sqrt", "Neg"):
+                nodes.append(helper.make_node(op, [value], [out], name=f"n{link}"))
+            else:
+                operand = f"o{link}"
+                operand_shape = shapes[int(rng.integers(len(shapes)))]
+                inputs.append((operand, F32, None))
+                feed[operand] = special(rng, operand_shape, 2.0) if operand_shape else np.array(1.5, np.float32)
+                pair = [value, operand] if rng.integers(2) else [operand, value]
+                nodes.append(helper.make_node(op, pair, [out], name=f"n{link}"))
+            value = out
+        m = model(nodes, inputs, [(value, F32, None)], {})
+        session, plain = qo.InferenceSession(m), plain_session(m)
+        assert list(chains(session)) == ["n0"], case
+        with np.errstate(all="ignore"):
+            got, want = session.run(None, feed)[0], plain.run(None, feed)[0]
+        # (two NaNs of different signs meeting in one addition or product: x86 returns one operand's, and
+        # which, the compiled loop's operand order decides, numpy's as ours: the sign may differ there)
+        same_but_nan_signs(got, want)

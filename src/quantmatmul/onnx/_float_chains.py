@@ -6,8 +6,10 @@ reads the value the node before it made (that value read by it alone, and by no 
 session runs the chain as one call (csrc/float_ops.cpp: float_chain) over blocks of 256 elements,
 broadcasting its other operands as numpy does. Each operation rounds to float32 on its own (numpy's
 float32 add, subtract, multiply, divide and sqrt are IEEE operations; Erf is the session's, which gives
-onnx.reference's bits), so the values are the nodes'. A call with an operand that is not a float32
-array runs the nodes, which raise what they would.
+onnx.reference's bits), so the values are the nodes' (a NaN's sign aside where two NaNs of different
+signs meet in one addition or product: x86 returns one operand's, and which one the compiled loop's
+operand order decides, numpy's as ours). A call with an operand that is not a float32 array runs the
+nodes, which raise what they would.
 """
 
 from __future__ import annotations
