@@ -125,6 +125,9 @@ DEVIATIONS = {
     "onnx-softmax-before-13": Deviation(
         "onnx", "Softmax / LogSoftmax / Hardmax before opset 13 normalize along axis alone, not over the 2-D coercion"
     ),
+    "onnx-omitted-output-read-as-input": Deviation(
+        "onnx", "An omitted optional output (named '') is stored, and a later omitted optional input reads it"
+    ),
 }
 
 

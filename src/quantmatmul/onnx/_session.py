@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 from math import prod
+from operator import itemgetter
 
 import ml_dtypes
 import numpy as np
@@ -148,6 +149,7 @@ class InferenceSession:
         self._copied = {
             name for entry in self._plan for name in entry[2] if name in outputs and self._folded.keys() & set(entry[1])
         }
+        self._lean = None  # (the plan, its entries as the run loop reads them and the first values: run)
         self._feed_spec = feed_spec(self._model)  # (the initializers' names read once, not per run)
         self._inputs = [arg for arg, _ in self._feed_spec.values()]
         self._outputs = [node_arg(v) for v in self._model.graph.output]
@@ -174,9 +176,13 @@ class InferenceSession:
                     f"{fn}: the model has no output named {unknown[0]!r} (its outputs: {', '.join(names)})"
                 )
         feed = check_feed(fn, self._model, input_feed, spec=self._feed_spec)
+        if self._lean is None or self._lean[0] is not self._plan:  # (made again where the plan was replaced)
+            self._lean = (self._plan, (_lean_plan(self._plan), _first_values(self._evaluator, self._folded)))
         try:
             with np.errstate(all="ignore"), _core.ParallelRegion():
-                return _run_nodes(self._evaluator, self._plan, output_names, feed, self._folded, self._copied)
+                return _run_nodes(
+                    self._evaluator, self._plan, output_names, feed, self._folded, self._copied, self._lean[1]
+                )
         except _NodeError as error:
             raise error.public(fn) from None
 
@@ -313,7 +319,7 @@ def _fold(entries: list, constants: dict, graph_outputs: set, folded: dict) -> l
         except Exception:  # noqa: BLE001 (the node raises it at the run, as it would have)
             kept.append(entry)
             continue
-        folded.update(zip(outputs, values))
+        folded.update((name, value) for name, value in zip(outputs, values) if name)
     return kept
 
 
@@ -323,14 +329,17 @@ _UNFOLDED = frozenset(
 )
 
 
-def _run_nodes(evaluator, plan, output_names, feed, folded, copied=frozenset()) -> list[np.ndarray]:
-    results = {"": None}  # an absent optional input
-    results.update(evaluator.rt_inits_)
-    results.update(folded)
+def _run_nodes(evaluator, plan, output_names, feed, folded, copied=frozenset(), lean=None) -> list[np.ndarray]:
+    """The plan's entries in order on the feed. lean: (_lean_plan(plan), _first_values(evaluator, folded)), made
+    once for the plan (InferenceSession.run); None: made here."""
+    if lean is None:
+        lean = (_lean_plan(plan), _first_values(evaluator, folded))
+    entries, first = lean
+    results = dict(first)
     results.update(feed)
-    for node, inputs_named, outputs_named, context, done, bound_call in plan:
+    for node, get_inputs, outputs_named, single, context, done, bound_call in entries:
         try:
-            inputs = [results[name] for name in inputs_named]
+            inputs = get_inputs(results)
         except KeyError as error:  # a graph out of topological order, or an input never produced
             raise ValueError(
                 f"InferenceSession.run: node {node.onnx_node.name!r} ({node.op_type}) reads {error}, which no "
@@ -342,22 +351,57 @@ def _run_nodes(evaluator, plan, output_names, feed, folded, copied=frozenset()) 
                 outputs = bound_call(inputs)
             except (TypeError, ValueError):  # the general call raises it, naming the node
                 outputs = None
-        if outputs is not None:
-            pass
-        elif context:  # If / Loop / Scan: the subgraph reads the outer values
-            outputs = node.run(*inputs, context=results, bindings=None)
+        if outputs is None:
+            if context:  # If / Loop / Scan: the subgraph reads the outer values
+                outputs = node.run(*inputs, context=results, bindings=None)
+            else:
+                outputs = _call(node, inputs)
+        if single is not None:
+            results[single] = outputs[0]
         else:
-            outputs = _call(node, inputs)
-        for name, value in zip(outputs_named, outputs):
-            results[name] = value
-        for name in done:
-            results.pop(name, None)
+            for name, value in zip(outputs_named, outputs):
+                if name:  # (an omitted optional output is not stored: "" stays the absent input)
+                    results[name] = value
+        if done:
+            for name in done:
+                results.pop(name, None)
     # in C order, as ONNX Runtime returns them (the convolutions and pools pass channels-last views on)
     outputs = [results[name] for name in output_names]
     return [
         v.copy() if isinstance(v, np.ndarray) and (not v.flags.c_contiguous or name in copied) else v
         for name, v in zip(output_names, outputs)
     ]
+
+
+def _first_values(evaluator, folded) -> dict:
+    """The values every run starts from: "" (an absent optional input) None, the initializers, the folded
+    values (the feed goes on top)."""
+    results = {"": None}
+    results.update(evaluator.rt_inits_)
+    results.update(folded)
+    return results
+
+
+def _lean_plan(plan) -> list:
+    """The plan's entries as the run loop reads them: (node, a function of the values giving its inputs as a
+    tuple, its output names, the one output's name (None where it has several or none), whether it runs a
+    subgraph, the names let go after it (None for none), its bound call). About 0.35 us a node less than
+    reading the plan's names on every run (0.89 -> 0.55 us a node of loop and a trivial bound call, Zen 4)."""
+    entries = []
+    for node, inputs_named, outputs_named, context, done, bound_call in plan:
+        single = outputs_named[0] if len(outputs_named) == 1 and outputs_named[0] else None
+        entries.append((node, _getter(inputs_named), outputs_named, single, context, tuple(done) or None, bound_call))
+    return entries
+
+
+def _getter(names):
+    """A function of the values giving those named as a tuple (KeyError for one that is not there)."""
+    if not names:
+        return lambda values: ()
+    if len(names) == 1:
+        (name,) = names
+        return lambda values: (values[name],)
+    return itemgetter(*names)
 
 
 def _call(node, inputs) -> tuple:
