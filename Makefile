@@ -77,7 +77,7 @@ test-asan: $(VENV)/.test-deps
 		test_onnx_qlinear_ops.py::test_operands_laid_out_alike_keep_their_layout \
 		test_onnx_cnn.py::test_onnx_node_test_cases test_onnx_cnn.py::test_max_pool_bad_input \
 		test_onnx_pairs.py test_onnx_tables.py test_onnx_bound.py test_onnx_dynamic.py test_onnx_float_chains.py \
-		test_onnx_layer_norms.py \
+		test_onnx_layer_norms.py test_onnx_views.py \
 		-k "not onnxruntime and not shared_symbols"
 
 # The same suite against the newest release of every peer and tool (no constraints), in its own

@@ -47,6 +47,7 @@ from ._qlinear_ops import BinaryScalars, bind_binary, bind_softmax, qlinear_add,
 from ._qlinear_pool import qlinear_average_pool, qlinear_global_average_pool
 from ._qlinear_unary import qlinear_concat, qlinear_leaky_relu, qlinear_sigmoid
 from ._tables import CodeTable, code_tables
+from ._views import ViewChain, view_chains
 
 __all__ = ["InferenceSession", "NodeArg", "OPS", "dynamic_quantize_linear", "matmul_integer"]
 
@@ -235,6 +236,7 @@ def _run_plan(evaluator, numerics: str, tabulate: bool, folded: dict) -> tuple[l
     if tabulate:
         entries, tabulated = code_tables(entries, constants, set(evaluator.output_names), _call)
     entries = float_chains(entries, set(evaluator.output_names), _node_call)
+    entries = view_chains(entries, set(evaluator.output_names), _node_call, _Reshape)
     last = {}
     for i, entry in enumerate(entries):
         for name in entry[4]:
@@ -254,7 +256,7 @@ def _run_plan(evaluator, numerics: str, tabulate: bool, folded: dict) -> tuple[l
 def _bound_call(node):
     """The node's bound call (_Op._bound_call, and the pairs' and tables'; onnx.reference's float Add, Sub,
     Mul, Div, Max and Min as the numpy function they call), or None."""
-    fused = (_Op, MatMulAdd, ConvAdd, CodeTable, ScaledMatMulInteger, SiblingProducts, FloatChain, NormGroup)
+    fused = (_Op, MatMulAdd, ConvAdd, CodeTable, ScaledMatMulInteger, SiblingProducts, FloatChain, NormGroup, ViewChain)
     if isinstance(node, fused):
         call = getattr(node, "_bound_call", None)
         return call if callable(call) else None
