@@ -93,6 +93,27 @@ def unbound(monkeypatch):
     return make
 
 
+def session_without(m, *fusions, unbound=()):
+    """A session of m without the plan's fusions named (functions of onnx/_session.py, as identities) and with
+    the classes in unbound left unbound: the nodes one by one, to compare a fused session with."""
+    with pytest.MonkeyPatch.context() as patch:
+        for name in fusions:
+            patch.setattr(_session, name, lambda entries, *_: entries)
+        for cls in unbound:
+            patch.setattr(cls, "_bind", lambda self: None)
+        return qo.InferenceSession(m)
+
+
+def fused_entries(session, cls) -> dict:
+    """{the first node's name: the entry's operators} for the session's plan entries of class cls."""
+    return {e[0].onnx_node.name: e[0].op_type for e in session._plan if isinstance(e[0], cls)}
+
+
+def same_bits(got, want):
+    assert type(got) is np.ndarray and got.dtype == want.dtype and got.shape == want.shape
+    assert got.tobytes() == want.tobytes()
+
+
 def bound_nodes(session) -> dict:
     """{node name: whether the plan calls it bound} for the plan's nodes of BOUND's operators."""
     return {entry[0].onnx_node.name: entry[5] is not None for entry in session._plan if isinstance(entry[0], BOUND)}
@@ -118,9 +139,7 @@ def test_bound_nodes_and_folded_constants_give_the_unbound_bits(isa, unbound):
     """Each node bound on its own (the LayerNormalization with its QuantizeLinear as one call:
     test_onnx_layer_norms.py)."""
     m = attention_model()
-    with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(_session, "layer_norm_groups", lambda entries, *_: entries)
-        session = qo.InferenceSession(m)
+    session = session_without(m, "layer_norm_groups")
     plain = unbound(m)
     calls = taken(session)
     assert sorted(session._folded) == ["beta", "gamma"] and plain._folded == {}
@@ -367,9 +386,7 @@ def test_float_add_sub_mul_div_bound_to_numpy_are_the_reference_nodes(dtype, unb
     ]
     outputs = [("d", t, None), ("one", t, None), ("hi", t, None), ("lo", t, None)]
     m = model(nodes, [("x", t, None)], outputs, w)
-    with pytest.MonkeyPatch.context() as patch:  # (the nodes one by one: not as a chain, test_onnx_float_chains.py)
-        patch.setattr(_session, "float_chains", lambda entries, *_: entries)
-        session = qo.InferenceSession(m)
+    session = session_without(m, "float_chains")  # (the nodes one by one: not as a chain, test_onnx_float_chains.py)
     plain = unbound(m)
     calls = taken(session)
     x = (np.arange(12).reshape(4, 3) - 5).astype(dtype)

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 from onnx import TensorProto, helper
 from onnx.reference import ReferenceEvaluator
-from test_onnx_bound import taken
+from test_onnx_bound import fused_entries, same_bits, session_without, taken
 from test_onnx_tables import model
 
 import quantmatmul.onnx as qo
@@ -20,20 +20,11 @@ V = -1  # the chain's value
 
 def plain_session(m):
     """The session with no float chains and the Softmax unbound: the nodes one by one."""
-    with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(_session, "float_chains", lambda entries, *_: entries)
-        patch.setattr(_session._AxisSoftmax, "_bind", lambda self: None)
-        return qo.InferenceSession(m)
+    return session_without(m, "float_chains", unbound=(_session._AxisSoftmax,))
 
 
 def chains(session) -> dict:
-    """{the first node's name: the chain's operators} for the session's plan."""
-    return {e[0].onnx_node.name: e[0].op_type for e in session._plan if isinstance(e[0], _float_chains.FloatChain)}
-
-
-def same_bits(got, want):
-    assert type(got) is np.ndarray and got.dtype == want.dtype and got.shape == want.shape
-    assert got.tobytes() == want.tobytes()
+    return fused_entries(session, _float_chains.FloatChain)
 
 
 def same_but_nan_signs(got, want):

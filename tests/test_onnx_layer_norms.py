@@ -5,32 +5,23 @@ from __future__ import annotations
 import numpy as np
 import pytest
 from onnx import TensorProto, helper
-from test_onnx_bound import taken
+from test_onnx_bound import fused_entries, same_bits, session_without, taken
 from test_onnx_tables import model
 
 import quantmatmul.onnx as qo
 from quantmatmul import _core
-from quantmatmul.onnx import _layer_norms, _session
+from quantmatmul.onnx import _layer_norms
 
 F32, U8, I8 = TensorProto.FLOAT, TensorProto.UINT8, TensorProto.INT8
 H = 48
 
 
 def plain_session(m):
-    """The same session with every node on its own."""
-    with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(_session, "layer_norm_groups", lambda entries, *_: entries)
-        return qo.InferenceSession(m)
+    return session_without(m, "layer_norm_groups")
 
 
 def groups(session) -> dict:
-    """{the LayerNormalization's name: the group's operators} for the session's plan."""
-    return {e[0].onnx_node.name: e[0].op_type for e in session._plan if isinstance(e[0], _layer_norms.NormGroup)}
-
-
-def same_bits(got, want):
-    assert type(got) is np.ndarray and got.dtype == want.dtype and got.shape == want.shape
-    assert got.tobytes() == want.tobytes()
+    return fused_entries(session, _layer_norms.NormGroup)
 
 
 def weights(codes=np.uint8, out=np.uint8):

@@ -5,23 +5,21 @@ from __future__ import annotations
 import numpy as np
 import pytest
 from onnx import TensorProto, helper
-from test_onnx_bound import taken
+from test_onnx_bound import fused_entries, session_without, taken
 from test_onnx_tables import model
 
 import quantmatmul.onnx as qo
-from quantmatmul.onnx import _session, _views
+from quantmatmul.onnx import _views
 
 F32 = TensorProto.FLOAT
 
 
 def plain_session(m):
-    with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(_session, "view_chains", lambda entries, *_: entries)
-        return qo.InferenceSession(m)
+    return session_without(m, "view_chains")
 
 
 def chains(session) -> dict:
-    return {e[0].onnx_node.name: e[0].op_type for e in session._plan if isinstance(e[0], _views.ViewChain)}
+    return fused_entries(session, _views.ViewChain)
 
 
 def heads_model():

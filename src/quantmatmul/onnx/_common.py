@@ -188,3 +188,39 @@ def plan_links(entries: list) -> tuple[dict, dict]:
         for name in entry[2]:
             producers[name] = i
     return readers, producers
+
+
+def linear_chains(entries: list, graph_outputs: set, link, data_first: bool = False) -> list:
+    """The chains of plan entries (lists of indices, two or more, in plan order, none sharing an entry) whose
+    entries satisfy link(entry), each after the first reading the one output of the one before it (as its
+    first input where data_first), that value read by it alone and no graph output. A reader before its
+    producer (a graph out of order, which the run loop reports) does not continue a chain."""
+    readers, _ = plan_links(entries)
+    used, chains = set(), []
+
+    def next_link(i):
+        (output,) = entries[i][2]
+        if output in graph_outputs or len(readers.get(output, ())) != 1:
+            return None
+        (j,) = readers[output]
+        if j <= i or j in used or not link(entries[j]) or (data_first and entries[j][1][0] != output):
+            return None
+        return j
+
+    for i, entry in enumerate(entries):
+        if i in used or not link(entry):
+            continue
+        chain = [i]
+        while (j := next_link(chain[-1])) is not None:
+            chain.append(j)
+        if len(chain) >= 2:
+            chains.append(chain)
+            used.update(chain)
+    return chains
+
+
+def replaced(entries: list, placed: dict, used: set) -> list:
+    """entries with entries[k] replaced by placed[k] and the other indices in used left out."""
+    if not placed:
+        return entries
+    return [placed.get(k, entry) for k, entry in enumerate(entries) if k not in used or k in placed]

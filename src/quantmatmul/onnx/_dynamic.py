@@ -20,7 +20,7 @@ import numpy as np
 from onnx import TensorProto
 
 from .. import _core
-from ._common import plan_links, without_leading_ones
+from ._common import plan_links, replaced, without_leading_ones
 
 _F32 = np.dtype(np.float32)
 
@@ -57,13 +57,7 @@ class ScaledMatMulInteger:
         a, a_zero_point, scale = inputs
         if self._rows is not None:  # a's scale times the weight's, the product, the bias: one call
             packed, zero_points, scale_ndim, weight_scale = self._rows
-            if (
-                type(a) is np.ndarray
-                and type(scale) is np.ndarray
-                and scale.dtype == _F32
-                and max(scale.ndim, scale_ndim) <= a.ndim
-                and (a_zero_point is None or (type(a_zero_point) is np.ndarray and a_zero_point.size == 1))
-            ):
+            if _one_call_takes(a, a_zero_point, scale, scale_ndim):
                 y = _core.matmul_integer_scaled_rows(
                     a, a_zero_point, packed, zero_points, scale, weight_scale, self.bias
                 )
@@ -90,6 +84,19 @@ class ScaledMatMulInteger:
         if self.add is not None:
             (value,) = self.call(self.add, [value if v is None else v for v in self.add_values])
         return (value,)
+
+
+def _one_call_takes(a, a_zero_point, scale, weight_scale_ndim: int) -> bool:
+    """Whether matmul_integer_scaled_rows may take a, its zero point and a's scale (its own checks aside): arrays,
+    a float32 scale, a zero point of one value or none, and a scale product (a's scale times the weight's, of
+    weight_scale_ndim dimensions) of no more dimensions than a."""
+    return (
+        type(a) is np.ndarray
+        and type(scale) is np.ndarray
+        and scale.dtype == _F32
+        and max(scale.ndim, weight_scale_ndim) <= a.ndim
+        and (a_zero_point is None or (type(a_zero_point) is np.ndarray and a_zero_point.size == 1))
+    )
 
 
 def scaled_matmuls(entries: list, constants: dict, graph_outputs: set, call) -> list:
@@ -147,9 +154,7 @@ def scaled_matmuls(entries: list, constants: dict, graph_outputs: set, call) -> 
         reads = (inputs[0], inputs[2] if len(inputs) > 2 else "", scale)
         placed[last] = (fused, reads, entries[last][2], False, reads)
         used.update(chain)
-    if not placed:
-        return entries
-    return [placed.get(k, entry) for k, entry in enumerate(entries) if k not in used or k in placed]
+    return replaced(entries, placed, used)
 
 
 def _scale_product(entries, producers, readers, scale, reader, constants, graph_outputs, used):
@@ -199,13 +204,7 @@ class SiblingProducts:
 
     def _bound_call(self, inputs):
         a, a_zero_point, scale = inputs
-        if (
-            type(a) is np.ndarray
-            and type(scale) is np.ndarray
-            and scale.dtype == _F32
-            and max(scale.ndim, self.scale_ndim) <= a.ndim
-            and (a_zero_point is None or (type(a_zero_point) is np.ndarray and a_zero_point.size == 1))
-        ):
+        if _one_call_takes(a, a_zero_point, scale, self.scale_ndim):
             return _core.matmul_integer_scaled_rows(
                 np.ascontiguousarray(a),
                 a_zero_point,
@@ -240,6 +239,4 @@ def sibling_products(entries: list, call) -> list:
         outputs = tuple(name for i in members for name in entries[i][2])
         placed[members[0]] = (fused, first[1], outputs, False, first[4])
         used.update(members)
-    if not placed:
-        return entries
-    return [placed.get(k, entry) for k, entry in enumerate(entries) if k not in used or k in placed]
+    return replaced(entries, placed, used)

@@ -18,7 +18,7 @@ import numpy as np
 from onnx.reference.op_run import OpRun
 
 from .. import _core
-from ._common import plan_links
+from ._common import linear_chains, replaced
 
 _F32 = np.dtype(np.float32)
 # the operators and their codes in csrc (qmm::ChainOp)
@@ -84,26 +84,8 @@ def float_chains(entries: list, graph_outputs: set, call) -> list:
     """entries (the plan's, as onnx/_pairs.py's matmul_adds takes them) with each chain of two or more float
     element-wise nodes (_link), each after the first reading the one before it, whose values are read by the
     next node alone and are no graph output, as one FloatChain entry where its last node was."""
-    readers, _ = plan_links(entries)
     placed, used = {}, set()
-
-    def next_link(i):
-        """The index of the node that alone reads entries[i]'s output, where it may continue the chain."""
-        (output,) = entries[i][2]
-        if output in graph_outputs or len(readers.get(output, ())) != 1:
-            return None
-        (j,) = readers[output]
-        # (a reader before its producer: a graph out of order, which the run loop reports)
-        return j if j > i and j not in used and _link(entries[j][0], entries[j][3]) else None
-
-    for i, (node, _, _, context, _) in enumerate(entries):
-        if i in used or not _link(node, context):
-            continue
-        chain = [i]
-        while (j := next_link(chain[-1])) is not None:
-            chain.append(j)
-        if len(chain) < 2:
-            continue
+    for chain in linear_chains(entries, graph_outputs, lambda entry: _link(entry[0], entry[3])):
         reads, slots, previous = [], [], None
         for k in chain:
             slot = []
@@ -119,6 +101,4 @@ def float_chains(entries: list, graph_outputs: set, call) -> list:
         fused = FloatChain([entries[k][0] for k in chain], slots, tuple(reads), call)
         placed[chain[-1]] = (fused, tuple(reads), entries[chain[-1]][2], False, tuple(reads))
         used.update(chain)
-    if not placed:
-        return entries
-    return [placed.get(k, entry) for k, entry in enumerate(entries) if k not in used or k in placed]
+    return replaced(entries, placed, used)

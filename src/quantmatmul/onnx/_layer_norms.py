@@ -19,7 +19,7 @@ import numpy as np
 from onnx.reference.op_run import OpRun
 
 from .. import _core
-from ._common import plan_links, without_leading_ones
+from ._common import plan_links, replaced
 
 _F32 = np.dtype(np.float32)
 _CODES = {np.dtype(np.int8): 0, np.dtype(np.uint8): 1}  # qmm::IntType
@@ -50,11 +50,9 @@ class NormGroup:
             self.out = (_DYNAMIC_OUT, 0.0, 0)
 
     def _bound_call(self, inputs):
-        scale, bias, axis, epsilon, normalized, least_rank = self.norm._rows
+        scale, bias, epsilon, fits = self.norm._rows
         x, residual = inputs[0], None
-        if type(x) is not np.ndarray or not x.flags.c_contiguous or not least_rank <= x.ndim or x.size == 0:
-            return None
-        if not -x.ndim <= axis < x.ndim or without_leading_ones(x.shape[axis % x.ndim :]) != normalized:
+        if not fits(x) or x.size == 0:
             return None
         if self.head == "dequantize":
             if x.dtype not in self.x_dtypes or x.dtype not in _CODES:
@@ -127,9 +125,7 @@ def layer_norm_groups(entries: list, constants: dict, graph_outputs: set, call, 
         fused = NormGroup(node, head, tail, group, tuple(reads), tuple(produced), kept, call)
         placed[i] = (fused, tuple(reads), tuple(produced), False, tuple(reads))
         used.update(chosen)
-    if not placed:
-        return entries
-    return [placed.get(k, entry) for k, entry in enumerate(entries) if k not in used or k in placed]
+    return replaced(entries, placed, used)
 
 
 def _plain_add(node, entry) -> bool:

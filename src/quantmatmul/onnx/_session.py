@@ -181,9 +181,7 @@ class InferenceSession:
             self._lean = (self._plan, (_lean_plan(self._plan), _first_values(self._evaluator, self._folded)))
         try:
             with np.errstate(all="ignore"), _core.ParallelRegion():
-                return _run_nodes(
-                    self._evaluator, self._plan, output_names, feed, self._folded, self._copied, self._lean[1]
-                )
+                return _run_nodes(*self._lean[1], output_names, feed, self._copied)
         except _NodeError as error:
             raise error.public(fn) from None
 
@@ -331,12 +329,8 @@ _UNFOLDED = frozenset(
 )
 
 
-def _run_nodes(evaluator, plan, output_names, feed, folded, copied=frozenset(), lean=None) -> list[np.ndarray]:
-    """The plan's entries in order on the feed. lean: (_lean_plan(plan), _first_values(evaluator, folded)), made
-    once for the plan (InferenceSession.run); None: made here."""
-    if lean is None:
-        lean = (_lean_plan(plan), _first_values(evaluator, folded))
-    entries, first = lean
+def _run_nodes(entries, first, output_names, feed, copied) -> list[np.ndarray]:
+    """The plan's entries (_lean_plan) in order on the first values (_first_values) and the feed."""
     results = dict(first)
     results.update(feed)
     for node, get_inputs, outputs_named, single, context, done, bound_call in entries:
@@ -670,11 +664,9 @@ class _DynamicQuantizeLinear(_Op):
 
     @staticmethod
     def _arrays(inputs):
-        """The outputs from one C++ call for a C-contiguous float32 x (as the function's own first case)."""
+        """The function's outputs for a float32 ndarray x (one C++ call where it is C-contiguous); else None."""
         (x,) = inputs
-        if type(x) is not np.ndarray or x.dtype != np.float32 or not x.flags.c_contiguous:
-            return None
-        return _core.dynamic_quantize_linear_arrays(x)
+        return dynamic_quantize_linear(x) if type(x) is np.ndarray and x.dtype == np.float32 else None
 
     def _compute(self, x, **_):
         return dynamic_quantize_linear(x)
@@ -1071,7 +1063,7 @@ class _LayerNormalization(_Op):
     float32 X, stash_type 1, a float32 Scale (and B) of the normalized shape (leading ones allowed);
     anything else, onnx.reference's own. numpy's code was a tenth of a MiniLM batch in the session."""
 
-    _rows = None  # (scale, bias, axis, epsilon, the normalized shape, the least rank of X) where bound
+    _rows = None  # (scale, bias, epsilon, fits(X): X takes the bound rows) where bound
 
     def _bind(self):
         # fixed Scale and B (float32, one shape): laid out for the C++ rows once, with what X's normalized
@@ -1087,18 +1079,20 @@ class _LayerNormalization(_Op):
             scale, bias = (None if w is None else np.ascontiguousarray(w).reshape(-1) for w in fixed)
             normalized, least_rank = shapes.pop(), max(w.ndim for w in weights)
             axis, epsilon = attributes.get("axis", -1), attributes.get("epsilon", 1e-5)
-            self._rows = (scale, bias, axis, float(np.float32(epsilon)), normalized, least_rank)  # (_layer_norms.py)
+
+            def fits(X) -> bool:
+                """Whether X is a C-contiguous ndarray whose dimensions from axis are the weights' (any dtype)."""
+                if type(X) is not np.ndarray or not X.flags.c_contiguous or least_rank > X.ndim:
+                    return False
+                return -X.ndim <= axis < X.ndim and without_leading_ones(X.shape[axis % X.ndim :]) == normalized
 
             def bound_call(inputs):
                 X = inputs[0]
-                if type(X) is not np.ndarray or X.dtype != np.float32 or not X.flags.c_contiguous:
-                    return None
-                if least_rank > X.ndim or not -X.ndim <= axis < X.ndim:
-                    return None
-                if without_leading_ones(X.shape[axis % X.ndim :]) != normalized:
+                if not fits(X) or X.dtype != np.float32:
                     return None
                 return self._normalized(X, axis % X.ndim, scale, bias, epsilon)
 
+            self._rows = (scale, bias, float(np.float32(epsilon)), fits)  # (onnx/_layer_norms.py)
             self._bound_call = bound_call
 
     def _compute(self, X, Scale, B=None, axis=-1, epsilon=1e-5, stash_type=1, **_):

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ._common import plan_links
+from ._common import linear_chains, replaced
 
 
 class ViewChain:
@@ -82,29 +82,15 @@ def view_chains(entries: list, graph_outputs: set, call, reshape_class) -> list:
     """entries (the plan's, as onnx/_pairs.py's matmul_adds takes them) with each chain of two or more view
     nodes (_link), each after the first reading the one before it, whose values are read by the next node
     alone and are no graph output, as one ViewChain entry where its last node was."""
-    readers, _ = plan_links(entries)
     placed, used = {}, set()
 
-    def next_link(i):
-        (output,) = entries[i][2]
-        if output in graph_outputs or len(readers.get(output, ())) != 1:
-            return None
-        (j,) = readers[output]
-        ok = j > i and j not in used and _link(entries[j][0], entries[j][3], reshape_class)
-        return j if ok and entries[j][1][0] == output else None
+    def link(entry):
+        return _link(entry[0], entry[3], reshape_class)
 
-    for i, (node, _, _, context, _) in enumerate(entries):
-        if i in used or not _link(node, context, reshape_class):
-            continue
-        chain = [i]
-        while (j := next_link(chain[-1])) is not None:
-            chain.append(j)
-        if len(chain) < 2:
-            continue
+    for chain in linear_chains(entries, graph_outputs, link, data_first=True):
+        i = chain[0]
         group = [(entries[k][0], entries[k][1], entries[k][2]) for k in chain]
         reads = (entries[i][1][0], *(name for _, names, _ in group for name in names[1:]))
         placed[chain[-1]] = (ViewChain(group, call), reads, entries[chain[-1]][2], False, reads)
         used.update(chain)
-    if not placed:
-        return entries
-    return [placed.get(k, entry) for k, entry in enumerate(entries) if k not in used or k in placed]
+    return replaced(entries, placed, used)
