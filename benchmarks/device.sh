@@ -5,7 +5,8 @@
 #   LEVELS (amx,avx512_vnni), THREADS (16,2), REPEAT (7), BENCHES (the benchmarks/*.py scripts, in
 #   order; `BENCHES=scaling THREADS=1,2,4,8,16` for the scaling record issues 10 and 11 ask for;
 #   cold_decode: decode on weights from memory, COLD_MB of codes per shape; `BENCHES=blocking
-#   LEVELS=amx` compares the QLinearMatMul driver's blockings in one process; transformer_shapes:
+#   LEVELS=amx` compares the QLinearMatMul driver's blockings in one process, BLOCKINGS (its
+#   SETTINGS: "k_block=512;task_rows=32,k_block=256") in place of its grid; transformer_shapes:
 #   MiniLM / BERT-sized calls of tens of microseconds, where the pool's wake and wait show),
 #   TESTS=0 to skip the suite, TEST_TIMEOUT (s per test
 #   file; the files run in parallel), TEST_FILES (tests/test_*.py), BENCH_TIMEOUT (s per script),
@@ -69,7 +70,9 @@ fi
 
 for s in $BENCHES; do
   SECONDS=0
-  timeout "${BENCH_TIMEOUT:-200}" "$PY" "benchmarks/$s.py" "$LEVELS" "$THREADS" "$REPEAT" "$OUT/$s.json"
+  extra=()  # blocking.py's SETTINGS, where BLOCKINGS gives them (else its grid)
+  [ "$s" = blocking ] && [ -n "${BLOCKINGS:-}" ] && extra=("$BLOCKINGS")
+  timeout "${BENCH_TIMEOUT:-200}" "$PY" "benchmarks/$s.py" "$LEVELS" "$THREADS" "$REPEAT" "$OUT/$s.json" ${extra[@]+"${extra[@]}"}
   echo "$s: ${SECONDS} s"
 done
 

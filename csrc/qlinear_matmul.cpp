@@ -105,6 +105,11 @@ bool zero_points_in_range(const int32_t* zp, int64_t count, bool is_signed) {
 // over the threads.
 constexpr int64_t kSmallProductBlockWork = int64_t{1} << 20;
 
+// The bytes of a (batch x M x K) up to which a constant b's column blocks narrow before its rows
+// split into runs (accumulate), and the column blocks per thread that are then enough.
+constexpr int64_t kColumnSplitA = int64_t{1} << 19;
+constexpr int64_t kMinTasksPerThread = 4;
+
 }  // namespace
 
 bool taps_usable(const QGemmDispatch& q, bool a_signed, bool need_rowsums, int64_t batch, int64_t K, int64_t taps) {
@@ -267,7 +272,21 @@ void accumulate(const QGemmDispatch& q, const QGemmProblem& p, Epilogue&& epilog
       static_cast<double>(p.batch) * static_cast<double>(M) * static_cast<double>(K) * static_cast<double>(N) / 100.0;
   const int64_t worth_threads = std::clamp<int64_t>(static_cast<int64_t>(call_ns / 20000.0), 1, threads);
   const int64_t blocks_wanted = p.b_packed ? 1 : (worth_threads + p.batch - 1) / p.batch;
-  const int64_t panels_per_task = std::min(cache_panels, (panels_total + blocks_wanted - 1) / blocks_wanted);
+  int64_t panels_per_task = std::min(cache_panels, (panels_total + blocks_wanted - 1) / blocks_wanted);
+  // A constant b over 1 MiB packed (read from memory or L3 each call) beside an a of at most
+  // kColumnSplitA bytes (it stays in each core's L2 however many tasks read it): narrower column
+  // blocks, down to one panel, before runs of rows (below), since each run reads its column block
+  // of b from memory again. At 128 x 4096 x 4096 on the AMX layout, 16 threads, the layout's 1 MiB
+  // blocks made 16 column blocks and 2 runs of 64 rows: b (16 MiB) streamed twice per call.
+  const bool narrow_columns =
+      p.b_packed && blocking_override.task_rows == 0 &&
+      panels_total * panel_bytes * static_cast<int64_t>(p.b_packed->count) > (int64_t{1} << 20) &&
+      a_count * M * K <= kColumnSplitA;
+  if (narrow_columns) {
+    const int64_t wanted_tasks = tasks_per_thread * threads;
+    panels_per_task =
+        std::clamp<int64_t>(panels_total * p.batch / std::max<int64_t>(wanted_tasks, 1), 1, panels_per_task);
+  }
   const int64_t col_blocks = (panels_total + panels_per_task - 1) / panels_per_task;
   // A constant b of at most 1 MiB packed (it stays in cache, however often it is read): rows per task
   // down to the kernel's mr where the layout's would leave fewer than tasks_per_thread tasks per
@@ -294,7 +313,11 @@ void accumulate(const QGemmDispatch& q, const QGemmProblem& p, Epilogue&& epilog
   // fewer than tasks_per_thread (16) per thread (the tail of a call: at most a sixteenth of a share); with b per call,
   // a thread worth waking without one (a narrow b), each run then packing its column block again
   // (K * 32 bytes per panel: little beside its rows' work).
-  const int64_t have = p.batch * col_blocks, wanted = p.b_packed ? tasks_per_thread * threads : worth_threads;
+  // With narrowed columns, kMinTasksPerThread column blocks per thread are enough.
+  const int64_t have = p.batch * col_blocks, wanted = !p.b_packed ? worth_threads
+                                                      : narrow_columns
+                                                          ? std::min(tasks_per_thread, kMinTasksPerThread) * threads
+                                                          : tasks_per_thread * threads;
   const int64_t runs = have >= wanted ? 1 : std::min(row_blocks, (wanted + have - 1) / have);
   const int64_t run_blocks = (row_blocks + runs - 1) / runs;
   // About 100 multiply-adds per nanosecond on one thread (AVX2 at many rows; fewer on one row): a
