@@ -14,7 +14,7 @@ from test_onnx_tables import model
 import quantmatmul as qm
 import quantmatmul.onnx as qo
 from quantmatmul import peers, qlinear
-from quantmatmul.onnx import _qlinear_ops, _session
+from quantmatmul.onnx import _qlinear_ops, _qlinear_pool, _session
 from quantmatmul.quantize_linear import _bind_dequantize, _bind_quantize, dequantize_linear, quantize_linear
 
 ORT_PINNED = pinned_only("onnxruntime", "reproduces the kernels of")
@@ -28,6 +28,8 @@ BOUND = (
     _session._LayerNormalization,
     _session._QLinearSoftmax,
     _session._Reshape,
+    _session._Flatten,
+    _session._QLinearGlobalAveragePool,
     _session._AxisSoftmax,
 )
 
@@ -195,6 +197,34 @@ def test_bound_quantize_and_dequantize_are_the_functions():
     assert _bind_dequantize(np.float32(0), np.uint8(0), axis=1, block_size=0) is None  # (a zero scale)
 
 
+@pytest.mark.parametrize("dtype", [np.uint8, np.int8])
+def test_bound_global_average_pool_is_the_function(dtype):
+    """The session's QLinearGlobalAveragePool with fixed parameters: the function's bits in both layouts (a
+    channels-last view, as the convolutions pass, and the attribute), None for what it does not take."""
+    rng = np.random.default_rng(5)
+    info = np.iinfo(dtype)
+    parameters = (
+        np.float32(0.07),
+        np.array(3, dtype),
+        np.float32(0.02),
+        np.array(-5 if dtype == np.int8 else 9, dtype),
+    )
+    for channels_last in (0, 1):
+        pool = _qlinear_pool.bind_global_average_pool(*parameters, channels_last=channels_last)
+        for shape in [(1, 7, 7, 40), (2, 3, 5, 1), (1, 1, 1, 1), (3, 9, 33), (1, 0, 4, 2)]:
+            X = rng.integers(info.min, info.max + 1, shape).astype(dtype)
+            if not channels_last:  # NCHW order over channels-last memory
+                X = np.moveaxis(X, -1, 1)
+            want = _qlinear_pool.qlinear_global_average_pool(X, *parameters, channels_last=channels_last)
+            got = pool(X)
+            assert got.shape == want.shape and got.dtype == want.dtype and got.tobytes() == want.tobytes(), shape
+        other = np.int8 if dtype == np.uint8 else np.uint8
+        assert pool(X.view(other)) is None and pool(np.zeros((2, 3), dtype)) is None and pool([[[1]]]) is None
+    assert _qlinear_pool.bind_global_average_pool(np.float32(1), None, np.float32(1), None) is None
+    assert _qlinear_pool.bind_global_average_pool(np.float32(np.inf), parameters[1], *parameters[2:]) is None
+    assert _qlinear_pool.bind_global_average_pool(*parameters, channels_last=2) is None
+
+
 @pytest.mark.parametrize("opset, axis", [(13, -1), (13, 1), (11, 1), (11, -1), (1, 0)])
 def test_bound_softmax_is_the_function(opset, axis):
     rng = np.random.default_rng(opset + axis)
@@ -307,6 +337,33 @@ def test_bound_reshape_is_the_node(allowzero, unbound):
     for s in (session, plain):
         with pytest.raises(ValueError, match=rf"^InferenceSession.run: node 's4' \(Reshape\): {error}"):
             s.run(None, {"x": x})
+
+
+def test_bound_flatten_is_onnx_references():
+    """Flatten at every axis of a 4-D input (negative ones too) and past it: onnx.reference's shapes and
+    views, bound and unbound; an empty input refused as the reference refuses it."""
+    from onnx.reference import ReferenceEvaluator
+
+    axes = [0, 1, 2, 3, 4, -1, -3, -4]
+    nodes = [helper.make_node("Flatten", ["x"], [f"y{i}"], name=f"f{i}", axis=a) for i, a in enumerate(axes)]
+    m = model(nodes, [("x", F32, None)], [(f"y{i}", F32, None) for i in range(len(axes))], {})
+    session, reference = qo.InferenceSession(m), ReferenceEvaluator(m)
+    assert all(bound_nodes(session).values()) and len(bound_nodes(session)) == len(axes)
+    calls = taken(session)
+    for shape in [(2, 3, 4, 5), (1, 1280, 1, 1)]:
+        x = np.arange(int(np.prod(shape)), dtype=np.float32).reshape(shape)
+        x = np.moveaxis(np.ascontiguousarray(np.moveaxis(x, 1, -1)), -1, 1)  # a channels-last view
+        got, want = session.run(None, {"x": x}), reference.run(None, {"x": x})
+        assert [g.shape for g in got] == [w.shape for w in want]
+        assert all(np.array_equal(g, w) for g, w in zip(got, want, strict=True))
+    assert all(all(v) for v in calls.values())
+    empty = np.zeros((0, 3, 2, 2), np.float32)
+    with pytest.raises(ValueError, match="cannot reshape array of size 0"):
+        reference.run(None, {"x": empty})
+    with pytest.raises(
+        ValueError, match=r"^InferenceSession.run: node 'f1' \(Flatten\): cannot reshape array of size 0"
+    ):
+        session.run(None, {"x": empty})
 
 
 @pytest.mark.parametrize("fn", ["QLinearAdd", "QLinearMul"])

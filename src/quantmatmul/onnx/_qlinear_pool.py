@@ -204,6 +204,38 @@ def qlinear_global_average_pool(X, x_scale, x_zero_point, y_scale, y_zero_point,
     channels_last = _flag(fn, "channels_last", channels_last)
     if X.ndim < 3:
         raise ValueError(f"{fn}: X must have at least 3 dimensions, got shape {X.shape}")
+    return _global_pool(X, xs, xz, ys, yz, channels_last)
+
+
+def bind_global_average_pool(x_scale, x_zero_point, y_scale, y_zero_point, *, channels_last=0):
+    """For parameters that stay the same from call to call (a session node's initializers and attribute): a
+    function of X giving qlinear_global_average_pool(X, x_scale, x_zero_point, y_scale, y_zero_point,
+    channels_last=channels_last) for an ndarray X of the zero points' type with at least 3 dimensions, else
+    None; or None where the parameters are refused (the function raises that at the call)."""
+    fn = "QLinearGlobalAveragePool"
+    dtype = np.asarray(x_zero_point).dtype if x_zero_point is not None else None
+    if dtype not in (np.dtype(np.uint8), np.dtype(np.int8)):
+        return None
+    try:
+        xs, ys = _scale(fn, "x_scale", x_scale), _scale(fn, "y_scale", y_scale)
+        xz, yz = (
+            _zero_point(fn, "x_zero_point", x_zero_point, dtype),
+            _zero_point(fn, "y_zero_point", y_zero_point, dtype),
+        )
+        last = _flag(fn, "channels_last", channels_last)
+    except (TypeError, ValueError):
+        return None
+
+    def pool(X):
+        if type(X) is not np.ndarray or X.dtype != dtype or X.ndim < 3:
+            return None
+        return _global_pool(X, xs, xz, ys, yz, last)
+
+    return pool
+
+
+def _global_pool(X: np.ndarray, xs, xz: int, ys, yz: int, channels_last: int) -> np.ndarray:
+    """qlinear_global_average_pool's values for checked operands (X at least 3-D)."""
     axes = tuple(range(1, X.ndim - 1)) if channels_last else tuple(range(2, X.ndim))
     N, C = (X.shape[0], X.shape[-1]) if channels_last else X.shape[:2]
     S = math.prod(X.shape[a] for a in axes)
