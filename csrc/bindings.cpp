@@ -439,13 +439,18 @@ void bind_qlinear_matmul(nb::module_& m) {
                    [](const qmm::PackedB& p) { return p.entry != nullptr && p.entry->kernel_taps != nullptr; })
       .def_prop_ro("nbytes", &qmm::PackedB::bytes);
 
-  m.def("pack_b", [](const In& b, bool is_signed) {
-    const int64_t count = static_cast<int64_t>(b.shape(0)), K = static_cast<int64_t>(b.shape(1));
-    const int64_t N = static_cast<int64_t>(b.shape(2));
-    const void* data = b.data();
-    nb::gil_scoped_release release;
-    return qmm::pack_b_matrices(data, is_signed, count, K, N);
-  });
+  // for_receptive_fields: a convolution's weight, packed for the entry whose kernel reads x through its
+  // receptive fields (qgemm_taps_kernels, dispatch.h).
+  m.def(
+      "pack_b",
+      [](const In& b, bool is_signed, bool for_receptive_fields) {
+        const int64_t count = static_cast<int64_t>(b.shape(0)), K = static_cast<int64_t>(b.shape(1));
+        const int64_t N = static_cast<int64_t>(b.shape(2));
+        const void* data = b.data();
+        nb::gil_scoped_release release;
+        return qmm::pack_b_matrices(data, is_signed, count, K, N, for_receptive_fields);
+      },
+      nb::arg("b"), nb::arg("is_signed"), nb::arg("for_receptive_fields") = false);
 
   m.def("qlinear_matmul_onnxruntime", qlinear_binding<float, qmm::qlinear_matmul_onnxruntime>);
   // The same with a bias per column of each b matrix (int32 [b count, N], contiguous) added to the sums

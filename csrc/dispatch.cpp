@@ -336,11 +336,12 @@ bool outranks(const EntryInfo& x, const EntryInfo& y) {
 
 // The family's entry for (isa, emulated): see dispatch.h.
 template <class Entry>
-const Entry* pick(const std::vector<const Entry*>& entries, Isa isa, bool emulated) {
+const Entry* pick(const std::vector<const Entry*>& entries, Isa isa, bool emulated,
+                  bool (*wanted)(const Entry&) = nullptr) {
   const Entry* best = nullptr;
   for (const Entry* e : entries) {
     const EntryInfo& info = e->info;
-    if (!runs_here(info) || info.isa > isa) continue;
+    if (!runs_here(info) || info.isa > isa || (wanted && !wanted(*e))) continue;
     if (info.emulated && !(emulated && info.isa == isa)) continue;
     const bool better =
         !best || info.isa > best->info.isa || (info.isa == best->info.isa && outranks(info, best->info));
@@ -362,11 +363,16 @@ struct Selection {
   const QGemmDispatch* qgemm;
   const NBitsDispatch* nbits;
   const Float8Dispatch* float8;
+  const QGemmDispatch* qgemm_taps;  // qgemm_taps_kernels()
 };
+
+bool reads_taps(const QGemmDispatch& e) { return e.kernel_taps != nullptr; }
 
 Selection select(Isa isa, bool emulated) {
   const Registry& r = registry();
-  return {isa, emulated, pick(r.qgemm, isa, emulated), pick(r.nbits, isa, emulated), pick(r.float8, isa, emulated)};
+  const QGemmDispatch* qgemm = pick(r.qgemm, isa, emulated);
+  const QGemmDispatch* taps = qgemm->kernel_taps ? qgemm : pick(r.qgemm, isa, emulated, reads_taps);
+  return {isa, emulated, qgemm, pick(r.nbits, isa, emulated), pick(r.float8, isa, emulated), taps ? taps : qgemm};
 }
 
 // One selection per (level, emulated, hidden features), made on first use and kept for the
@@ -413,6 +419,7 @@ bool has_level(const std::vector<const Entry*>& entries, Isa isa, bool emulated)
 }  // namespace
 
 const QGemmDispatch& qgemm_kernels() { return *selected()->qgemm; }
+const QGemmDispatch& qgemm_taps_kernels() { return *selected()->qgemm_taps; }
 const NBitsDispatch& nbits_kernels() { return *selected()->nbits; }
 const Float8Dispatch& float8_kernels() { return *selected()->float8; }
 Isa active_isa() { return selected()->isa; }

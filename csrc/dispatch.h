@@ -116,6 +116,14 @@ struct KernelEntries {
 
 // The entries in use. Read once per call: a call keeps the entry it started with.
 const QGemmDispatch& qgemm_kernels();
+// The int8 entry for a convolution's weight (one group, channels in whole quads): qgemm_kernels()
+// where it has a kernel over receptive fields (kernel_taps: x read in place, no im2col), else the
+// highest entry below it that has one, else qgemm_kernels(). The amx table has none: its
+// convolutions run on the avx512_vnni entry, whose products read x as it lies where the tiles take
+// an im2col and a packing of it per call (Xeon, 16 threads: ResNet-18 4.7 -> 3.0 ms with its 3x3
+// convolutions moved; MobileNetV2, mostly 1x1, 5.1 ms on the amx table, 4.2 with the whole model on
+// avx512_vnni).
+const QGemmDispatch& qgemm_taps_kernels();
 const NBitsDispatch& nbits_kernels();
 const Float8Dispatch& float8_kernels();
 

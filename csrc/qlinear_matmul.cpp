@@ -30,8 +30,8 @@ size_t PackedB::bytes() const {
   return static_cast<size_t>(count * layout->packed_b_bytes(K, N)) + colsum.size() * sizeof(int32_t);
 }
 
-PackedB pack_b_matrices(const void* b, bool is_signed, int64_t count, int64_t K, int64_t N) {
-  const QGemmDispatch& q = qgemm_kernels();
+PackedB pack_b_matrices(const void* b, bool is_signed, int64_t count, int64_t K, int64_t N, bool for_receptive_fields) {
+  const QGemmDispatch& q = for_receptive_fields ? qgemm_taps_kernels() : qgemm_kernels();
   const QGemmLayout& L = *q.layout;
   PackedB packed;
   packed.count = count;

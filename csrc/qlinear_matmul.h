@@ -42,8 +42,10 @@ struct PackedB {
   size_t bytes() const;
 };
 
-// Packs b, contiguous [count, K, N], 8-bit of the given signedness, for the int8 GEMM entry in use.
-PackedB pack_b_matrices(const void* b, bool is_signed, int64_t count, int64_t K, int64_t N);
+// Packs b, contiguous [count, K, N], 8-bit of the given signedness, for the int8 GEMM entry in use;
+// for_receptive_fields: for qgemm_taps_kernels() instead (a convolution's weight, dispatch.h).
+PackedB pack_b_matrices(const void* b, bool is_signed, int64_t count, int64_t K, int64_t N,
+                        bool for_receptive_fields = false);
 
 // batch independent products out[i] = (a[a_index[i]] - a_zp) x (b[b_index[i]] - b_zp).
 // a is contiguous [Ba, M, K] 8-bit (signedness given). b is either packed (b_packed, a constant

@@ -520,14 +520,20 @@ def _in_place_cases(w_type, count, x_type=np.uint8):
 @pytest.mark.parametrize("x_type", [np.uint8, np.int8], ids=["u8x", "s8x"])
 @pytest.mark.parametrize("w_type", ["int8", "uint8 zero point 128", "uint8"])
 def test_a_convolution_read_in_place_is_the_im2cols_result(isa, w_type, x_type, monkeypatch):
-    """On an entry with a kernel over receptive fields (AVX-512 VNNI's kernel_taps) the GEMM reads such an x
+    """Where a kernel over receptive fields serves the level (AVX-512 VNNI's kernel_taps) the GEMM reads such an x
     in place through the table of each position's taps (padding from a row of x's zero point; int8 x as
     uint8 x + 128), without an im2col; where the b zero points need row sums (uint8 w other than 128), for a
     1x1 convolution (its rows are x's pixels) or on an entry without such a kernel, the im2col. The two give
     the same bits."""
+    import quantmatmul as qm
     from quantmatmul import _core
     from quantmatmul.onnx._qconv import QLinearConvCall
 
+    # The entry a convolution's weight is packed for (csrc/dispatch.h's qgemm_taps_kernels): AVX-512 VNNI's at
+    # that level, and at amx (its tiles have no such kernel) where the CPU runs AVX-512 VNNI natively.
+    reads = _core.pack_b(np.zeros((1, 4, 1), np.int8), True, True).reads_receptive_fields
+    native_vnni = "avx512_vnni" in qm.available_isas()
+    assert reads == (isa.startswith("avx512_vnni") or (isa.startswith("amx") and native_vnni))
     read = []
     taps = _core.qlinear_matmul_onnxruntime_taps
     monkeypatch.setattr(_core, "qlinear_matmul_onnxruntime_taps", lambda *a: read.append(taps(*a)) or read[-1])
@@ -542,9 +548,10 @@ def test_a_convolution_read_in_place_is_the_im2cols_result(isa, w_type, x_type, 
         # a table (and the kernel asked) only on an entry with such a kernel, not for a 1x1 convolution (its
         # rows are x's own pixels); the kernel declines b zero points that need row sums
         one_by_one = shapes.one_by_one  # (the cases' channels are whole quads)
-        vnni = isa.startswith("avx512_vnni")
-        assert (shapes.offsets is not None) == (vnni and not one_by_one)
-        assert read == ([w_type != "uint8"] if vnni and not one_by_one else [])
+        packed_for_taps = conv.weight.operand.packed.reads_receptive_fields
+        assert packed_for_taps == reads
+        assert (shapes.offsets is not None) == (packed_for_taps and not one_by_one)
+        assert read == ([w_type != "uint8"] if packed_for_taps and not one_by_one else [])
         conv._shapes[x.shape] = shapes._replace(offsets=None)  # the im2col
         np.testing.assert_array_equal(ours, conv(x))
         np.testing.assert_array_equal(qlinear_conv(*args, **attrs), ours)

@@ -110,7 +110,11 @@ def conv_weight(w, w_scale, w_zero_point, group: int, fn: str) -> ConvWeight:
     padded = np.zeros((group, kp, Mg), w.dtype)
     padded[:, : matrices.shape[2]] = matrices.transpose(0, 2, 1)
     matrices = padded
-    packed = _core.pack_b(matrices, w.dtype == np.int8) if matrices.size else None
+    # One group of channels in whole quads: products may read x in place (through its receptive fields, or as
+    # the rows of a 1x1 convolution), packed for the entry that does (on the amx table the avx512_vnni one,
+    # whose products read x as it lies where the tiles pack it per call: _core.pack_b)
+    receptive = group == 1 and Cg % 4 == 0
+    packed = _core.pack_b(matrices, w.dtype == np.int8, receptive) if matrices.size else None
     operand = _IntegerOperand(matrices, np.ascontiguousarray(zp_m.reshape(group, Mg)), packed)
     return ConvWeight(w, operand, scale, group, None, np.arange(group, dtype=np.int64))
 
