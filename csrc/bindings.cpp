@@ -498,7 +498,8 @@ void bind_qlinear_matmul(nb::module_& m) {
         p.column_bias = bias.size() ? static_cast<const int32_t*>(bias.data()) : nullptr;
         p.a_offsets = static_cast<const int32_t*>(offsets.data());
         p.a_taps = taps;
-        if (!qmm::taps_usable(p)) return false;
+        // (the kernel reads x's channels four bytes at a time: an x not 4-byte aligned takes the im2col)
+        if (!qmm::taps_usable(p) || reinterpret_cast<uintptr_t>(x.data()) % 4) return false;
         const std::vector<uint8_t> pad_row(static_cast<size_t>(p.K / taps), static_cast<uint8_t>(pad));
         p.a_pad = pad_row.data();
         onnxruntime_with_add("qlinear_matmul_onnxruntime_taps", p, multiplier, y, y_signed, y_zp, add_codes,

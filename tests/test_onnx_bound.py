@@ -30,6 +30,7 @@ BOUND = (
     _session._Reshape,
     _session._Flatten,
     _session._QLinearGlobalAveragePool,
+    _session._QLinearConv,
     _session._AxisSoftmax,
 )
 
@@ -337,6 +338,67 @@ def test_bound_reshape_is_the_node(allowzero, unbound):
     for s in (session, plain):
         with pytest.raises(ValueError, match=rf"^InferenceSession.run: node 's4' \(Reshape\): {error}"):
             s.run(None, {"x": x})
+
+
+def _conv_chain(x_type, rng):
+    """QLinearConv nodes on x (x_type, 8 channels): a 3x3 read in place, a 1x1 with a bias and one without, a
+    depthwise 3x3 stride 2, a 3x3 over 6 channels (an im2col: the bound call declines it), each reading the
+    one before."""
+    t = helper.np_dtype_to_tensor_dtype(np.dtype(x_type))
+    info = np.iinfo(x_type)
+    zp = lambda: np.asarray(rng.integers(info.min // 2, info.max // 2), x_type)  # noqa: E731
+    w = {"s": np.float32(0.05), "ws": np.float32(0.01)}
+    nodes, x = [], "x"
+    layers = [("c3", 8, 8, 1, 1, True), ("c1", 8, 8, 1, 1, True), ("c1n", 8, 6, 1, 1, False)]
+    layers += [("dw", 6, 6, 6, 2, True), ("im", 6, 5, 1, 1, True)]
+    for name, cin, cout, group, stride, bias in layers:
+        k = 1 if name.startswith("c1") else 3
+        w[f"{name}_w"] = rng.integers(-100, 100, (cout, cin // group, k, k)).astype(np.int8)
+        w[f"{name}_xz"], w[f"{name}_yz"] = zp(), zp()
+        inputs = [x, "s", f"{name}_xz", f"{name}_w", "ws", "wz_" + name, "s", f"{name}_yz"]
+        w["wz_" + name] = np.int8(0)
+        if bias:
+            w[f"{name}_b"] = rng.integers(-3000, 3000, cout).astype(np.int32)
+            inputs.append(f"{name}_b")
+        # (each layer's x zero point is the previous layer's y zero point: the same codes' meaning)
+        if nodes:
+            w[f"{name}_xz"] = w[f"{layers[len(nodes) - 1][0]}_yz"]
+        nodes.append(
+            helper.make_node(
+                "QLinearConv", inputs, [name], name=name, group=group, strides=[stride, stride], pads=[k // 2] * 4
+            )
+        )
+        x = name
+    return model(nodes, [("x", t, None)], [(n[0], t, None) for n in layers], w)
+
+
+@pytest.mark.parametrize("x_type", [np.uint8, np.int8])
+def test_bound_convolutions_give_the_unbound_bits(x_type, isa, unbound):
+    """The session's QLinearConv bound call (its x checked and its arguments formed once per x shape, type
+    and strides): a 3x3 read in place, a 1x1, a depthwise one, each the unbound node's bits; an im2col
+    declined to the node's call; x in C order (the first) and channels-last views (the rest); a second shape."""
+    rng = np.random.default_rng(9)
+    m = _conv_chain(x_type, rng)
+    session, plain = qo.InferenceSession(m), unbound(m)
+    assert all(bound_nodes(session).values()) and not any(bound_nodes(plain).values())
+    calls = taken(session)
+    info = np.iinfo(x_type)
+    for shape in [(1, 8, 9, 11), (2, 8, 5, 4), (1, 8, 9, 11)]:
+        x = rng.integers(info.min, info.max + 1, shape).astype(x_type)
+        got, want = session.run(None, {"x": x}), plain.run(None, {"x": x})
+        assert all(g.shape == w.shape and g.tobytes() == w.tobytes() for g, w in zip(got, want, strict=True))
+    # (a 3x3 is read in place where the level's products have a kernel over receptive fields, else an im2col)
+    reads = qm._core.pack_b(np.zeros((1, 4, 1), np.int8), True, True).reads_receptive_fields
+    assert calls == {"c3": [reads] * 3, "c1": [True] * 3, "c1n": [True] * 3, "dw": [True] * 3, "im": [False] * 3}
+    conv = session._plan[0][0]._call.bound()  # the call itself: what it declines
+    assert conv([[1]]) is None and conv(np.zeros((1, 8, 3, 3), np.float32)) is None
+    assert conv(np.zeros((1, 7, 3, 3), x_type)) is None  # (the node's call raises for 7 channels)
+    odd = np.empty(8 * 4 * 4 + 1, x_type)[1:].reshape(1, 4, 4, 8).transpose(0, 3, 1, 2)  # channels-last, 1 byte off
+    odd[...] = 3
+    if reads and x_type == np.int8:  # (int8 x is read through an aligned copy, x + 128)
+        assert conv(odd).tobytes() == session._plan[0][0]._call(odd, "channels_last").tobytes()
+    else:  # x not 4-byte aligned: the kernel over receptive fields declines it (or an im2col: declined)
+        assert conv(odd) is None
 
 
 def test_bound_flatten_is_onnx_references():

@@ -848,6 +848,10 @@ class _QLinearConv(_ConvOp):
             except (TypeError, ValueError) as error:
                 raise _NodeError(onnx_node, error) from error
 
+    def _bind(self):
+        conv = None if self._call is None else self._call.bound()
+        self._bound_call = None if conv is None else lambda inputs: _outputs(conv(inputs[0]))
+
     def _compute(self, x, x_scale, x_zero_point, w, w_scale, w_zero_point, y_scale, y_zero_point, B=None, **_):
         if self._call is not None:
             return (self._call(x, "channels_last"),)
