@@ -340,16 +340,16 @@ def test_bound_reshape_is_the_node(allowzero, unbound):
             s.run(None, {"x": x})
 
 
-def _conv_chain(x_type, rng):
-    """QLinearConv nodes on x (x_type, 8 channels): a 3x3 read in place, a 1x1 with a bias and one without, a
-    depthwise 3x3 stride 2, a 3x3 over 6 channels (an im2col: the bound call declines it), each reading the
-    one before."""
+def _conv_chain(x_type, rng, group=1):
+    """QLinearConv nodes on x (x_type, 8 channels): a 3x3 (read in place where the kernels can; of `group`
+    groups), a 1x1 with a bias and one without, a depthwise 3x3 stride 2, a 3x3 over 6 channels (an im2col),
+    each reading the one before."""
     t = helper.np_dtype_to_tensor_dtype(np.dtype(x_type))
     info = np.iinfo(x_type)
     zp = lambda: np.asarray(rng.integers(info.min // 2, info.max // 2), x_type)  # noqa: E731
     w = {"s": np.float32(0.05), "ws": np.float32(0.01)}
     nodes, x = [], "x"
-    layers = [("c3", 8, 8, 1, 1, True), ("c1", 8, 8, 1, 1, True), ("c1n", 8, 6, 1, 1, False)]
+    layers = [("c3", 8, 8, group, 1, True), ("c1", 8, 8, 1, 1, True), ("c1n", 8, 6, 1, 1, False)]
     layers += [("dw", 6, 6, 6, 2, True), ("im", 6, 5, 1, 1, True)]
     for name, cin, cout, group, stride, bias in layers:
         k = 1 if name.startswith("c1") else 3
@@ -375,8 +375,9 @@ def _conv_chain(x_type, rng):
 @pytest.mark.parametrize("x_type", [np.uint8, np.int8])
 def test_bound_convolutions_give_the_unbound_bits(x_type, isa, unbound):
     """The session's QLinearConv bound call (its x checked and its arguments formed once per x shape, type
-    and strides): a 3x3 read in place, a 1x1, a depthwise one, each the unbound node's bits; an im2col
-    declined to the node's call; x in C order (the first) and channels-last views (the rest); a second shape."""
+    and strides): a 3x3 read in place, a 1x1, a depthwise one, an im2col, each the unbound node's bits; a
+    grouped one declined to the node's call; x in C order (the first) and channels-last views (the rest); a
+    second shape."""
     rng = np.random.default_rng(9)
     m = _conv_chain(x_type, rng)
     session, plain = qo.InferenceSession(m), unbound(m)
@@ -389,7 +390,13 @@ def test_bound_convolutions_give_the_unbound_bits(x_type, isa, unbound):
         assert all(g.shape == w.shape and g.tobytes() == w.tobytes() for g, w in zip(got, want, strict=True))
     # (a 3x3 is read in place where the level's products have a kernel over receptive fields, else an im2col)
     reads = qm._core.pack_b(np.zeros((1, 4, 1), np.int8), True, True).reads_receptive_fields
-    assert calls == {"c3": [reads] * 3, "c1": [True] * 3, "c1n": [True] * 3, "dw": [True] * 3, "im": [False] * 3}
+    assert calls == {"c3": [True] * 3, "c1": [True] * 3, "c1n": [True] * 3, "dw": [True] * 3, "im": [True] * 3}
+    m = _conv_chain(x_type, rng, group=2)
+    grouped = qo.InferenceSession(m)
+    calls = taken(grouped)
+    got, want = grouped.run(None, {"x": x}), unbound(m).run(None, {"x": x})
+    assert all(g.tobytes() == w.tobytes() for g, w in zip(got, want, strict=True))
+    assert calls["c3"] == [False] and calls["dw"] == [True]  # a grouped convolution runs the node's call
     conv = session._plan[0][0]._call.bound()  # the call itself: what it declines
     assert conv([[1]]) is None and conv(np.zeros((1, 8, 3, 3), np.float32)) is None
     assert conv(np.zeros((1, 7, 3, 3), x_type)) is None  # (the node's call raises for 7 channels)
@@ -397,8 +404,10 @@ def test_bound_convolutions_give_the_unbound_bits(x_type, isa, unbound):
     odd[...] = 3
     if reads and x_type == np.int8:  # (int8 x is read through an aligned copy, x + 128)
         assert conv(odd).tobytes() == session._plan[0][0]._call(odd, "channels_last").tobytes()
-    else:  # x not 4-byte aligned: the kernel over receptive fields declines it (or an im2col: declined)
+    elif reads:  # x not 4-byte aligned: the kernel over receptive fields declines it
         assert conv(odd) is None
+    else:  # (an im2col copies it)
+        assert conv(odd).tobytes() == session._plan[0][0]._call(odd, "channels_last").tobytes()
 
 
 def test_bound_flatten_is_onnx_references():

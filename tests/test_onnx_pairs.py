@@ -200,13 +200,11 @@ def test_a_residual_add_after_a_convolution_gives_the_two_nodes_bits(x_dtype, is
     output), 1x1 and 3x3 convolutions (the 3x3 read in place where the kernels can), both operand orders,
     with and without a bias; a second add whose other operand is a graph input in C order runs the two
     nodes. Each kernel level."""
-    from quantmatmul.onnx import _qconv
+    from quantmatmul.onnx import _pairs
 
     taken = []
-    with_add = _qconv.QLinearConvCall.with_add
-    monkeypatch.setattr(
-        _qconv.QLinearConvCall, "with_add", lambda *a: taken.append(r := with_add(*a)) or r, raising=True
-    )
+    bound_call = _pairs.ConvAdd._bound_call
+    monkeypatch.setattr(_pairs.ConvAdd, "_bound_call", lambda *a: taken.append(r := bound_call(*a)) or r, raising=True)
     info = np.iinfo(x_dtype)
     for seed, (C, M, kernel, product_first, bias) in enumerate(
         [(8, 16, 1, True, True), (12, 40, 3, False, True), (4, 24, 3, True, False), (16, 33, 1, False, False)]

@@ -123,13 +123,14 @@ class ConvAdd:
         self.onnx_node = conv.onnx_node
         self._qmm_attributes = {}
 
+    _with_add = None  # the convolution's bound call with the add (QLinearConvCall.bound), made on first use
+
     def _bound_call(self, inputs):
         """The pair's outputs by the convolution's call with the add as a stage, or None where it does not take
         them (the session's run loop calls it first)."""
-        try:
-            y = self.conv._call.with_add(inputs[0], inputs[-1], self.slot == 0, self.parameters)
-        except (TypeError, ValueError):  # bad input: the node raises it, naming itself
-            return None
+        if self._with_add is None:
+            self._with_add = self.conv._call.bound((self.slot == 0, self.parameters))
+        y = self._with_add(inputs[0], inputs[-1])
         return None if y is None else (y,)
 
     def _run(self, *inputs):

@@ -281,7 +281,7 @@ class _Conv:
         """The int32 sums [N * prod(out), M] (rows: positions, columns: output channels) and x's _Shapes; with
         requantize (and a GEMM: not depthwise), the 8-bit outputs instead, ONNX Runtime's bits; add (with
         requantize and one group): a QLinearAdd stage applied to them (the C++ products' add_codes,
-        add_product_first, add_rx_ry_k: QLinearConvCall.with_add)."""
+        add_product_first, add_rx_ry_k: QLinearConvCall.bound's pair call)."""
         x, x_zp = self.checked_x(x, x_zero_point)
         shapes = self.shapes(x)
         weight, rows = self.weight, shapes.rows
@@ -324,7 +324,7 @@ class _Conv:
         else:
             acc = np.empty((group, rows, M // group), requantize.dtype)
             tail = (multiplier, acc, acc.dtype == np.int8, zero_point)
-            if add:  # (one group: checked by with_add) a zero bias where there is none, to take the stage
+            if add:  # (one group: checked by its caller) a zero bias where there is none, to take the stage
                 bias = requantize.bias if requantize.bias is not None else np.zeros((1, M), np.int32)
                 _core.qlinear_matmul_onnxruntime_bias(*operands, bias, *tail, *add)
             elif requantize.bias is None:
@@ -436,32 +436,50 @@ class QLinearConvCall(_Conv):
         _core.requantize_columns(acc, *self._requantization(y))
         return _channels_first(y, shapes.out_shape, memory_format)
 
-    def bound(self):
+    def bound(self, add: tuple | None = None):
         """A function of x giving ``self(x, "channels_last")`` for the x it takes, else None (the call then runs
         x, with its checks and errors): per x shape, type and strides, checked once and its arguments formed
-        once, a depthwise convolution, a 1x1 one, or one read in place through its receptive fields (numerics
-        "onnxruntime" for the last two); an im2col's falls back. A session node's call (_session.py): the
-        checks and argument forming took 7-13 us of a MobileNetV2 convolution's 25-65."""
+        once: a depthwise convolution, and in numerics "onnxruntime" one of one group read in place through its
+        receptive fields, a 1x1 one or an im2col's (grouped ones fall back). A session node's call: the
+        checks and argument forming took 7-13 us of a MobileNetV2 convolution's 25-65. With add =
+        (product_first, parameters: the add's, as onnx/_pairs.py forms them), a function of (x, other) giving
+        the QLinearConv -> QLinearAdd pair's output, the add applied to each block of the product as the GEMM
+        writes it (other: y's type and shape, its memory channels-last; its shape, type and strides in the
+        key too)."""
         plans = {}
 
-        def call(x):
-            if type(x) is not np.ndarray:
-                return None
-            key = (x.shape, x.dtype, x.strides)
+        def plan_of(key, x, other):
             plan = plans.get(key)
             if plan is None:
                 if len(plans) >= 16:  # (a node fed many shapes: keep the cache small)
                     plans.clear()
                 try:
-                    plan = plans[key] = self._plan(x) or False
+                    plan = plans[key] = self._plan(x, other, add) or False
                 except (TypeError, ValueError):  # the call raises it
                     plan = plans[key] = False
-            return plan(x) if plan else None
+            return plan
 
-        return call
+        if add is None:
 
-    def _plan(self, x):
-        """bound()'s call for x's shape, type and strides (x checked here), or None where it falls back."""
+            def call(x):
+                if type(x) is not np.ndarray:
+                    return None
+                plan = plan_of((x.shape, x.dtype, x.strides), x, None)
+                return plan(x, None) if plan else None
+
+            return call
+
+        def call_with_add(x, other):
+            if type(x) is not np.ndarray or type(other) is not np.ndarray:
+                return None
+            plan = plan_of((x.shape, x.dtype, x.strides, other.shape, other.dtype, other.strides), x, other)
+            return plan(x, other) if plan else None
+
+        return call_with_add
+
+    def _plan(self, x, other, add):
+        """bound()'s call for x's (and other's) shape, type and strides (checked here): a function of (x,
+        other), or None where it falls back."""
         x, x_zp = self.checked_x(x, self._x_zero_point)
         shapes = self.shapes(x)
         weight, rows, (N, M, *out) = self.weight, shapes.rows, shapes.out_shape
@@ -469,11 +487,17 @@ class QLinearConvCall(_Conv):
             return None
         perm = (0, len(out) + 1, *range(1, len(out) + 1))
         y_shape = (N, *out, M)
+        if add is not None:  # the add's other operand: y's type and shape, its memory channels-last
+            last = other.transpose(0, *range(2, other.ndim), 1)
+            if other.dtype != self._y_zp.dtype or other.shape != shapes.out_shape or not last.flags.c_contiguous:
+                return None
         if weight.depthwise is not None:
+            if add is not None:
+                return None
             head = (x.dtype == np.int8, shapes.shape, shapes.geometry, x_zp, weight.depthwise)
             bias, multiplier, *scales, y_zp, _, y_signed, numerics = self._requantization(np.empty(0, self._y_zp.dtype))
 
-            def depthwise(x):
+            def depthwise(x, _):
                 y = np.empty((rows, M), self._y_zp.dtype)
                 _core.conv_depthwise_requantized(
                     _channels_last(x), *head, bias, multiplier, *scales, y_zp, y, y_signed, numerics
@@ -485,6 +509,12 @@ class QLinearConvCall(_Conv):
         if requantize is None or weight.group != 1 or not w_matrices.size:
             return None
         y_signed = requantize.dtype == np.int8
+
+        def stage(other):  # the add's arguments after the product's: its codes as [rows, M]
+            if add is None:
+                return ()
+            return (other.transpose(0, *range(2, other.ndim), 1).reshape(rows, M), *add)
+
         if shapes.offsets is not None:  # read in place (int8 x as uint8 x + 128, its zero point x_zp + 128)
             signed_x = x.dtype == np.int8
             pad = x_zp + 128 if signed_x else x_zp
@@ -492,58 +522,43 @@ class QLinearConvCall(_Conv):
             bias = requantize.bias if requantize.bias is not None else _NO_BIAS
             b = (weight.operand.packed, weight.w.dtype == np.int8, weight.index, weight.operand.zp, bias, multiplier)
 
-            def in_place(x):
+            def in_place(x, other):
                 codes = _channels_last(x)
                 if signed_x:
                     codes = np.bitwise_xor(codes.view(np.uint8), np.uint8(0x80))
                 y = np.empty((1, rows, M), requantize.dtype)
-                if not _core.qlinear_matmul_onnxruntime_taps(
-                    codes, shapes.offsets, pad, a_zp, *b, y, y_signed, zero_point
-                ):
+                taps = (codes, shapes.offsets, pad, a_zp, *b, y, y_signed, zero_point, *stage(other))
+                if not _core.qlinear_matmul_onnxruntime_taps(*taps):
                     return None
                 return y.reshape(y_shape).transpose(perm)
 
             return in_place
-        if not shapes.one_by_one:
-            return None
         a_zp, multiplier, zero_point = self._row_operands(shapes, x_zp, requantize)
         operands = (x.dtype == np.int8, weight.index, a_zp, weight.operand.packed, w_matrices.dtype == np.int8)
         operands += (weight.index, weight.operand.zp)
-        C = shapes.shape[1]
-        if requantize.bias is None:
-            product, tail = _core.qlinear_matmul_onnxruntime, (multiplier,)
-        else:
-            product, tail = _core.qlinear_matmul_onnxruntime_bias, (requantize.bias, multiplier)
+        C, K = shapes.shape[1], w_matrices.shape[1]
+        pad_byte = int(np.asarray(x_zp, x.dtype).view(np.uint8))
 
-        def one_by_one(x):  # each pixel's channels are a row of the product
+        def rows_of(x):  # the product's rows: x's pixels (1x1), else an im2col (K padded as the weight)
+            if shapes.one_by_one:
+                return _channels_last(x).reshape(1, rows, C)
+            columns = np.empty((1, rows, K), x.dtype)
+            cl = _channels_last(x).view(np.uint8)
+            _core.conv_columns(cl, shapes.shape, shapes.geometry, pad_byte, columns.view(np.uint8))
+            return columns
+
+        if requantize.bias is None and add is None:
+            product, tail = _core.qlinear_matmul_onnxruntime, (multiplier,)
+        else:  # (a zero bias where there is none, to take the add's stage)
+            bias = requantize.bias if requantize.bias is not None else np.zeros((1, M), np.int32)
+            product, tail = _core.qlinear_matmul_onnxruntime_bias, (bias, multiplier)
+
+        def gemm(x, other):
             y = np.empty((1, rows, M), requantize.dtype)
-            product(_channels_last(x).reshape(1, rows, C), *operands, *tail, y, y_signed, zero_point)
+            product(rows_of(x), *operands, *tail, y, y_signed, zero_point, *stage(other))
             return y.reshape(y_shape).transpose(perm)
 
-        return one_by_one
-
-    def with_add(self, x, other, product_first: bool, parameters: tuple):
-        """This convolution of x in numerics "onnxruntime" with a QLinearAdd of other (y's type and shape, its
-        memory channels-last, as this call's result is: another convolution's) applied to its outputs as the
-        GEMM writes them, (rx, ry, k) its float32 constants (onnx/_pairs.py); channels-last like __call__'s
-        result. None where this call cannot take it (a depthwise or grouped convolution, another numerics,
-        another layout or type of other): the caller then runs the two."""
-        if self._fused is None or self.weight.group != 1 or type(other) is not np.ndarray:
-            return None
-        if other.dtype != self._y_zp.dtype:
-            return None
-        x_checked, _ = self.checked_x(x, self._x_zero_point)
-        shapes = self.shapes(x_checked)
-        if other.shape != shapes.out_shape or shapes.rows == 0:
-            return None
-        rows = _channels_last(other) if other.transpose(0, *range(2, other.ndim), 1).flags.c_contiguous else None
-        if rows is None:
-            return None
-        codes = rows.reshape(shapes.rows, -1)
-        acc, shapes = self.sums(x, self._x_zero_point, self._fused, (codes, product_first, parameters))
-        if acc.dtype == np.int32:  # (no input channels: sums, no stage)
-            return None
-        return _channels_first(acc, shapes.out_shape, "channels_last")
+        return gemm
 
     def _requantization(self, y: np.ndarray) -> tuple:
         """requantize_columns' arguments after the sums (conv_depthwise_requantized's too), writing y."""
