@@ -374,8 +374,8 @@ def _conv_chain(x_type, rng, group=1):
 
 @pytest.mark.parametrize("x_type", [np.uint8, np.int8])
 def test_bound_convolutions_give_the_unbound_bits(x_type, isa, unbound):
-    """The session's QLinearConv bound call (its x checked and its arguments formed once per x shape, type
-    and strides): a 3x3 read in place, a 1x1, a depthwise one, an im2col, each the unbound node's bits; a
+    """The session's QLinearConv bound call (its x checked and its arguments formed once per x shape and
+    type): a 3x3 read in place, a 1x1, a depthwise one, an im2col, each the unbound node's bits; a
     grouped one declined to the node's call; x in C order (the first) and channels-last views (the rest); a
     second shape."""
     rng = np.random.default_rng(9)

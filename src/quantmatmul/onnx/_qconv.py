@@ -438,7 +438,7 @@ class QLinearConvCall(_Conv):
 
     def bound(self, add: tuple | None = None):
         """A function of x giving ``self(x, "channels_last")`` for the x it takes, else None (the call then runs
-        x, with its checks and errors): per x shape, type and strides, checked once and its arguments formed
+        x, with its checks and errors): per x shape and type, checked once and its arguments formed
         once: a depthwise convolution, and in numerics "onnxruntime" one of one group read in place through its
         receptive fields, a 1x1 one or an im2col's (grouped ones fall back). A session node's call: the
         checks and argument forming took 7-13 us of a MobileNetV2 convolution's 25-65. With add =
@@ -464,7 +464,7 @@ class QLinearConvCall(_Conv):
             def call(x):
                 if type(x) is not np.ndarray:
                     return None
-                plan = plan_of((x.shape, x.dtype, x.strides), x, None)
+                plan = plan_of((x.shape, x.dtype), x, None)  # (any layout: _channels_last per call)
                 return plan(x, None) if plan else None
 
             return call
@@ -472,13 +472,13 @@ class QLinearConvCall(_Conv):
         def call_with_add(x, other):
             if type(x) is not np.ndarray or type(other) is not np.ndarray:
                 return None
-            plan = plan_of((x.shape, x.dtype, x.strides, other.shape, other.dtype, other.strides), x, other)
+            plan = plan_of((x.shape, x.dtype, other.shape, other.dtype, other.strides), x, other)
             return plan(x, other) if plan else None
 
         return call_with_add
 
     def _plan(self, x, other, add):
-        """bound()'s call for x's (and other's) shape, type and strides (checked here): a function of (x,
+        """bound()'s call for x's shape and type (and other's, with its strides; checked here): a function of (x,
         other), or None where it falls back."""
         x, x_zp = self.checked_x(x, self._x_zero_point)
         shapes = self.shapes(x)
