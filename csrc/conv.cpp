@@ -218,29 +218,68 @@ void max_pool_bytes(const uint8_t* x, bool x_signed, const ConvShape& s, uint8_t
   const int64_t task = rows_per_task(C * std::max<int64_t>(1, s.taps()));
   const double task_ns = 0.1 * static_cast<double>(task * C * s.taps());  // about 0.1 ns per tap and channel
   parallel_ranges(positions, task, tasks_worth_a_thread(task_ns), [&](int64_t, int64_t r0, int64_t r1) {
-    Field field(s);
+    std::vector<const uint8_t*> taps(static_cast<size_t>(std::max<int64_t>(1, s.taps())));
+    const bool planar = s.in.size() == 2;  // 2-D: the taps from the output's coordinates, no Field
+    std::optional<Field> field;
+    if (!planar) field.emplace(s);
+    int64_t image = 0, oh = 0, ow = 0;  // (planar) row r0's output coordinates, then counted along
+    if (planar) image = r0 / (s.out[0] * s.out[1]), oh = r0 / s.out[1] % s.out[0], ow = r0 % s.out[1];
     for (int64_t r = r0; r < r1; ++r) {
       uint8_t* out = y + r * C;
-      std::fill(out, out + C, uint8_t{0});  // the lowest code (after the flip)
-      for (const int64_t offset : field.at(r)) {
-        if (offset < 0) continue;  // padding
-        const uint8_t* in = x + offset * C;
-        int64_t c = 0;
-#if defined(__SSE2__)
-        const __m128i vflip = _mm_set1_epi8(static_cast<char>(flip));
-        for (; c + 16 <= C; c += 16) {
-          const __m128i v = _mm_xor_si128(_mm_loadu_si128(reinterpret_cast<const __m128i*>(in + c)), vflip);
-          auto* o = reinterpret_cast<__m128i*>(out + c);
-          _mm_storeu_si128(o, _mm_max_epu8(_mm_loadu_si128(o), v));
+      int64_t n = 0;  // the window's taps inside x (padding never counts)
+      if (planar) {
+        const int64_t H = s.in[0], W = s.in[1];
+        for (int64_t kh = 0; kh < s.kernel[0]; ++kh) {
+          const int64_t ih = oh * s.strides[0] + kh * s.dilations[0] - s.pad_begin[0];
+          if (ih < 0 || ih >= H) continue;
+          for (int64_t kw = 0; kw < s.kernel[1]; ++kw) {
+            const int64_t iw = ow * s.strides[1] + kw * s.dilations[1] - s.pad_begin[1];
+            if (iw >= 0 && iw < W) taps[static_cast<size_t>(n++)] = x + ((image * H + ih) * W + iw) * C;
+          }
         }
-#endif
-        for (; c < C; ++c) {
-          const auto v = static_cast<uint8_t>(in[c] ^ flip);
-          out[c] = v > out[c] ? v : out[c];
+        if (++ow == s.out[1]) {
+          ow = 0;
+          if (++oh == s.out[0]) oh = 0, ++image;
         }
+      } else {
+        for (const int64_t offset : field->at(r))
+          if (offset >= 0) taps[static_cast<size_t>(n++)] = x + offset * C;
       }
-      if (flip)
-        for (int64_t c = 0; c < C; ++c) out[c] ^= flip;
+      // each block of channels' maximum over the taps in registers, stored once (the lowest code, 0
+      // after the flip, where a window is all padding); four blocks at a time, four chains of maxima
+      int64_t c = 0;
+#if defined(__SSE2__)
+      const __m128i vflip = _mm_set1_epi8(static_cast<char>(flip));
+      const auto load = [&](int64_t t, int64_t at) {
+        return _mm_xor_si128(_mm_loadu_si128(reinterpret_cast<const __m128i*>(taps[t] + at)), vflip);
+      };
+      const auto store = [&](int64_t at, __m128i m) {
+        _mm_storeu_si128(reinterpret_cast<__m128i*>(out + at), _mm_xor_si128(m, vflip));
+      };
+      for (; c + 64 <= C; c += 64) {
+        __m128i m0 = _mm_setzero_si128(), m1 = m0, m2 = m0, m3 = m0;
+        for (int64_t t = 0; t < n; ++t) {
+          m0 = _mm_max_epu8(m0, load(t, c));
+          m1 = _mm_max_epu8(m1, load(t, c + 16));
+          m2 = _mm_max_epu8(m2, load(t, c + 32));
+          m3 = _mm_max_epu8(m3, load(t, c + 48));
+        }
+        store(c, m0), store(c + 16, m1), store(c + 32, m2), store(c + 48, m3);
+      }
+      for (; c + 16 <= C; c += 16) {
+        __m128i m = _mm_setzero_si128();
+        for (int64_t t = 0; t < n; ++t) m = _mm_max_epu8(m, load(t, c));
+        store(c, m);
+      }
+#endif
+      for (; c < C; ++c) {
+        uint8_t m = 0;
+        for (int64_t t = 0; t < n; ++t) {
+          const auto v = static_cast<uint8_t>(taps[t][c] ^ flip);
+          m = v > m ? v : m;
+        }
+        out[c] = static_cast<uint8_t>(m ^ flip);
+      }
     }
   });
 }

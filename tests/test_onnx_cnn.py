@@ -314,6 +314,35 @@ def test_max_pool_is_onnxruntimes():
         np.testing.assert_array_equal(ours, theirs)
 
 
+@pytest.mark.parametrize("dtype", [np.uint8, np.int8])
+def test_max_pool_of_codes_is_numpys(dtype):
+    """The C++ loop over 8-bit codes (channels last: 64 channels at a time, then 16, then one by one; the 2-D
+    taps from each position's coordinates, counted along from a task's first row) against max_pool's numpy
+    path on the same values as int16: channel counts on and off those steps, several images and tasks
+    starting mid-row, 1- to 3-D, strides, dilations and pads smaller than the kernel."""
+    from quantmatmul.onnx._pool import max_pool
+
+    rng = np.random.default_rng(5)
+    info = np.iinfo(dtype)
+    threads_before = quantmatmul.get_num_threads()
+    cases = [((2, 85, 29, 31), [3, 3], [2, 2], [1], [1, 1, 1, 1]), ((1, 64, 40, 40), [3, 3], [1, 1], [1], [1, 0, 0, 1])]
+    cases += [((3, 16, 9, 7), [2, 3], [1, 2], [2], [0, 1, 1, 1]), ((1, 130, 12, 12), [3, 3], [2, 2], [1], [0] * 4)]
+    cases += [((2, 70, 50), [3], [2], [1], [1, 1]), ((1, 17, 6, 5, 7), [2, 2, 3], [1, 2, 1], [1], [1, 0, 1, 0, 1, 1])]
+    for shape, kernel, strides, dilation, pads in cases:
+        x = rng.integers(info.min, info.max + 1, shape).astype(dtype)
+        attrs = dict(kernel_shape=kernel, strides=strides, dilations=dilation * len(kernel), pads=pads)
+        want = max_pool(x.astype(np.int16), **attrs).astype(dtype)
+        try:
+            for threads in (1, 2):
+                quantmatmul.set_num_threads(threads)
+                got = max_pool(x, **attrs)
+                assert got.dtype == x.dtype and got.tobytes() == want.tobytes(), (shape, threads)
+                view = np.moveaxis(np.ascontiguousarray(np.moveaxis(x, 1, -1)), -1, 1)  # channels-last memory
+                assert max_pool(view, **attrs).tobytes() == want.tobytes()
+        finally:
+            quantmatmul.set_num_threads(threads_before)
+
+
 def test_max_pool_same_with_dilations_is_the_specs():
     """auto_pad SAME pads the dilated kernel (the spec, as Conv); ONNX Runtime's MaxPool pads for the
     undilated one there (its output shape differs from the spec's and its own shape inference's)."""
