@@ -76,6 +76,8 @@ test-asan: $(VENV)/.test-deps
 		test_onnx_qlinear_ops.py::test_softmax_rows_in_cpp_are_numpys \
 		test_onnx_qlinear_ops.py::test_operands_laid_out_alike_keep_their_layout \
 		test_onnx_cnn.py::test_onnx_node_test_cases test_onnx_cnn.py::test_max_pool_bad_input \
+		test_onnx_cnn.py::test_max_pool_of_codes_is_numpys \
+		test_onnx_qlinear_pool.py::test_global_average_pool_in_cpp_is_the_numpy_formula \
 		test_onnx_pairs.py test_onnx_tables.py test_onnx_bound.py test_onnx_dynamic.py test_onnx_float_chains.py \
 		test_onnx_layer_norms.py test_onnx_views.py \
 		-k "not onnxruntime and not shared_symbols"
