@@ -496,6 +496,34 @@ def test_an_output_viewing_a_folded_value_is_the_callers_own():
     assert np.array_equal(again, [[0.5, 1.0], [1.5, 2.0]])
 
 
+@pytest.mark.parametrize("dtype", [np.float32, np.float64, np.int32])
+def test_float_matmul_bound_to_numpy_is_the_reference_node(dtype):
+    """onnx.reference's MatMul called as its own numpy function for float operands of one type: 1-D by 1-D (a
+    0-d array), 2-D by 1-D, batched with broadcasting (an attention's scores); integers run the node."""
+    from onnx.reference import ReferenceEvaluator
+
+    t = helper.np_dtype_to_tensor_dtype(np.dtype(dtype))
+    w = {"v": np.array([0.5, -1.0, 2.0], dtype), "k": (np.arange(3 * 5) % 7 - 3).astype(dtype).reshape(1, 3, 5)}
+    nodes = [
+        helper.make_node("MatMul", ["x", "v"], ["xv"], name="xv"),  # [2, 4, 3] x [3]
+        helper.make_node("MatMul", ["v", "v"], ["vv"], name="vv"),  # 1-D x 1-D: 0-d
+        helper.make_node("MatMul", ["x", "k"], ["xk"], name="xk"),  # [2, 4, 3] x [1, 3, 5]
+    ]
+    outputs = [("xv", t, None), ("vv", t, None), ("xk", t, None)]
+    m = model(nodes, [("x", t, None)], outputs, w)
+    session, reference = qo.InferenceSession(m), ReferenceEvaluator(m)
+    calls = taken(session)
+    x = (np.random.default_rng(3).standard_normal((2, 4, 3)) * 10).astype(dtype)
+    if np.dtype(dtype).kind == "f":
+        x[0, 0] = [np.nan, -0.0, np.inf]
+    with np.errstate(all="ignore"):
+        got, want = session.run(None, {"x": x}), reference.run(None, {"x": x})
+    for g, v in zip(got, want, strict=True):
+        assert type(g) is np.ndarray and g.dtype == v.dtype and g.shape == v.shape and g.tobytes() == v.tobytes()
+    floats = np.dtype(dtype).kind == "f"
+    assert calls == {"xv": [floats], "vv": [floats], "xk": [floats]}  # (vv: a graph output, not folded)
+
+
 @pytest.mark.parametrize("dtype", [np.float32, np.float64, np.float16, np.int32])
 def test_float_add_sub_mul_div_bound_to_numpy_are_the_reference_nodes(dtype, unbound):
     """onnx.reference's Add, Sub, Mul, Div and two-input Max and Min called as their numpy functions for float
