@@ -277,11 +277,10 @@ class _Conv:
         x_zp = 0 if x_zero_point is None else int(_scalar(x_zero_point, "x_zero_point", fn, x.dtype))
         return x, x_zp
 
-    def sums(self, x, x_zero_point, requantize: _Requantization | None = None, add: tuple = ()):
-        """The int32 sums [N * prod(out), M] (rows: positions, columns: output channels) and x's _Shapes; with
-        requantize (and a GEMM: not depthwise), the 8-bit outputs instead, ONNX Runtime's bits; add (with
-        requantize and one group): a QLinearAdd stage applied to them (the C++ products' add_codes,
-        add_product_first, add_rx_ry_k: QLinearConvCall.bound's pair call)."""
+    def sums(self, x, x_zero_point, requantize: _Requantization | None = None):
+        """The int32 sums [N * prod(out), M] (rows: positions, columns: output channels) and x's _Shapes, through
+        an im2col (or x's own rows for a 1x1 convolution); with requantize (and a GEMM: not depthwise), the 8-bit
+        outputs instead, ONNX Runtime's bits. (QLinearConvCall's planned calls read x in place where they can.)"""
         x, x_zp = self.checked_x(x, x_zero_point)
         shapes = self.shapes(x)
         weight, rows = self.weight, shapes.rows
@@ -296,13 +295,6 @@ class _Conv:
             )
             return acc, shapes
         w_matrices = weight.operand.x  # [group, taps * C/group, M/group]
-        if requantize is not None and shapes.offsets is not None and w_matrices.size:
-            codes, zp = channels_last, x_zp
-            if x.dtype == np.int8:  # as uint8 x + 128 with zero point x_zp + 128: the same differences
-                codes, zp = np.bitwise_xor(channels_last.view(np.uint8), np.uint8(0x80)), x_zp + 128
-            acc = self._read_in_place(codes, zp, shapes, requantize, add)
-            if acc is not None:
-                return acc, shapes
         if shapes.one_by_one:  # (C a multiple of 4: K unpadded) each pixel's channels are its row
             columns = channels_last.reshape(1, rows, shapes.shape[1])
         else:
@@ -324,45 +316,13 @@ class _Conv:
         else:
             acc = np.empty((group, rows, M // group), requantize.dtype)
             tail = (multiplier, acc, acc.dtype == np.int8, zero_point)
-            if add:  # (one group: checked by its caller) a zero bias where there is none, to take the stage
-                bias = requantize.bias if requantize.bias is not None else np.zeros((1, M), np.int32)
-                _core.qlinear_matmul_onnxruntime_bias(*operands, bias, *tail, *add)
-            elif requantize.bias is None:
+            if requantize.bias is None:
                 _core.qlinear_matmul_onnxruntime(*operands, *tail)
             else:
                 _core.qlinear_matmul_onnxruntime_bias(*operands, requantize.bias, *tail)
         if group == 1:
             return acc.reshape(rows, M), shapes
         return np.ascontiguousarray(acc.transpose(1, 0, 2)).reshape(rows, M), shapes
-
-    def _read_in_place(self, channels_last, x_zp: int, shapes: _Shapes, requantize: _Requantization, add=()):
-        """The requantized outputs [rows, M] of the GEMM reading uint8 x (channels_last, with its zero point
-        x_zp) in place through its receptive fields, or None where the int8 kernels in use cannot (then an
-        im2col)."""
-        if shapes.offsets is None:  # (an x not 4-byte aligned: the C++ call declines it)
-            return None
-        weight, rows = self.weight, shapes.rows
-        M = weight.w.shape[0]
-        a_zp, multiplier, zero_point = self._row_operands(shapes, x_zp, requantize)
-        acc = np.empty((1, rows, M), requantize.dtype)
-        bias = requantize.bias if requantize.bias is not None else _NO_BIAS
-        done = _core.qlinear_matmul_onnxruntime_taps(
-            channels_last,
-            shapes.offsets,
-            x_zp,
-            a_zp,
-            weight.operand.packed,
-            weight.w.dtype == np.int8,
-            weight.index,
-            weight.operand.zp,
-            bias,
-            multiplier,
-            acc,
-            acc.dtype == np.int8,
-            zero_point,
-            *add,
-        )
-        return acc.reshape(rows, M) if done else None
 
     def _row_operands(self, shapes: _Shapes, x_zp: int, requantize: _Requantization | None):
         """The GEMM's per-row a zero points [group, rows] (int32), and with requantize its multiplier and zero
@@ -425,8 +385,13 @@ class QLinearConvCall(_Conv):
             )
         self._x_zero_point, self._x_s, self._y_s, self._y_zp = x_zero_point, x_s, y_s, y_zp
         self._bias, self._multiplier, self._numerics = bias, multiplier, _NUMERICS_ID[numerics]
+        self._plans = {}  # _plan's per x shape and type (False: falls back), for calls and bound() alike
 
     def __call__(self, x, memory_format: str = "contiguous") -> np.ndarray:
+        if type(x) is np.ndarray:  # its plan where it has one (checked and formed once per shape and type)
+            done = self._planned(self._plans, (x.shape, x.dtype), x, None, None)
+            if done is not None:
+                return _channels_first(*done, memory_format)
         if self.weight.depthwise is not None:
             return self._depthwise(x, memory_format)
         acc, shapes = self.sums(x, self._x_zero_point, self._fused)
@@ -446,47 +411,51 @@ class QLinearConvCall(_Conv):
         the QLinearConv -> QLinearAdd pair's output, the add applied to each block of the product as the GEMM
         writes it (other: y's type and shape, its memory channels-last; its shape, type and strides in the
         key too)."""
-        plans = {}
-
-        def plan_of(key, x, other):
-            plan = plans.get(key)
-            if plan is None:
-                if len(plans) >= 16:  # (a node fed many shapes: keep the cache small)
-                    plans.clear()
-                try:
-                    plan = plans[key] = self._plan(x, other, add) or False
-                except (TypeError, ValueError):  # the call raises it
-                    plan = plans[key] = False
-            return plan
-
+        plans = self._plans if add is None else {}
         if add is None:
 
             def call(x):
                 if type(x) is not np.ndarray:
                     return None
-                plan = plan_of((x.shape, x.dtype), x, None)  # (any layout: _channels_last per call)
-                return plan(x, None) if plan else None
+                done = self._planned(plans, (x.shape, x.dtype), x, None, None)  # (any layout: read per call)
+                return None if done is None else _channels_first(*done, "channels_last")
 
             return call
 
         def call_with_add(x, other):
             if type(x) is not np.ndarray or type(other) is not np.ndarray:
                 return None
-            plan = plan_of((x.shape, x.dtype, other.shape, other.dtype, other.strides), x, other)
-            return plan(x, other) if plan else None
+            done = self._planned(plans, (x.shape, x.dtype, other.shape, other.dtype, other.strides), x, other, add)
+            return None if done is None else _channels_first(*done, "channels_last")
 
         return call_with_add
 
+    def _planned(self, plans: dict, key, x, other, add):
+        """(the outputs [rows, M], the output shape) by x's plan in plans (made on its key's first call), or None
+        where it has none or its call declines x."""
+        plan = plans.get(key)
+        if plan is None:
+            if len(plans) >= 16:  # (a node fed many shapes: keep the cache small)
+                plans.clear()
+            try:
+                plan = plans[key] = self._plan(x, other, add) or False
+            except (TypeError, ValueError):  # the call raises it
+                plan = plans[key] = False
+        if not plan:
+            return None
+        call, out_shape = plan
+        y = call(x, other)
+        return None if y is None else (y, out_shape)
+
     def _plan(self, x, other, add):
-        """bound()'s call for x's shape and type (and other's, with its strides; checked here): a function of (x,
-        other), or None where it falls back."""
+        """The plan for x's shape and type (and other's, with its strides; checked here): (a function of (x,
+        other) giving the outputs [rows, M], or None where its C++ call declines x; the output shape), or None
+        where the general call runs."""
         x, x_zp = self.checked_x(x, self._x_zero_point)
         shapes = self.shapes(x)
-        weight, rows, (N, M, *out) = self.weight, shapes.rows, shapes.out_shape
+        weight, rows, M = self.weight, shapes.rows, shapes.out_shape[1]
         if rows == 0 or M == 0:
             return None
-        perm = (0, len(out) + 1, *range(1, len(out) + 1))
-        y_shape = (N, *out, M)
         if add is not None:  # the add's other operand: y's type and shape, its memory channels-last
             last = other.transpose(0, *range(2, other.ndim), 1)
             if other.dtype != self._y_zp.dtype or other.shape != shapes.out_shape or not last.flags.c_contiguous:
@@ -502,9 +471,9 @@ class QLinearConvCall(_Conv):
                 _core.conv_depthwise_requantized(
                     _channels_last(x), *head, bias, multiplier, *scales, y_zp, y, y_signed, numerics
                 )
-                return y.reshape(y_shape).transpose(perm)
+                return y
 
-            return depthwise
+            return depthwise, shapes.out_shape
         requantize, w_matrices = self._fused, weight.operand.x
         if requantize is None or weight.group != 1 or not w_matrices.size:
             return None
@@ -528,11 +497,9 @@ class QLinearConvCall(_Conv):
                     codes = np.bitwise_xor(codes.view(np.uint8), np.uint8(0x80))
                 y = np.empty((1, rows, M), requantize.dtype)
                 taps = (codes, shapes.offsets, pad, a_zp, *b, y, y_signed, zero_point, *stage(other))
-                if not _core.qlinear_matmul_onnxruntime_taps(*taps):
-                    return None
-                return y.reshape(y_shape).transpose(perm)
+                return y.reshape(rows, M) if _core.qlinear_matmul_onnxruntime_taps(*taps) else None
 
-            return in_place
+            return in_place, shapes.out_shape
         a_zp, multiplier, zero_point = self._row_operands(shapes, x_zp, requantize)
         operands = (x.dtype == np.int8, weight.index, a_zp, weight.operand.packed, w_matrices.dtype == np.int8)
         operands += (weight.index, weight.operand.zp)
@@ -556,9 +523,9 @@ class QLinearConvCall(_Conv):
         def gemm(x, other):
             y = np.empty((1, rows, M), requantize.dtype)
             product(rows_of(x), *operands, *tail, y, y_signed, zero_point, *stage(other))
-            return y.reshape(y_shape).transpose(perm)
+            return y.reshape(rows, M)
 
-        return gemm
+        return gemm, shapes.out_shape
 
     def _requantization(self, y: np.ndarray) -> tuple:
         """requantize_columns' arguments after the sums (conv_depthwise_requantized's too), writing y."""
